@@ -1,0 +1,1 @@
+"""rljob runtime: the APRIL partial-rollout RL loop."""

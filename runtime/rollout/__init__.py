@@ -1,0 +1,1 @@
+"""Rollout scheduling: samples, groups, the partial buffer and the sync/APRIL strategies."""

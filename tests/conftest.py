@@ -1,0 +1,1 @@
+"""Shared pytest configuration. Fixture plugins live next to the parts they start."""

@@ -27,6 +27,7 @@ class GenerateRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     stop_token_ids: list[int] = field(default_factory=list)
+    top_k: int = -1  # -1 = off (SGLang convention)
 
 
 @dataclass
@@ -98,6 +99,10 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def health(self) -> bool:
         """True when the engine can generate."""
+
+    def ceiling_tokens_per_s(self) -> float | None:
+        """Bubble-free ceiling estimate (steady full-batch decode rate), when the engine knows it."""
+        return None
 
     async def close(self) -> None:
         """Release resources (sessions, threads)."""

@@ -1,0 +1,438 @@
+"""In-process PyTorch continuous-batching engine over Hugging Face causal-LM classes.
+
+One background asyncio task runs the decode loop. Each iteration (one "step") drops finished rows,
+prefills the requests admitted from the waiting queue in one forward, merges them into the running
+batch, and decodes one token for every running sequence in one forward. The torch work of a step runs
+in a worker thread (``asyncio.to_thread``), so the event loop stays free to accept requests and aborts
+while a step computes; weight updates take the same lock as a step, so they land between steps.
+
+Abort follows SGLang: a waiting request finishes at once with no tokens; a running one finishes after
+the step in flight, with every token generated so far (log-probs included). Log-probs follow the
+convention of ``sampling.py``: log_softmax(logits / temperature) of the chosen token, before top-k/top-p.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+
+from rljob.runtime.engines.base import (
+    Engine,
+    EngineError,
+    EngineLoad,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    WeightUpdate,
+)
+from rljob.runtime.engines.kv_batch import KVBatch
+from rljob.runtime.engines.sampling import SamplingParams, sample_tokens
+
+log = logging.getLogger(__name__)
+
+
+class InvalidRequestError(EngineError):
+    """The request itself is unservable (empty prompt, longer than the context); retrying will not help."""
+
+
+@dataclass
+class EngineStats:
+    """Counters since start; the runtime metrics and the benchmark read them."""
+
+    generated_tokens: int = 0
+    prefill_tokens: int = 0
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    busy_seconds: float = 0.0  # wall time spent inside steps
+    finished: Counter[str] = field(default_factory=Counter)  # finish reason -> requests
+    last_step_tokens_per_s: float = 0.0  # generated tokens / wall time of the latest step
+
+    @property
+    def tokens_per_busy_second(self) -> float:
+        """Generated tokens per second of step time (0 before the first step)."""
+        return self.generated_tokens / self.busy_seconds if self.busy_seconds > 0 else 0.0
+
+
+@dataclass
+class _Sequence:
+    request: GenerateRequest
+    future: asyncio.Future[GenerateResult]
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    abort_requested: bool = False
+    finish_reason: FinishReason | None = None
+
+    @property
+    def sampling(self) -> SamplingParams:
+        r = self.request
+        return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
+
+    def take(self, token: int, logprob: float) -> None:
+        """Record one generated token and decide whether the sequence finished."""
+        self.output_ids.append(token)
+        self.output_logprobs.append(logprob)
+        if token in self.request.stop_token_ids:
+            self.finish_reason = "stop"
+        elif len(self.output_ids) >= self.request.max_new_tokens:
+            self.finish_reason = "length"
+
+
+def _load_model(source: PreTrainedModel | str | Path, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
+    if isinstance(source, PreTrainedModel):
+        model = source
+    else:
+        path = Path(source)
+        if not (path / "config.json").is_file():
+            raise EngineError(f"model directory {path} has no config.json; pass a save_pretrained() directory")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model.to(device=device).eval()
+
+
+class EmbeddedEngine(Engine):
+    """Continuous-batching engine running a Hugging Face causal LM in this process.
+
+    ``model`` is an in-memory ``PreTrainedModel`` (used as is, not copied) or a ``save_pretrained``
+    directory. ``max_batch_size`` bounds the running batch; further requests wait in FIFO order.
+    ``seed`` seeds the sampling generator. ``torch_threads`` sets torch's intra-op threads when given.
+    """
+
+    name = "embedded"
+
+    def __init__(
+        self,
+        model: PreTrainedModel | str | Path,
+        *,
+        max_batch_size: int = 32,
+        seed: int = 0,
+        weight_version: int = 0,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        torch_threads: int | None = None,
+        max_context_len: int | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be at least 1")
+        self._source = model
+        self.max_batch_size = max_batch_size
+        self.weight_version = weight_version
+        self.stats = EngineStats()
+        self._device = torch.device(device)
+        self._dtype = dtype
+        self._seed = seed
+        self._torch_threads = torch_threads
+        self._max_context_len = max_context_len
+        self._model: PreTrainedModel | None = None
+        self._generator: torch.Generator | None = None
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        self._batch: KVBatch | None = None  # rows aligned with self._running
+        self._wake = asyncio.Event()
+        self._step_lock = asyncio.Lock()
+        self._paused = False
+        self._loop_task: asyncio.Task[None] | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+
+    @property
+    def model(self) -> PreTrainedModel:
+        """The served model (raises before start())."""
+        if self._model is None:
+            raise EngineError("embedded engine not started: call `await engine.start()` first")
+        return self._model
+
+    @property
+    def max_context_len(self) -> int:
+        """Longest prompt + generation the engine accepts."""
+        if self._max_context_len is not None:
+            return self._max_context_len
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+    async def start(self) -> None:
+        """Load the model (in a thread) and start the decode loop; idempotent."""
+        if self._loop_task is not None:
+            return
+        if self._torch_threads:
+            torch.set_num_threads(self._torch_threads)
+        self._model = await asyncio.to_thread(_load_model, self._source, self._device, self._dtype)
+        self._generator = torch.Generator(device=self._device).manual_seed(self._seed)
+        self._loop_task = asyncio.create_task(self._decode_loop(), name="embedded-engine-decode-loop")
+
+    async def close(self) -> None:
+        """Abort everything (callers get their partial outputs) and stop the decode loop."""
+        if self._loop_task is None:
+            return
+        await self.abort_all()
+        task, self._loop_task = self._loop_task, None
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        # Sequences aborted while running finish only at the loop's next iteration, which will not come.
+        for seq in self._running:
+            self._finish(seq, seq.finish_reason or "abort")
+        self._running, self._batch = [], None
+
+    # ----------------------------------------------------------------- requests
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Queue ``request`` and wait for it to finish (stop, length or abort)."""
+        if self._loop_task is None:
+            await self.start()
+        self._validate(request)
+        if request.max_new_tokens <= 0:
+            return self._result_of(request, [], [], "length")
+        seq = _Sequence(request=request, future=asyncio.get_running_loop().create_future())
+        self._waiting.append(seq)
+        self._wake.set()
+        try:
+            return await asyncio.shield(seq.future)
+        except asyncio.CancelledError:
+            # The caller gave up: free the slot; nobody reads the partial result.
+            self._abort_matching(lambda s: s is seq)
+            raise
+
+    def _validate(self, request: GenerateRequest) -> None:
+        if not request.input_ids:
+            raise InvalidRequestError(f"request {request.rid!r} has no input_ids")
+        total = len(request.input_ids) + max(request.max_new_tokens, 0)
+        if total > self.max_context_len:
+            raise InvalidRequestError(
+                f"request {request.rid!r}: {len(request.input_ids)} input tokens + max_new_tokens "
+                f"{request.max_new_tokens} exceed the context length {self.max_context_len}; "
+                "lower max_new_tokens or shorten the prompt"
+            )
+        vocab = int(self.model.config.vocab_size)
+        if min(request.input_ids) < 0 or max(request.input_ids) >= vocab:
+            raise InvalidRequestError(f"request {request.rid!r} has token ids outside [0, {vocab})")
+
+    async def abort(self, rid_prefix: str) -> None:
+        """Abort requests whose rid starts with ``rid_prefix`` ("" matches all)."""
+        self._abort_matching(lambda s: s.request.rid.startswith(rid_prefix))
+
+    async def abort_all(self) -> None:
+        """Abort every waiting and running request."""
+        self._abort_matching(lambda s: True)
+
+    def _abort_matching(self, match: Callable[[_Sequence], bool]) -> None:
+        kept: deque[_Sequence] = deque()
+        for seq in self._waiting:
+            if match(seq):
+                self._finish(seq, "abort")
+            else:
+                kept.append(seq)
+        self._waiting = kept
+        for seq in self._running:
+            if match(seq) and seq.finish_reason is None:
+                seq.abort_requested = True
+        self._wake.set()
+
+    async def load(self) -> EngineLoad:
+        """Running and waiting request counts (finished-but-unreported rows are not counted)."""
+        running = sum(1 for s in self._running if s.finish_reason is None)
+        return EngineLoad(running=running, waiting=len(self._waiting))
+
+    def used_tokens(self) -> int:
+        """Tokens held in the KV cache by running sequences (for token-usage metrics)."""
+        return sum(len(s.request.input_ids) + len(s.output_ids) for s in self._running)
+
+    async def health(self) -> bool:
+        """True once the model is loaded and the decode loop is alive."""
+        return self._loop_task is not None and not self._loop_task.done()
+
+    def pause(self) -> None:
+        """Stop scheduling steps (requests stay queued/running with their KV) until resume()."""
+        self._paused = True
+
+    def resume(self) -> None:
+        """Undo pause()."""
+        self._paused = False
+        self._wake.set()
+
+    @property
+    def paused(self) -> bool:
+        """True between pause() and resume()."""
+        return self._paused
+
+    # ----------------------------------------------------------------- weights
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        """Install weights from ``update.module`` (state dict copy) or ``update.path`` between steps.
+
+        Running sequences keep their KV cache and continue with the new weights, as SGLang does.
+        """
+        if update.module is None and update.path is None:
+            raise EngineError("WeightUpdate needs a module or a path")
+        async with self._step_lock:
+            await asyncio.to_thread(self._install_weights, update)
+            self.weight_version = update.version
+        log.info("embedded engine now serves weight version %s", update.version)
+
+    def _install_weights(self, update: WeightUpdate) -> None:
+        if update.module is not None:
+            state = update.module.state_dict()
+        else:
+            assert update.path is not None
+            state = _load_model(update.path, self._device, self._dtype).state_dict()
+        with torch.no_grad():
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+        # Tied embeddings may legitimately be absent from one side; anything else is a wrong checkpoint.
+        tied = {"lm_head.weight", "model.embed_tokens.weight"}
+        if set(missing) - tied or set(unexpected) - tied:
+            raise EngineError(
+                f"weights from {update.path or type(update.module).__name__} do not match the served model "
+                f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
+            )
+
+    # ----------------------------------------------------------------- decode loop
+
+    async def _decode_loop(self) -> None:
+        while True:
+            self._finish_aborted_running()
+            if self._paused or not (self._waiting or any(s.finish_reason is None for s in self._running)):
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            async with self._step_lock:
+                free = self.max_batch_size - sum(1 for s in self._running if s.finish_reason is None)
+                admitted = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+                self._running.extend(admitted)
+                started = time.perf_counter()
+                try:
+                    produced = await asyncio.to_thread(self._step, admitted)
+                except Exception as exc:  # a broken step must not kill the loop or strand callers
+                    log.exception("embedded engine step failed; failing the running requests")
+                    self._fail_running(EngineError(f"embedded engine step failed: {exc}"))
+                    continue
+                elapsed = time.perf_counter() - started
+            self.stats.busy_seconds += elapsed
+            self.stats.generated_tokens += produced
+            self.stats.last_step_tokens_per_s = produced / elapsed if elapsed > 0 else 0.0
+            self._finish_aborted_running()
+            for seq in self._running:
+                if seq.finish_reason is not None and not seq.future.done():
+                    self._finish(seq, seq.finish_reason)
+            # Let aborts and new requests in before the next step.
+            await asyncio.sleep(0)
+
+    def _finish_aborted_running(self) -> None:
+        for seq in self._running:
+            if seq.abort_requested and seq.finish_reason is None:
+                seq.finish_reason = "abort"
+                self._finish(seq, "abort")
+
+    def _result_of(
+        self, request: GenerateRequest, ids: list[int], logprobs: list[float], reason: FinishReason
+    ) -> GenerateResult:
+        return GenerateResult(
+            rid=request.rid,
+            output_ids=list(ids),
+            output_logprobs=list(logprobs),
+            finish_reason=reason,
+            weight_version=self.weight_version,
+            prompt_tokens=len(request.input_ids),
+        )
+
+    def _finish(self, seq: _Sequence, reason: FinishReason) -> None:
+        if seq.future.done():
+            return
+        self.stats.finished[reason] += 1
+        seq.future.set_result(self._result_of(seq.request, seq.output_ids, seq.output_logprobs, reason))
+
+    def _fail_running(self, error: EngineError) -> None:
+        for seq in self._running:
+            if not seq.future.done():
+                seq.future.set_exception(error)
+        self._running, self._batch = [], None
+
+    # ----------------------------------------------------------------- torch work (worker thread)
+
+    def _step(self, admitted: list[_Sequence]) -> int:
+        """Drop finished rows, prefill ``admitted``, decode one token for all; returns tokens produced."""
+        with torch.inference_mode():
+            self._compact()
+            produced = 0
+            if admitted:
+                produced += self._prefill(admitted)
+            live = [s for s in self._running if s.finish_reason is None and not s.abort_requested]
+            if live:
+                produced += self._decode()
+            return produced
+
+    def _compact(self) -> None:
+        """Remove rows of sequences that finished (by stop/length/abort) since the last step."""
+        rows = [i for i, s in enumerate(self._running) if s.finish_reason is None]
+        if len(rows) == len(self._running):
+            return
+        # Admitted sequences are appended to _running before _step but have no rows yet.
+        in_batch = self._batch.size if self._batch is not None else 0
+        batch_rows = [i for i in rows if i < in_batch]
+        if self._batch is not None:
+            if batch_rows:
+                self._batch.select(batch_rows)
+            else:
+                self._batch = None
+        self._running = [self._running[i] for i in rows]
+
+    def _forward(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :]
+
+    def _prefill(self, seqs: list[_Sequence]) -> int:
+        """One left-padded forward over the new prompts; samples each one's first token."""
+        width = max(len(s.request.input_ids) for s in seqs)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long, device=self._device)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long, device=self._device)
+        for row, seq in enumerate(seqs):
+            prompt = seq.request.input_ids
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt) :] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(ids, mask, positions, cache)
+        tokens, logprobs = sample_tokens(logits, [s.sampling for s in seqs], self._generator)
+        for seq, tok, lp in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True):
+            seq.take(int(tok), float(lp))
+        new = KVBatch(cache=cache, attention_mask=mask, positions=mask.sum(dim=1), next_tokens=tokens)
+        new.zero_padding()
+        if self._batch is None:
+            self._batch = new
+        else:
+            self._batch.merge(new)
+        self.stats.prefill_steps += 1
+        self.stats.prefill_tokens += int(mask.sum())
+        return len(seqs)
+
+    def _decode(self) -> int:
+        """One forward over every running row; rows already finished are computed but ignored."""
+        batch = self._batch
+        assert batch is not None and batch.size == len(self._running)
+        mask = batch.extend_mask()
+        logits = self._forward(batch.next_tokens.unsqueeze(1), mask, batch.positions.unsqueeze(1), batch.cache)
+        tokens, logprobs = sample_tokens(logits, [s.sampling for s in self._running], self._generator)
+        batch.next_tokens = tokens
+        batch.positions = batch.positions + 1
+        produced = 0
+        for seq, tok, lp in zip(self._running, tokens.tolist(), logprobs.tolist(), strict=True):
+            if seq.finish_reason is None:
+                seq.take(int(tok), float(lp))
+                produced += 1
+        self.stats.decode_steps += 1
+        return produced

@@ -1,0 +1,201 @@
+"""The embedded continuous-batching engine on a real tiny Qwen2 model (CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from rljob.runtime.engines.base import EngineError, GenerateRequest, WeightUpdate
+from rljob.runtime.engines.embedded import EmbeddedEngine, InvalidRequestError
+from tests.helpers.tiny_model import build_tiny_model, save_tiny_model
+
+PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [12], [20, 21, 22, 23], [40, 41], [60, 61, 62, 63, 64, 65]]
+
+
+def greedy(rid: str, prompt: list[int], max_new_tokens: int, **kw: object) -> GenerateRequest:
+    return GenerateRequest(rid=rid, input_ids=prompt, max_new_tokens=max_new_tokens, temperature=0.0, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[EmbeddedEngine]:
+    eng = EmbeddedEngine(build_tiny_model(0), max_batch_size=4, seed=0)
+    await eng.start()
+    yield eng
+    await eng.close()
+
+
+async def wait_for_tokens(eng: EmbeddedEngine, at_least: int) -> None:
+    """Wait until the engine has generated at least ``at_least`` tokens in total."""
+    for _ in range(2000):
+        if eng.stats.generated_tokens >= at_least:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("engine generated no tokens")
+
+
+async def test_batched_decoding_matches_decoding_alone() -> None:
+    model = build_tiny_model(0)
+    alone = EmbeddedEngine(model, max_batch_size=1)
+    batched = EmbeddedEngine(model, max_batch_size=3)  # < len(PROMPTS): requests join as others leave
+    try:
+        solo = [await alone.generate(greedy(f"a{i}", p, 24)) for i, p in enumerate(PROMPTS)]
+        # Different budgets make sequences leave at different steps, so the batch reshapes mid-flight.
+        together = await asyncio.gather(
+            *(batched.generate(greedy(f"b{i}", p, 24 - 3 * i)) for i, p in enumerate(PROMPTS))
+        )
+    finally:
+        await alone.close()
+        await batched.close()
+    for i, (s, b) in enumerate(zip(solo, together, strict=True)):
+        n = 24 - 3 * i
+        assert len(b.output_ids) == n
+        assert b.output_ids == s.output_ids[:n]
+        assert b.output_logprobs == pytest.approx(s.output_logprobs[:n], abs=1e-4)
+        assert b.finish_reason == "length"
+    assert batched.stats.prefill_steps >= 2  # admission really happened in several waves
+
+
+async def test_logprobs_are_log_softmax_of_logits_over_temperature(engine: EmbeddedEngine) -> None:
+    prompt = [3, 1, 4, 1, 5]
+    temperature = 0.7
+    res = await engine.generate(
+        GenerateRequest(rid="t", input_ids=prompt, max_new_tokens=12, temperature=temperature, top_p=0.9)
+    )
+    full = torch.tensor([prompt + res.output_ids])
+    with torch.inference_mode():
+        logits = engine.model(input_ids=full).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits / temperature, dim=-1).gather(-1, torch.tensor(res.output_ids)[:, None])
+    assert res.output_logprobs == pytest.approx(expected.squeeze(-1).tolist(), abs=1e-4)
+
+
+async def test_stop_token_finishes_with_stop_and_is_included(engine: EmbeddedEngine) -> None:
+    reference = await engine.generate(greedy("ref", PROMPTS[1], 10))
+    stop = reference.output_ids[3]
+    first = reference.output_ids.index(stop)
+    res = await engine.generate(greedy("stop", PROMPTS[1], 10, stop_token_ids=[stop]))
+    assert res.finish_reason == "stop"
+    assert res.output_ids == reference.output_ids[: first + 1]
+    assert res.output_ids[-1] == stop
+    length = await engine.generate(greedy("len", PROMPTS[1], 5))
+    assert length.finish_reason == "length" and len(length.output_ids) == 5
+    assert (await engine.generate(greedy("zero", PROMPTS[1], 0))).output_ids == []
+
+
+async def test_abort_returns_partial_output_running_and_waiting() -> None:
+    eng = EmbeddedEngine(build_tiny_model(0), max_batch_size=1)
+    await eng.start()
+    try:
+        running = asyncio.create_task(eng.generate(greedy("round1-a", PROMPTS[0], 400)))
+        waiting = asyncio.create_task(eng.generate(greedy("round1-b", PROMPTS[1], 400)))
+        other = asyncio.create_task(eng.generate(greedy("round2-c", PROMPTS[2], 5)))
+        await wait_for_tokens(eng, 5)
+        assert (await eng.load()).running == 1 and (await eng.load()).waiting == 2
+        await eng.abort("round1-")
+        r, w = await asyncio.gather(running, waiting)
+        assert r.finish_reason == "abort" and 0 < len(r.output_ids) < 400
+        assert len(r.output_logprobs) == len(r.output_ids)
+        assert w.finish_reason == "abort" and w.output_ids == [] and w.output_logprobs == []
+        # A prefix that does not match leaves the rest alone.
+        assert (await other).finish_reason == "length"
+    finally:
+        await eng.close()
+
+
+async def test_resume_from_partial_continues_exactly(engine: EmbeddedEngine) -> None:
+    budget = 60
+    full = await engine.generate(greedy("full", PROMPTS[3], budget))
+    task = asyncio.create_task(engine.generate(greedy("seg1", PROMPTS[3], budget)))
+    await wait_for_tokens(engine, budget + 5)
+    await engine.abort_all()
+    part = await task
+    assert part.finish_reason == "abort" and 0 < len(part.output_ids) < budget
+    rest = await engine.generate(
+        greedy("seg2", PROMPTS[3] + part.output_ids, budget - len(part.output_ids))
+    )
+    assert part.output_ids + rest.output_ids == full.output_ids
+    assert part.output_logprobs + rest.output_logprobs == pytest.approx(full.output_logprobs, abs=1e-4)
+    assert rest.finish_reason == "length"
+
+
+async def test_load_counts_and_abort_all_drains() -> None:
+    eng = EmbeddedEngine(build_tiny_model(0), max_batch_size=2)
+    await eng.start()
+    try:
+        tasks = [asyncio.create_task(eng.generate(greedy(f"r{i}", p, 300))) for i, p in enumerate(PROMPTS[:5])]
+        await wait_for_tokens(eng, 2)
+        load = await eng.load()
+        assert (load.running, load.waiting) == (2, 3)
+        await eng.abort_all()
+        results = await asyncio.gather(*tasks)
+        assert all(r.finish_reason == "abort" for r in results)
+        assert (await eng.load()).total == 0
+        # The engine keeps serving after a full abort.
+        assert (await eng.generate(greedy("after", PROMPTS[0], 3))).finish_reason == "length"
+    finally:
+        await eng.close()
+
+
+async def test_weight_update_from_module_and_path_changes_outputs_and_version(
+    engine: EmbeddedEngine, tmp_path: Path
+) -> None:
+    before = await engine.generate(greedy("v0", PROMPTS[0], 16))
+    assert before.weight_version == 0
+    await engine.update_weights(WeightUpdate(version=1, module=build_tiny_model(seed=1)))
+    after = await engine.generate(greedy("v1", PROMPTS[0], 16))
+    assert after.weight_version == 1 and after.output_ids != before.output_ids
+
+    await engine.update_weights(WeightUpdate(version=2, path=str(save_tiny_model(tmp_path / "ckpt", seed=0))))
+    back = await engine.generate(greedy("v2", PROMPTS[0], 16))
+    assert back.weight_version == 2
+    assert back.output_ids == before.output_ids
+
+    with pytest.raises(EngineError, match="module or a path"):
+        await engine.update_weights(WeightUpdate(version=3))
+
+
+async def test_weight_update_waits_for_step_boundary_and_running_requests_continue(
+    engine: EmbeddedEngine,
+) -> None:
+    task = asyncio.create_task(engine.generate(greedy("long", PROMPTS[0], 80)))
+    await wait_for_tokens(engine, 3)
+    await engine.update_weights(WeightUpdate(version=7, module=build_tiny_model(seed=2)))
+    res = await task
+    assert res.finish_reason == "length" and len(res.output_ids) == 80
+    assert res.weight_version == 7  # the version current at completion, like SGLang's meta_info
+
+
+async def test_invalid_requests_are_rejected_with_clear_errors(engine: EmbeddedEngine) -> None:
+    with pytest.raises(InvalidRequestError, match="no input_ids"):
+        await engine.generate(greedy("empty", [], 4))
+    with pytest.raises(InvalidRequestError, match="context length 512"):
+        await engine.generate(greedy("long", [1] * 500, 100))
+    with pytest.raises(InvalidRequestError, match="outside"):
+        await engine.generate(greedy("vocab", [100000], 4))
+
+
+async def test_cancelled_caller_frees_its_slot() -> None:
+    eng = EmbeddedEngine(build_tiny_model(0), max_batch_size=1)
+    await eng.start()
+    try:
+        hog = asyncio.create_task(eng.generate(greedy("hog", PROMPTS[0], 400)))
+        await wait_for_tokens(eng, 2)
+        hog.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await hog
+        res = await asyncio.wait_for(eng.generate(greedy("next", PROMPTS[1], 4)), timeout=30)
+        assert res.finish_reason == "length"
+    finally:
+        await eng.close()
+
+
+async def test_pause_holds_steps_until_resume(engine: EmbeddedEngine) -> None:
+    engine.pause()
+    task = asyncio.create_task(engine.generate(greedy("p", PROMPTS[0], 4)))
+    await asyncio.sleep(0.1)
+    assert not task.done() and (await engine.load()).waiting == 1
+    engine.resume()
+    assert (await asyncio.wait_for(task, timeout=30)).finish_reason == "length"

@@ -17,6 +17,22 @@ API_VERSION = "v1alpha1"
 KIND = "RLJob"
 
 
+# Bound on every list the API server validates (CEL cost estimation rejects unbounded lists).
+MAX_LIST = 64
+
+
+def cel(*rules_and_messages: str) -> dict[str, Any]:
+    """CRD validation rules for a model or field: pairs of (CEL rule, message), as JSON-schema extra."""
+    pairs = zip(rules_and_messages[::2], rules_and_messages[1::2], strict=True)
+    return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in pairs]}
+
+
+# A field that cannot change once the RLJob exists (CEL transition rule).
+IMMUTABLE = cel("self == oldSelf", "field is immutable")
+# A list of objects keyed by their `name` (merged per item by server-side apply, names unique).
+LIST_MAP_BY_NAME: dict[str, Any] = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]}
+
+
 class ApiModel(BaseModel):
     """Base of every RLJob model: camelCase aliases, unknown fields rejected."""
 
@@ -38,6 +54,13 @@ class ApiModel(BaseModel):
 
 class ModelSpec(ApiModel):
     """Where the policy comes from. Exactly one source must be set."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            "[has(self.builtin), has(self.path), has(self.huggingFace)].filter(x, x).size() == 1",
+            "exactly one of builtin, path, huggingFace must be set",
+        )
+    )
 
     builtin: Literal["tiny-arith"] | None = Field(
         default=None,
@@ -67,6 +90,10 @@ class SyntheticDataSpec(ApiModel):
 
 class DataSpec(ApiModel):
     """Prompt source: the synthetic task or a JSONL file with `prompt` and `answer` fields."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel("has(self.synthetic) != has(self.jsonl)", "exactly one of synthetic, jsonl must be set")
+    )
 
     synthetic: SyntheticDataSpec | None = None
     jsonl: str | None = Field(default=None, description="Path of a JSONL file of {prompt, answer} records.")
@@ -106,7 +133,7 @@ class OffPolicySpec(ApiModel):
 class AlgorithmSpec(ApiModel):
     """Policy-gradient algorithm and optimiser."""
 
-    name: Literal["grpo", "dapo"] = "grpo"
+    name: Literal["grpo", "dapo"] = Field(default="grpo", json_schema_extra=IMMUTABLE)
     learning_rate: float = Field(default=1e-5, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)
     clip_low: float = Field(default=0.2, gt=0, description="PPO clip epsilon (lower side).")
@@ -140,6 +167,10 @@ class AlgorithmSpec(ApiModel):
 
 class TruncationSpec(ApiModel):
     """Length truncation (second APRIL knob): cut long samples at a segment cap and buffer them."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel("self.mode != 'tokens' || has(self.maxTokens)", "maxTokens is required when mode is tokens")
+    )
 
     mode: Literal["none", "sigma", "tokens"] = Field(
         default="none", description="sigma: cut at mean + k*std of the round's lengths; tokens: absolute cap."
@@ -179,7 +210,9 @@ class SGLangSpec(ApiModel):
     """External SGLang workers, reached through the sglang router for generation."""
 
     router_url: str | None = Field(default=None, description="sglang router base URL used for /generate.")
-    worker_urls: list[str] = Field(default_factory=list, description="Worker base URLs (aborts, weight updates).")
+    worker_urls: list[str] = Field(
+        default_factory=list, max_length=1024, description="Worker base URLs (aborts, weight updates)."
+    )
     request_timeout_seconds: float = Field(default=600.0, gt=0)
     max_retries: int = Field(default=5, ge=0)
     drain_timeout_seconds: float = Field(default=30.0, gt=0)
@@ -207,6 +240,15 @@ class EnvVar(ApiModel):
 class InferencePoolSpec(ApiModel):
     """One pool of SGLang inference replicas on one GPU vendor (operator only)."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            "self.tensorParallelSize <= self.gpusPerReplica",
+            "tensorParallelSize must not exceed gpusPerReplica",
+            "!has(self.resourceName) || self.resourceName.startsWith(self.vendor + '.com/')",
+            "resourceName must belong to the pool's vendor (nvidia.com/... or amd.com/...)",
+        )
+    )
+
     name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     vendor: Literal["nvidia", "amd"]
     resource_name: str | None = Field(
@@ -216,10 +258,21 @@ class InferencePoolSpec(ApiModel):
     tensor_parallel_size: int = Field(default=1, ge=1)
     replicas: int = Field(default=1, ge=0)
     node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST)
     image: str | None = None
-    extra_args: list[str] = Field(default_factory=list)
-    env: list[EnvVar] = Field(default_factory=list)
+    extra_args: list[str] = Field(default_factory=list, max_length=MAX_LIST)
+    env: list[EnvVar] = Field(default_factory=list, max_length=MAX_LIST, json_schema_extra=LIST_MAP_BY_NAME)
+    command: list[str] | None = Field(
+        default=None,
+        max_length=MAX_LIST,
+        description="Server command; defaults to python3 -m sglang.launch_server (model, tp, host and port are appended).",
+    )
+
+    @model_validator(mode="after")
+    def _tp_fits_gpus(self) -> InferencePoolSpec:
+        if self.tensor_parallel_size > self.gpus_per_replica:
+            raise ValueError("tensorParallelSize must not exceed gpusPerReplica")
+        return self
 
 
 class RouterSpec(ApiModel):
@@ -235,15 +288,31 @@ class RolloutSpec(ApiModel):
     engine: Literal["embedded", "sglang"] = "embedded"
     strategy: Literal["sync", "april"] = "april"
     rollout_batch_size: int = Field(default=8, gt=0, description="Prompt groups trained per step (N).")
-    samples_per_prompt: int = Field(default=4, ge=1, description="Samples per group (G).")
+    samples_per_prompt: int = Field(
+        default=4, ge=1, description="Samples per group (G).", json_schema_extra=IMMUTABLE
+    )
     max_response_length: int = Field(default=256, gt=0, description="Hard cap on response tokens.")
     temperature: float = Field(default=1.0, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     partial: PartialRolloutSpec = Field(default_factory=PartialRolloutSpec)
     embedded: EmbeddedEngineSpec = Field(default_factory=EmbeddedEngineSpec)
     sglang: SGLangSpec = Field(default_factory=SGLangSpec)
-    pools: list[InferencePoolSpec] = Field(default_factory=list)
+    pools: list[InferencePoolSpec] = Field(
+        default_factory=list,
+        max_length=16,
+        description="SGLang inference pools (operator only); empty means one NVIDIA pool named default.",
+        json_schema_extra=LIST_MAP_BY_NAME,
+    )
     router: RouterSpec = Field(default_factory=RouterSpec)
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="Total inference replicas (the /scale subresource). When set, it is spread over the pools "
+        "in proportion to their replicas; when unset each pool runs its own replicas.",
+    )
+    startup_budget_seconds: int = Field(
+        default=900, ge=30, description="Time an SGLang pod may take to load weights before it is restarted."
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -262,8 +331,8 @@ class TrainerSpec(ApiModel):
     vendor: Literal["nvidia", "amd", "cpu"] = "nvidia"
     gpus_per_replica: int = Field(default=1, ge=0)
     node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
-    env: list[EnvVar] = Field(default_factory=list)
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST)
+    env: list[EnvVar] = Field(default_factory=list, max_length=MAX_LIST, json_schema_extra=LIST_MAP_BY_NAME)
 
 
 class CheckpointSpec(ApiModel):
@@ -273,8 +342,18 @@ class CheckpointSpec(ApiModel):
     every_steps: int = Field(default=5, ge=1)
     keep: int = Field(default=2, ge=1, description="Most recent checkpoints kept.")
     resume: bool = Field(default=True, description="Resume from the newest checkpoint in dir when one exists.")
-    uri: str | None = Field(default=None, description="On a cluster: existing volume/URI instead of a new PVC.")
+    uri: str | None = Field(
+        default=None,
+        description="On a cluster: pvc://<claim> mounts an existing claim; any other URI is passed to the runtime "
+        "as the checkpoint directory. Unset: the operator creates a PVC.",
+        json_schema_extra=IMMUTABLE,
+    )
     storage_size: str = Field(default="10Gi", description="On a cluster: size of the checkpoint PVC.")
+    storage_class_name: str | None = Field(default=None, description="On a cluster: storage class of the PVC.")
+    access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = Field(
+        default="ReadWriteOnce",
+        description="On a cluster: access mode of the checkpoint PVC (ReadWriteMany for trainers on several nodes).",
+    )
 
 
 class MetricsSpec(ApiModel):
@@ -288,8 +367,8 @@ class MetricsSpec(ApiModel):
 class RLJobSpec(ApiModel):
     """Everything one RL job needs; the same spec runs locally and on a cluster."""
 
-    model: ModelSpec
-    data: DataSpec
+    model: ModelSpec = Field(json_schema_extra=IMMUTABLE)
+    data: DataSpec = Field(json_schema_extra=IMMUTABLE)
     reward: RewardSpec = Field(default_factory=RewardSpec)
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)

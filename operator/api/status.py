@@ -1,0 +1,182 @@
+"""RLJob status: written by the operator (lifecycle), the trainer (progress) and the autotuner (knobs).
+
+Pydantic only, like spec.py, so the runtime's status reporter can build patches without kopf.
+Every writer patches only its own keys (JSON merge patch), so writers never overwrite each other:
+- operator: phase, conditions, observedGeneration, start/completion time, rollout, trainer.ready/desired,
+  restarts, outcome, effectiveKnobs entries whose source is `spec`;
+- trainer (runtime): trainer.step, trainer.policyVersion, trainer.lastCheckpoint, metrics;
+- autotuner: effectiveKnobs entries whose source is `autotune`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, PlainSerializer
+
+from rljob.operator.api.spec import ApiModel
+
+Phase = Literal["Pending", "Starting", "Running", "Degraded", "Suspended", "Complete", "Failed"]
+# Condition types the operator owns; other writers (the autotuner) may add their own types.
+CONDITION_TYPES: tuple[str, ...] = (
+    "RolloutReady", "TrainerReady", "Ready", "Progressing", "Degraded", "Suspended", "Complete", "Failed"
+)
+
+# Bound on handled failure keys kept in status (enough to deduplicate; old keys never come back).
+MAX_HANDLED_FAILURES = 32
+
+
+def _rfc3339(value: datetime) -> str:
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# metav1.Time on the wire: RFC 3339, UTC, second precision.
+Timestamp = Annotated[datetime, PlainSerializer(_rfc3339, return_type=str, when_used="json")]
+
+
+def utcnow() -> datetime:
+    """Current time in UTC at second precision (Kubernetes metav1.Time precision)."""
+    return datetime.now(timezone.utc).replace(microsecond=0)
+
+
+class StatusModel(ApiModel):
+    """Base of status models."""
+
+    # Status is written by several parties and read back from the API server: tolerate keys
+    # added by newer writers instead of failing the operator.
+    model_config = ConfigDict(extra="ignore")
+
+
+class Condition(StatusModel):
+    """A metav1.Condition: lastTransitionTime changes only when status flips."""
+
+    type: str = Field(min_length=1, max_length=316, pattern=r"^[A-Za-z][A-Za-z0-9]*$")
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = Field(default="", max_length=32768)
+    observed_generation: int = Field(default=0, ge=0)
+    last_transition_time: Timestamp
+
+
+class PoolStatus(StatusModel):
+    """Replicas of one inference pool."""
+
+    name: str
+    vendor: Literal["nvidia", "amd"]
+    desired: int = 0
+    ready: int = 0
+
+
+class RolloutStatus(StatusModel):
+    """Inference side; `ready` and `selector` back the /scale subresource."""
+
+    desired: int = 0
+    ready: int = 0
+    router_ready: bool = False
+    selector: str = Field(default="", description="Label selector of the inference pods (/scale).")
+    summary: str = Field(default="0/0", description="ready/desired, for printing.")
+    pools: list[PoolStatus] = Field(default_factory=list, max_length=16)
+
+
+class CheckpointRef(StatusModel):
+    """The newest checkpoint the trainer wrote."""
+
+    step: int = Field(ge=0)
+    uri: str
+    time: Timestamp | None = None
+
+
+class TrainerStatus(StatusModel):
+    """Trainer group: readiness (operator) and progress (runtime)."""
+
+    desired: int = 0
+    ready: int = 0
+    summary: str = Field(default="0/0", description="ready/desired, for printing.")
+    step: int | None = Field(default=None, ge=0)
+    policy_version: int | None = Field(default=None, ge=0)
+    last_checkpoint: CheckpointRef | None = None
+    last_report_time: Timestamp | None = None
+
+
+class RestartStatus(StatusModel):
+    """Failure handling bookkeeping: what was counted, so a failure is never counted twice."""
+
+    trainer: int = Field(default=0, ge=0, description="Trainer group restarts (bounded by spec.backoffLimit).")
+    rollout: int = Field(default=0, ge=0, description="Inference replicas lost and replaced.")
+    last_trainer_restart_time: Timestamp | None = None
+    handled_failures: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_HANDLED_FAILURES,
+        description="Keys (pod uid and container restart count) of failures already acted on.",
+    )
+
+
+class Outcome(StatusModel):
+    """Terminal result of the job; once set it never changes."""
+
+    result: Literal["Complete", "Failed"]
+    reason: str = Field(min_length=1)
+    message: str = ""
+    time: Timestamp
+
+
+class KnobValue(StatusModel):
+    """Effective value of one partial-rollout knob and why it has that value."""
+
+    value: float
+    unit: str = Field(default="", description="ratio, sigma or tokens.")
+    source: Literal["spec", "autotune"] = "spec"
+    reason: str = ""
+    query: str = Field(default="", description="PromQL the autotuner decided from.")
+    time: Timestamp | None = None
+
+
+class EffectiveKnobs(StatusModel):
+    """Knob values the runtime applies at the next round boundary; the spec is never rewritten."""
+
+    over_sampling: KnobValue | None = None
+    truncation: KnobValue | None = Field(default=None, description="Absent when truncation is off.")
+
+
+class JobMetrics(StatusModel):
+    """Key runtime metrics reported by the trainer."""
+
+    truncation_rate: float | None = None
+    entropy: float | None = None
+    reward_mean: float | None = None
+    kl: float | None = None
+    off_policy_token_ratio: float | None = None
+    max_staleness: int | None = None
+    rollout_tokens_per_second: float | None = None
+    response_length_mean: float | None = None
+    last_updated_time: Timestamp | None = None
+
+
+class RLJobStatus(StatusModel):
+    """The whole status subresource."""
+
+    phase: Phase = "Pending"
+    observed_generation: int = Field(default=0, ge=0)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    start_time: Timestamp | None = None
+    completion_time: Timestamp | None = None
+    rollout: RolloutStatus = Field(default_factory=RolloutStatus)
+    trainer: TrainerStatus = Field(default_factory=TrainerStatus)
+    restarts: RestartStatus = Field(default_factory=RestartStatus)
+    outcome: Outcome | None = None
+    effective_knobs: EffectiveKnobs = Field(default_factory=EffectiveKnobs)
+    metrics: JobMetrics = Field(default_factory=JobMetrics)
+
+    def condition(self, type_: str) -> Condition | None:
+        """The condition of this type, if present."""
+        return next((c for c in self.conditions if c.type == type_), None)
+
+    def is_true(self, type_: str) -> bool:
+        """Whether the condition of this type is present with status True."""
+        c = self.condition(type_)
+        return c is not None and c.status == "True"

@@ -237,12 +237,16 @@ class EmbeddedEngine(Engine):
 
     async def load(self) -> EngineLoad:
         """Running and waiting request counts (finished-but-unreported rows are not counted)."""
+        return self.current_load()
+
+    def current_load(self) -> EngineLoad:
+        """Synchronous load(), for metric collectors that cannot await."""
         running = sum(1 for s in self._running if s.finish_reason is None)
         return EngineLoad(running=running, waiting=len(self._waiting))
 
     def used_tokens(self) -> int:
         """Tokens held in the KV cache by running sequences (for token-usage metrics)."""
-        return sum(len(s.request.input_ids) + len(s.output_ids) for s in self._running)
+        return sum(len(s.request.input_ids) + len(s.output_ids) for s in self._running if s.finish_reason is None)
 
     async def health(self) -> bool:
         """True once the model is loaded and the decode loop is alive."""

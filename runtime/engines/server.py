@@ -1,0 +1,565 @@
+"""The embedded engine behind SGLang's HTTP API, so the SGLang client, the real sglang router and the
+operator's probes can all be exercised on CPU.
+
+Run: ``python -m rljob.runtime.engines.server --model-path DIR --host 127.0.0.1 --port 30000``.
+The HTTP port is bound at once; the model loads in the background and ``/health``,
+``/health_generate`` and ``/generate`` answer 503 until it is ready, like SGLang while starting.
+Fault switches (``ServerOptions``) reproduce older SGLang behaviours so both client paths stay tested.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from pydantic import BaseModel, ValidationError
+
+import rljob.runtime.engines.protocol as proto
+from rljob.runtime.engines.base import EngineError, GenerateRequest, GenerateResult, WeightUpdate
+from rljob.runtime.engines.embedded import EmbeddedEngine, InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT's default
+SERVER_VERSION = "rljob-cpu-sglang-protocol-0.1"
+
+
+class Tokenizer(Protocol):
+    """The two tokenizer methods the server uses (text input/output only)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@dataclass
+class ServerOptions:
+    """How the server presents itself, plus fault switches for older SGLang behaviours."""
+
+    model_path: str = "in-memory"
+    weight_version: str = "0"
+    startup_delay_s: float = 0.0  # extra time /health answers 503 after the model has loaded
+    tokenizer: Tokenizer | None = None
+    legacy_abort_reply: bool = False  # aborted-before-prefill replies lack output ids/log-probs
+    require_abort_rid: bool = False  # /abort_request without "rid" -> 422 (old versions)
+    ignore_first_aborts: int = 0  # the first N /abort_request calls are acknowledged but do nothing
+    health_generate_fault: Literal["none", "hang", "503"] = "none"
+
+
+class _JsonError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _json_error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status)
+
+
+async def _read_body(request: web.Request, model: type[BaseModel]) -> Any:
+    """Parse the JSON body (empty body = {}) into ``model``; 400 with the field path on error."""
+    raw = await request.read()
+    try:
+        return model.model_validate_json(raw or b"{}")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "body"
+        raise _JsonError(400, f"invalid {request.path} request: {field}: {first['msg']}") from exc
+
+
+def _as_list(value: Any, n: int) -> list[Any]:
+    return list(value) if isinstance(value, list) else [value] * n
+
+
+class _SGLangMetrics(Collector):
+    """SGLang-named gauges and counters read from the engine at scrape time."""
+
+    def __init__(self, server: SGLangProtocolServer) -> None:
+        self._server = server
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self._server.engine
+        labels = {"model_name": self._server.options.model_path}
+        load = engine.current_load()
+        stats = engine.stats
+        capacity = max(1, self._server.max_total_num_tokens)
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=list(labels))
+            g.add_metric(list(labels.values()), value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=list(labels))
+            c.add_metric(list(labels.values()), value)
+            return c
+
+        yield gauge("sglang:num_running_reqs", "Running requests.", load.running)
+        yield gauge("sglang:num_queue_reqs", "Waiting requests.", load.waiting)
+        yield gauge("sglang:num_used_tokens", "Tokens held in the KV cache.", engine.used_tokens())
+        yield gauge("sglang:token_usage", "KV cache usage (0-1).", engine.used_tokens() / capacity)
+        yield gauge(
+            "sglang:gen_throughput",
+            "Generation throughput of the latest decode step (tokens/s).",
+            stats.last_step_tokens_per_s if load.running else 0.0,
+        )
+        yield gauge("sglang:cache_hit_rate", "Prefix cache hit rate (no prefix cache here).", 0.0)
+        yield counter("sglang:prompt_tokens", "Prefilled prompt tokens.", stats.prefill_tokens)
+        yield counter("sglang:generation_tokens", "Generated tokens.", stats.generated_tokens)
+        yield counter("sglang:num_requests", "Finished requests.", sum(stats.finished.values()))
+        yield counter("sglang:num_aborted_requests", "Requests finished by abort.", stats.finished["abort"])
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class SGLangProtocolServer:
+    """An aiohttp application serving one EmbeddedEngine with SGLang's endpoints."""
+
+    def __init__(self, engine: EmbeddedEngine, options: ServerOptions | None = None) -> None:
+        self.engine = engine
+        self.options = options or ServerOptions()
+        self.weight_version = self.options.weight_version
+        self._ready = False
+        self._aborts_to_ignore = self.options.ignore_first_aborts
+        self._startup: asyncio.Task[None] | None = None
+        self._runner: web.AppRunner | None = None
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(_SGLangMetrics(self))
+        self.app = self._build_app()
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        """KV capacity in tokens: every batch slot at full context."""
+        return self.engine.max_batch_size * self.engine.max_context_len if self._ready else 0
+
+    # ----------------------------------------------------------------- app and lifecycle
+
+    def _build_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._errors])
+        routes: list[tuple[str, str, Handler]] = [
+            ("*", "/generate", self._generate),
+            ("POST", "/abort_request", self._abort_request),
+            ("GET", "/health", self._health),
+            ("GET", "/health_generate", self._health_generate),
+            ("*", "/flush_cache", self._flush_cache),
+            ("GET", "/get_model_info", self._model_info),
+            ("GET", "/model_info", self._model_info),
+            ("GET", "/get_server_info", self._server_info),
+            ("GET", "/server_info", self._server_info),
+            ("GET", "/v1/loads", self._loads),
+            ("GET", "/get_load", self._get_load),
+            ("GET", "/get_weight_version", self._get_weight_version),
+            ("POST", "/update_weight_version", self._update_weight_version),
+            ("POST", "/update_weights_from_disk", self._update_weights_from_disk),
+            ("POST", "/pause_generation", self._pause),
+            ("POST", "/continue_generation", self._continue),
+            ("GET", "/metrics", self._metrics),
+        ]
+        for method, path, handler in routes:
+            app.router.add_route(method, path, handler)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except _JsonError as exc:
+            return _json_error(exc.status, str(exc))
+
+    async def _on_startup(self, _app: web.Application) -> None:
+        self._startup = asyncio.create_task(self._load_model(), name="sglang-protocol-server-startup")
+
+    async def _load_model(self) -> None:
+        try:
+            await self.engine.start()
+        except Exception:
+            log.exception("could not load the model from %s; the server stays unhealthy", self.options.model_path)
+            return
+        await asyncio.sleep(self.options.startup_delay_s)
+        self._ready = True
+        log.info("model %s loaded; serving", self.options.model_path)
+
+    async def _on_cleanup(self, _app: web.Application) -> None:
+        if self._startup is not None:
+            self._startup.cancel()
+        self._ready = False
+        await self.engine.close()
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0, wait_ready: bool = True) -> str:
+        """Serve on ``host:port`` (0 = ephemeral) in this event loop; returns the base URL."""
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        bound_host, bound_port = self._runner.addresses[0][:2]
+        if wait_ready:
+            while not self._ready:
+                if self._startup is not None and self._startup.done():
+                    raise EngineError(f"SGLang-protocol server could not load {self.options.model_path}")
+                await asyncio.sleep(0.02)
+        return f"http://{bound_host}:{bound_port}"
+
+    async def stop(self) -> None:
+        """Stop serving and close the engine (in-flight requests get their partial outputs)."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def _require_ready(self) -> None:
+        if not self._ready:
+            raise _JsonError(503, "server is starting: the model is not loaded yet")
+
+    # ----------------------------------------------------------------- generation
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        self._require_ready()
+        body: proto.GenerateBody = await _read_body(request, proto.GenerateBody)
+        if body.stream:
+            raise _JsonError(400, "stream=true is not supported by the CPU SGLang-protocol server; send stream=false")
+        batch_inputs, single = self._inputs_of(body)
+        n = len(batch_inputs)
+        rids = _as_list(body.rid, n) if body.rid is not None else [None] * n
+        if len(rids) != n:
+            raise _JsonError(400, f"rid has {len(rids)} entries for {n} inputs")
+        params = _as_list(body.sampling_params, n)
+        want_logprobs = _as_list(body.return_logprob, n)
+        requests = [
+            self._engine_request(rid or uuid.uuid4().hex, ids, sp)
+            for rid, ids, sp in zip(rids, batch_inputs, params, strict=True)
+        ]
+        started = time.perf_counter()
+        try:
+            results = await asyncio.gather(*(self.engine.generate(r) for r in requests))
+        except InvalidRequestError as exc:
+            raise _JsonError(400, str(exc)) from exc
+        latency = time.perf_counter() - started
+        replies = [
+            self._reply(req, res, sp, lp, body.return_text_in_logprobs, latency)
+            for req, res, sp, lp in zip(requests, results, params, want_logprobs, strict=True)
+        ]
+        return web.json_response(replies[0] if single else replies)
+
+    def _inputs_of(self, body: proto.GenerateBody) -> tuple[list[list[int]], bool]:
+        if (body.input_ids is None) == (body.text is None):
+            raise _JsonError(400, "give exactly one of input_ids or text")
+        if body.input_ids is not None:
+            ids = body.input_ids
+            if ids and isinstance(ids[0], list):
+                return [list(x) for x in ids], False  # type: ignore[arg-type]
+            return [list(ids)], True  # type: ignore[arg-type]
+        tok = self.options.tokenizer
+        if tok is None:
+            raise _JsonError(400, "this server has no tokenizer (start it with --tokenizer-path); send input_ids")
+        texts = body.text if isinstance(body.text, list) else [body.text]
+        return [tok.encode(t) for t in texts if t is not None], not isinstance(body.text, list)
+
+    def _engine_request(self, rid: str, ids: list[int], sp: proto.SamplingParamsBody) -> GenerateRequest:
+        if sp.stop:
+            raise _JsonError(400, "stop strings are not supported by the CPU SGLang-protocol server; use stop_token_ids")
+        stop_ids = list(sp.stop_token_ids or [])
+        if not sp.ignore_eos:
+            stop_ids += self._eos_ids()
+        return GenerateRequest(
+            rid=rid,
+            input_ids=ids,
+            max_new_tokens=sp.max_new_tokens,
+            temperature=sp.temperature,
+            top_p=sp.top_p,
+            top_k=sp.top_k,
+            stop_token_ids=stop_ids,
+        )
+
+    def _eos_ids(self) -> list[int]:
+        eos = getattr(self.engine.model.config, "eos_token_id", None)
+        if eos is None:
+            return []
+        return [int(e) for e in eos] if isinstance(eos, list) else [int(eos)]
+
+    def _reply(
+        self,
+        req: GenerateRequest,
+        res: GenerateResult,
+        sp: proto.SamplingParamsBody,
+        return_logprob: bool,
+        text_in_logprobs: bool,
+        latency: float,
+    ) -> dict[str, Any]:
+        tok = self.options.tokenizer
+        legacy_empty_abort = self.options.legacy_abort_reply and res.finish_reason == "abort" and not res.output_ids
+        message = "Abort before prefill" if legacy_empty_abort else None
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "finish_reason": proto.finish_reason_json(res, req.max_new_tokens, message),
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(res.output_ids),
+            "cached_tokens": 0,
+            "weight_version": self.weight_version,
+            "e2e_latency": latency,
+        }
+        reply: dict[str, Any] = {"text": tok.decode(res.output_ids) if tok else "", "meta_info": meta}
+        if legacy_empty_abort:
+            return reply
+        reply["output_ids"] = res.output_ids
+        if return_logprob:
+            meta["output_token_logprobs"] = [
+                [lp, tid, tok.decode([tid]) if (tok and text_in_logprobs) else None]
+                for lp, tid in zip(res.output_logprobs, res.output_ids, strict=True)
+            ]
+        return reply
+
+    # ----------------------------------------------------------------- abort, health, cache
+
+    async def _abort_request(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        body: proto.AbortBody = await _read_body(request, proto.AbortBody)
+        if self.options.require_abort_rid and b'"rid"' not in raw:
+            raise _JsonError(422, "field required: rid")
+        if self._aborts_to_ignore > 0:
+            self._aborts_to_ignore -= 1
+            log.warning("fault switch: ignoring this /abort_request")
+            return web.Response(status=200)
+        if body.abort_all:
+            await self.engine.abort_all()
+        else:
+            for rid in body.rid if isinstance(body.rid, list) else [body.rid]:
+                await self.engine.abort(rid)
+        return web.Response(status=200)
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        self._require_ready()
+        return web.Response(status=200)
+
+    async def _health_generate(self, _request: web.Request) -> web.Response:
+        self._require_ready()
+        fault = self.options.health_generate_fault
+        if fault == "503":
+            raise _JsonError(503, "fault switch: health_generate fails")
+        if fault == "hang":
+            await asyncio.Event().wait()
+        if self.engine.current_load().running:
+            return web.Response(status=200)  # busy: existing traffic proves the scheduler is alive
+        probe = GenerateRequest(rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", input_ids=[0], max_new_tokens=1)
+        try:
+            await asyncio.wait_for(self.engine.generate(probe), HEALTH_GENERATE_TIMEOUT_S)
+        except (TimeoutError, EngineError) as exc:
+            raise _JsonError(503, f"health generation failed: {exc!r}") from exc
+        return web.Response(status=200)
+
+    async def _flush_cache(self, _request: web.Request) -> web.Response:
+        load = self.engine.current_load()
+        if load.total:
+            return web.Response(
+                status=400,
+                text=f"Cache not flushed: {load.running} running and {load.waiting} waiting requests. Retry when idle.",
+            )
+        return web.Response(status=200, text="Cache flushed.")
+
+    # ----------------------------------------------------------------- info and load
+
+    async def _model_info(self, _request: web.Request) -> web.Response:
+        config = self.engine.model.config if self._ready else None
+        return web.json_response(
+            {
+                "model_path": self.options.model_path,
+                "tokenizer_path": self.options.model_path if self.options.tokenizer else None,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": self.weight_version,
+                "model_type": getattr(config, "model_type", None),
+                "architectures": getattr(config, "architectures", None),
+            }
+        )
+
+    def _load_record(self) -> dict[str, Any]:
+        load = self.engine.current_load()
+        used = self.engine.used_tokens()
+        return {
+            "dp_rank": 0,
+            "num_running_reqs": load.running,
+            "num_waiting_reqs": load.waiting,
+            "num_used_tokens": used,
+            "max_total_num_tokens": self.max_total_num_tokens,
+            "token_usage": used / max(1, self.max_total_num_tokens),
+            "gen_throughput": self.engine.stats.last_step_tokens_per_s if load.running else 0.0,
+            "cache_hit_rate": 0.0,
+        }
+
+    async def _server_info(self, _request: web.Request) -> web.Response:
+        context = self.engine.max_context_len if self._ready else None
+        return web.json_response(
+            {
+                "model_path": self.options.model_path,
+                "max_running_requests": self.engine.max_batch_size,
+                "context_length": context,
+                "max_total_num_tokens": self.max_total_num_tokens,
+                "max_req_input_len": context - 1 if context else None,
+                "weight_version": self.weight_version,
+                "internal_states": [self._load_record()],
+                "version": SERVER_VERSION,
+            }
+        )
+
+    async def _loads(self, _request: web.Request) -> web.Response:
+        record = self._load_record()
+        return web.json_response({"timestamp": time.time(), "dp_rank_count": 1, "loads": [record]})
+
+    async def _get_load(self, _request: web.Request) -> web.Response:
+        record = self._load_record()
+        # The older shape: one record per data-parallel rank with num_reqs / num_tokens.
+        return web.json_response(
+            [{"dp_rank": 0, "num_reqs": record["num_running_reqs"], "num_waiting_reqs": record["num_waiting_reqs"],
+              "num_tokens": record["num_used_tokens"]}]
+        )
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self._registry), content_type="text/plain", charset="utf-8")
+
+    # ----------------------------------------------------------------- weights
+
+    async def _get_weight_version(self, _request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": self.weight_version})
+
+    def _engine_version_for(self, version: str | None) -> int:
+        try:
+            return int(version) if version is not None else self.engine.weight_version + 1
+        except ValueError:
+            return self.engine.weight_version + 1
+
+    async def _update_weight_version(self, request: web.Request) -> web.Response:
+        body: proto.UpdateWeightVersionBody = await _read_body(request, proto.UpdateWeightVersionBody)
+        if body.abort_all_requests:
+            await self.engine.abort_all()
+        self.weight_version = body.new_version
+        self.engine.weight_version = self._engine_version_for(body.new_version)
+        return web.json_response({"success": True, "message": f"weight version set to {body.new_version}",
+                                  "new_version": body.new_version})
+
+    async def _update_weights_from_disk(self, request: web.Request) -> web.Response:
+        self._require_ready()
+        body: proto.UpdateWeightsFromDiskBody = await _read_body(request, proto.UpdateWeightsFromDiskBody)
+        if body.abort_all_requests:
+            await self.engine.abort_all()
+        if not Path(body.model_path).is_dir():
+            return web.json_response(
+                {"success": False, "message": f"model_path {body.model_path} is not a directory on the inference pod"},
+                status=400,
+            )
+        version = self._engine_version_for(body.weight_version)
+        try:
+            await self.engine.update_weights(WeightUpdate(version=version, path=body.model_path))
+        except Exception as exc:  # any load failure is the caller's checkpoint problem: report, keep serving
+            log.warning("update_weights_from_disk %s failed: %s", body.model_path, exc)
+            return web.json_response({"success": False, "message": f"failed to load {body.model_path}: {exc}"}, status=400)
+        if body.weight_version is not None:
+            self.weight_version = body.weight_version
+        else:
+            self.weight_version = str(version)
+        return web.json_response(
+            {"success": True, "message": f"loaded {body.model_path}", "num_paused_requests": 0}
+        )
+
+    async def _pause(self, request: web.Request) -> web.Response:
+        body: proto.PauseBody = await _read_body(request, proto.PauseBody)
+        if body.mode == "abort":
+            await self.engine.abort_all()
+        # retract and in_place both keep requests and their KV here: the CPU engine never evicts.
+        self.engine.pause()
+        return web.json_response({"success": True, "message": f"generation paused ({body.mode})"})
+
+    async def _continue(self, _request: web.Request) -> web.Response:
+        self.engine.resume()
+        return web.json_response({"success": True, "message": "generation continued"})
+
+
+# --------------------------------------------------------------------------------- CLI
+
+
+def _load_tokenizer(path: str | None) -> Tokenizer | None:
+    if path is None:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)  # type: ignore[no-any-return]
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    """The CLI of the CPU SGLang-protocol server (flag names follow sglang.launch_server where they exist)."""
+    p = argparse.ArgumentParser(
+        prog="python -m rljob.runtime.engines.server",
+        description=(
+            "Serve a Hugging Face causal LM (a save_pretrained directory) on CPU with the SGLang HTTP API: "
+            "/generate, /abort_request, /health, /health_generate, /flush_cache, /v1/loads, "
+            "/update_weights_from_disk, /metrics and friends. Token ids in and out; text needs --tokenizer-path."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model-path", required=True, help="directory written by save_pretrained (config.json + weights)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind; keep 127.0.0.1 outside a pod")
+    p.add_argument("--port", type=int, default=30000, help="port to bind")
+    p.add_argument(
+        "--max-batch-size", "--max-running-requests", dest="max_batch_size", type=int, default=32,
+        help="most requests decoded together; further ones wait in a FIFO queue",
+    )
+    p.add_argument("--context-length", type=int, default=None, help="max prompt + generation tokens (default: model's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    p.add_argument("--weight-version", default="0", help="initial weight version reported in meta_info")
+    p.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--tokenizer-path", default=None, help="Hugging Face tokenizer directory, to accept text input")
+    p.add_argument("--startup-delay", type=float, default=0.0, help="seconds to keep answering 503 after loading")
+    p.add_argument("--enable-metrics", action="store_true", help="accepted for SGLang compatibility; /metrics is always on")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    faults = p.add_argument_group("fault switches (reproduce older SGLang behaviours in tests)")
+    faults.add_argument("--fault-legacy-abort-reply", action="store_true",
+                        help="replies of requests aborted before prefill carry no output_ids/output_token_logprobs")
+    faults.add_argument("--fault-require-abort-rid", action="store_true", help="/abort_request without rid -> 422")
+    faults.add_argument("--fault-ignore-first-aborts", type=int, default=0, metavar="N",
+                        help="acknowledge but ignore the first N /abort_request calls")
+    faults.add_argument("--fault-health-generate", choices=["none", "hang", "503"], default="none",
+                        help="make /health_generate hang or fail while /health stays up")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: parse flags, build engine and server, serve until SIGINT/SIGTERM."""
+    args = build_arg_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not (Path(args.model_path) / "config.json").is_file():
+        raise SystemExit(f"--model-path {args.model_path}: no config.json there; pass a save_pretrained() directory")
+    engine = EmbeddedEngine(
+        args.model_path,
+        max_batch_size=args.max_batch_size,
+        seed=args.seed,
+        weight_version=int(args.weight_version) if args.weight_version.isdigit() else 0,
+        torch_threads=args.torch_threads,
+        max_context_len=args.context_length,
+    )
+    options = ServerOptions(
+        model_path=args.model_path,
+        weight_version=args.weight_version,
+        startup_delay_s=args.startup_delay,
+        tokenizer=_load_tokenizer(args.tokenizer_path),
+        legacy_abort_reply=args.fault_legacy_abort_reply,
+        require_abort_rid=args.fault_require_abort_rid,
+        ignore_first_aborts=args.fault_ignore_first_aborts,
+        health_generate_fault=args.fault_health_generate,
+    )
+    server = SGLangProtocolServer(engine, options)
+    web.run_app(server.app, host=args.host, port=args.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

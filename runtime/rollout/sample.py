@@ -37,7 +37,8 @@ class Sample:
     versions: list[int] = field(default_factory=list)
     status: SampleStatus = SampleStatus.PENDING
     reward: float | None = None
-    segments: int = 0  # generate calls that contributed tokens or were attempted
+    segments: int = 0  # generate calls made for this sample
+    last_round: int = -1  # round of the latest generate call (truncation rate, debugging)
     regenerations: int = 0  # times the staleness bound threw the response away
 
     @property
@@ -82,6 +83,7 @@ class Sample:
             "status": self.status.value,
             "reward": self.reward,
             "segments": self.segments,
+            "last_round": self.last_round,
             "regenerations": self.regenerations,
         }
 

@@ -1,0 +1,212 @@
+"""`rljob` command line: run a job locally, validate a job file."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections import deque
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.logging import RichHandler
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rljob.operator.api import RLJobConfigError, load_rljob
+from rljob.runtime.engines.base import EngineError
+from rljob.runtime.metrics import StepRecord
+
+console = Console()
+log = logging.getLogger("rljob")
+
+RUN_HELP = """\
+Run an RLJob on this machine: the APRIL partial-rollout loop with the embedded PyTorch engine
+(spec.rollout.engine: embedded) or against SGLang workers (engine: sglang).
+
+Each step runs one rollout round, one optimizer step and one weight sync. The run resumes from the
+newest checkpoint in spec.checkpoint.dir unless --fresh is given. At the end a report folder with
+plots (reward, rollout tokens/s, truncation rate, off-policy ratio, length distribution) is written
+to --output.
+"""
+
+
+def _step_table(rows: deque[StepRecord]) -> Table:
+    table = Table(title="steps", expand=False, header_style="bold")
+    for col in ("step", "reward", "tok/s", "trunc", "off-pol", "stale", "buffer", "len μ", "rollout s", "train s"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            str(r.step),
+            f"{r.reward_mean:.3f}",
+            f"{r.rollout_tokens_per_s:.0f}",
+            f"{r.truncation_rate:.2f}",
+            f"{r.off_policy_token_ratio:.2f}",
+            str(r.staleness_max),
+            str(r.buffer_groups),
+            f"{r.length_mean:.0f}",
+            f"{r.rollout_seconds:.1f}",
+            f"{r.train_seconds:.1f}",
+        )
+    return table
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from rljob.runtime.report import write_report
+    from rljob.runtime.runner import JobRunner, RunOptions, compare_strategies
+
+    job = load_rljob(args.job)
+    output = Path(args.output or Path("runs") / job.metadata.name)
+    if args.checkpoint_dir:
+        job.spec.checkpoint.dir = args.checkpoint_dir
+    runner = JobRunner(
+        job,
+        RunOptions(
+            output_dir=output,
+            steps=args.steps,
+            strategy=args.strategy,
+            resume=False if args.fresh else None,
+            metrics_port=args.metrics_port,
+        ),
+    )
+    if args.fresh and runner.metrics.jsonl_path and runner.metrics.jsonl_path.exists():
+        runner.metrics.jsonl_path.unlink()
+    with console.status("[bold]setting up") as status:
+        await runner.setup(on_status=lambda msg: status.update(f"[bold]{msg}"))
+    if runner.resumed_from:
+        console.print(f"resumed from [bold]{runner.resumed_from}[/] at step {runner.step}")
+    if runner.metrics_port:
+        console.print(f"metrics on http://{job.spec.metrics.host}:{runner.metrics_port}/metrics")
+
+    recent: deque[StepRecord] = deque(maxlen=args.table_rows)
+    steps = Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    step_task = steps.add_task("steps", total=runner.total_steps, completed=runner.step)
+    round_bar = Progress(TextColumn("[bold]round {task.fields[idx]}"), BarColumn(), MofNCompleteColumn(),
+                         TextColumn("{task.fields[info]}"))
+    round_task = round_bar.add_task("round", total=job.spec.rollout.rollout_batch_size, idx=0, info="")
+
+    def render() -> Group:
+        p = runner.scheduler.progress
+        round_bar.update(
+            round_task, completed=p.accepted, idx=p.round_index,
+            info=f"{p.phase} · in flight {p.in_flight_groups} groups · buffer {p.buffer_groups} · {p.tokens} tokens",
+        )
+        return Group(steps, round_bar, _step_table(recent))
+
+    def on_step(rec: StepRecord) -> None:
+        recent.append(rec)
+        steps.update(step_task, completed=rec.step)
+        if not args.live:
+            console.print(
+                f"step {rec.step}: reward {rec.reward_mean:.3f} tok/s {rec.rollout_tokens_per_s:.0f} "
+                f"trunc {rec.truncation_rate:.2f} off-policy {rec.off_policy_token_ratio:.2f} buffer {rec.buffer_groups}"
+            )
+
+    if args.live:
+        with Live(render(), console=console, refresh_per_second=4, get_renderable=render):
+            summary = await runner.run(on_step)
+    else:
+        summary = await runner.run(on_step)
+
+    comparison = None
+    if args.compare_rounds:
+        with console.status(f"[bold]comparing sync and april rollouts ({args.compare_rounds} rounds each)"):
+            comparison = await compare_strategies(runner, args.compare_rounds)
+        table = Table(title="rollout throughput, same policy, prompts and seeds", header_style="bold")
+        for col in ("strategy", "tokens/s", "round s", "off-policy", "trunc", "× sync", "× ceiling"):
+            table.add_column(col, justify="right")
+        for row in comparison["rows"]:
+            table.add_row(row["strategy"], f"{row['tokens_per_s']:.0f}", f"{row['step_seconds']:.2f}",
+                          f"{row['off_policy_ratio']:.2f}", f"{row['truncation_rate']:.2f}",
+                          f"{row['over_sync']:.2f}", f"{row['over_ceiling']:.2f}")
+        console.print(table)
+        console.print(f"bubble-free ceiling: {comparison['ceiling_tokens_per_s']:.0f} tokens/s")
+
+    from rljob.runtime.metrics import read_jsonl
+
+    records = read_jsonl(runner.metrics.jsonl_path) if runner.metrics.jsonl_path else []
+    written = write_report(output / "report", records, comparison)
+    _print_summary(summary, records, output / "report", written)
+    return 0
+
+
+def _print_summary(summary, records, report_dir: Path, written: list[Path]) -> None:  # type: ignore[no-untyped-def]
+    from rljob.runtime.report import reward_gain
+
+    table = Table(title="run summary", show_header=False)
+    table.add_row("steps run", f"{summary.steps_run} (steps {summary.first_step}-{summary.last_step})")
+    table.add_row("policy version", str(summary.policy_version))
+    table.add_row("wall time", f"{summary.wall_seconds:.0f} s")
+    if records:
+        first, last = reward_gain(records)
+        table.add_row("reward, first → last steps", f"{first:.3f} → {last:.3f}")
+    table.add_row("report", str(report_dir))
+    console.print(table)
+    console.print("plots: " + ", ".join(p.name for p in written if p.suffix == ".png"))
+
+
+def _validate(args: argparse.Namespace) -> int:
+    job = load_rljob(args.job)
+    r = job.spec.rollout
+    console.print(
+        f"[green]ok[/]: RLJob {job.metadata.name}: {r.strategy} rollout on {r.engine} engine, "
+        f"{r.rollout_batch_size} groups × {r.samples_per_prompt} samples, {job.spec.trainer.steps} steps"
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `rljob` argument parser (kept separate so tests and docs can inspect it)."""
+    parser = argparse.ArgumentParser(
+        prog="rljob", description="rljob: fast RL post-training of LLMs with APRIL partial rollouts."
+    )
+    parser.add_argument("--log-level", default="WARNING", help="logging level (DEBUG, INFO, WARNING, ERROR)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run an RLJob locally", description=RUN_HELP,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("job", help="path of the RLJob YAML file")
+    run.add_argument("--output", help="output folder for metrics.jsonl and the report (default: runs/<job name>)")
+    run.add_argument("--steps", type=int, help="total training steps, overriding spec.trainer.steps")
+    run.add_argument("--strategy", choices=["sync", "april"], help="override spec.rollout.strategy")
+    run.add_argument("--fresh", action="store_true", help="ignore existing checkpoints and start from step 0")
+    run.add_argument("--checkpoint-dir", help="override spec.checkpoint.dir")
+    run.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: off)")
+    run.add_argument("--compare-rounds", type=int, default=0, metavar="K",
+                     help="after training, run K rollout rounds each of sync and april on the trained policy "
+                     "(same prompts and seeds) and print the throughput comparison (0: skip)")
+    run.add_argument("--no-live", dest="live", action="store_false",
+                     help="print one line per step instead of the live display (logs, CI, pods)")
+    run.add_argument("--table-rows", type=int, default=12, help="steps shown in the live table")
+    run.set_defaults(func=lambda a: asyncio.run(_run(a)))
+
+    validate = sub.add_parser("validate", help="check an RLJob file and print what it would run")
+    validate.add_argument("job", help="path of the RLJob YAML file")
+    validate.set_defaults(func=_validate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `rljob` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(message)s",
+                        handlers=[RichHandler(console=console, show_path=False)])
+    try:
+        return int(args.func(args) or 0)
+    except RLJobConfigError as err:
+        console.print(f"[red]invalid RLJob[/]\n{err}")
+        return 2
+    except EngineError as err:
+        console.print(f"[red]engine error[/]: {err}")
+        return 3
+    except KeyboardInterrupt:
+        console.print("interrupted; the last checkpoint is kept, run the same command to resume")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Side-by-side rollout comparison of strategies on one policy, and the bubble-free ceiling.
+
+Used by `rljob run --compare-rounds` (the quickstart shows APRIL's speed-up in the same run) and
+by benchmarks/rollout_throughput.py. Every strategy gets its own engine built from the same
+weights and seed, its own prompt stream with the same seed, and its rounds are interleaved with
+the other strategies' so machine noise hits all of them alike. No training happens here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rljob.runtime.batch_stats import summarize_batch
+from rljob.runtime.engines.base import Engine, GenerateRequest
+from rljob.runtime.rollout.scheduler import RolloutScheduler, RoundResult
+
+EngineFactory = Callable[[], Engine]
+
+
+@dataclass
+class StrategyResult:
+    """Totals of one strategy over the compared rounds."""
+
+    strategy: str
+    rounds: int = 0
+    tokens: int = 0
+    rollout_seconds: float = 0.0
+    trained_tokens: int = 0
+    off_policy_tokens: int = 0
+    partial_samples: int = 0
+    launched_samples: int = 0
+    reward_sum: float = 0.0
+    samples: int = 0
+    round_seconds: list[float] = field(default_factory=list)
+    round_tokens_per_s: list[float] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.rollout_seconds if self.rollout_seconds else 0.0
+
+    @property
+    def step_seconds(self) -> float:
+        """Mean rollout time of one round (the rollout part of a training step)."""
+        return self.rollout_seconds / self.rounds if self.rounds else 0.0
+
+    @property
+    def off_policy_ratio(self) -> float:
+        return self.off_policy_tokens / self.trained_tokens if self.trained_tokens else 0.0
+
+    @property
+    def truncation_rate(self) -> float:
+        return self.partial_samples / self.launched_samples if self.launched_samples else 0.0
+
+    def add(self, result: RoundResult, version: int) -> None:
+        s = result.stats
+        bs = summarize_batch(result.groups, version)
+        self.rounds += 1
+        self.tokens += s.tokens_generated
+        self.rollout_seconds += s.rollout_seconds
+        self.round_seconds.append(s.rollout_seconds)
+        self.round_tokens_per_s.append(s.tokens_per_second)
+        self.trained_tokens += bs.response_tokens
+        self.off_policy_tokens += bs.off_policy_tokens
+        self.partial_samples += s.partial_samples
+        self.launched_samples += s.launched_samples
+        self.reward_sum += bs.reward_mean * bs.samples
+        self.samples += bs.samples
+
+
+async def measure_ceiling(engine: Engine, batch: int, tokens: int, prompt_ids: list[int]) -> float:
+    """Steady full-batch decode rate: `batch` requests that all run exactly `tokens` tokens."""
+    requests = [
+        GenerateRequest(rid=f"ceiling.{i}.", input_ids=list(prompt_ids), max_new_tokens=tokens, stop_token_ids=[])
+        for i in range(batch)
+    ]
+    await engine.generate(requests[0])  # warm-up: first call pays one-off allocation costs
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(engine.generate(r) for r in requests))
+    elapsed = time.perf_counter() - t0
+    return sum(len(r.output_ids) for r in results) / elapsed
+
+
+async def compare_rollouts(
+    schedulers: dict[str, RolloutScheduler],
+    rounds: int,
+    warmup_rounds: int = 1,
+    version: int = 0,
+    on_round: Callable[[str, int, RoundResult], None] = lambda _s, _i, _r: None,
+) -> dict[str, StrategyResult]:
+    """Run `rounds` measured rounds per scheduler, interleaved; warm-up rounds are not counted
+    (they also fill APRIL's buffer, which is its steady state)."""
+    results = {name: StrategyResult(strategy=name) for name in schedulers}
+    for i in range(warmup_rounds + rounds):
+        for name, scheduler in schedulers.items():
+            result = await scheduler.run_round(version)
+            on_round(name, i, result)
+            if i >= warmup_rounds:
+                results[name].add(result, version)
+    return results
+
+
+def comparison_table(results: dict[str, StrategyResult], ceiling: float) -> list[dict[str, float | str]]:
+    """Rows for printing and JSON: per strategy throughput, step time, ratios."""
+    sync = results.get("sync")
+    rows: list[dict[str, float | str]] = []
+    for name, r in results.items():
+        rows.append(
+            {
+                "strategy": name,
+                "tokens_per_s": r.tokens_per_s,
+                "step_seconds": r.step_seconds,
+                "off_policy_ratio": r.off_policy_ratio,
+                "truncation_rate": r.truncation_rate,
+                "reward_mean": r.reward_sum / r.samples if r.samples else 0.0,
+                "over_sync": r.tokens_per_s / sync.tokens_per_s if sync and sync.tokens_per_s else 0.0,
+                "over_ceiling": r.tokens_per_s / ceiling if ceiling else 0.0,
+            }
+        )
+    return rows

@@ -1,0 +1,420 @@
+"""One rollout round: top up, generate, harvest, stop upon collection, abort, drain, buffer.
+
+The same code drives every engine (embedded, SGLang over HTTP, the simulator's virtual
+engines) and every strategy (strategy.py). Invariant: every generated token ends up either in a
+returned group or in the partial buffer; only groups rejected by the dynamic-sampling filter are
+discarded, and their tokens are counted as wasted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rljob.runtime.engines.base import Engine, EngineError, GenerateRequest
+from rljob.runtime.rollout.buffer import PartialBuffer
+from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
+from rljob.runtime.rollout.strategy import Strategy
+from rljob.runtime.rollout.truncation import TruncationPolicy
+
+log = logging.getLogger(__name__)
+
+
+class Prompt(Protocol):
+    """What the scheduler reads of a prompt (runtime.tasks.dataset.PromptRecord has it)."""
+
+    index: int
+    text: str
+    answer: str
+    prompt_ids: list[int]
+
+
+class PromptSource(Protocol):
+    """Anything that hands out prompts in order (the dataset stream)."""
+
+    def next_prompt(self) -> Prompt: ...
+
+
+ScoreFn = Callable[[Sample], float]
+GroupFilter = Callable[[Group], bool]
+
+
+@dataclass
+class RolloutConfig:
+    """Per-round sampling settings (the knobs that may change between rounds live in Strategy
+    and TruncationPolicy)."""
+
+    batch_size: int
+    samples_per_prompt: int
+    max_response_length: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_staleness: int = 2
+    stop_token_ids: list[int] = field(default_factory=list)
+    drain_timeout_s: float = 30.0
+    reabort_interval_s: float = 3.0
+    engine_retry_max_s: float = 30.0
+
+
+@dataclass
+class RoundProgress:
+    """Live view of the running round, read by the CLI's progress display."""
+
+    round_index: int = 0
+    accepted: int = 0
+    target: int = 0
+    in_flight_groups: int = 0
+    launched_groups: int = 0
+    tokens: int = 0
+    buffer_groups: int = 0
+    phase: str = "idle"
+
+
+@dataclass
+class RoundStats:
+    """What happened in one round (rollout side; trained-batch statistics are in batch_stats)."""
+
+    round_index: int
+    policy_version: int
+    strategy: str
+    rollout_seconds: float = 0.0
+    tokens_generated: int = 0  # every generate call, aborted ones included
+    launched_samples: int = 0  # samples that got a generate call this round
+    partial_samples: int = 0  # launched samples that ended the round unfinished
+    segment_cut_samples: int = 0  # partial because of the segment cap
+    cap_hit_samples: int = 0  # finished with `length` at max_response_length
+    resumed_samples: int = 0  # launched with a non-empty partial response
+    regenerated_samples: int = 0  # thrown back to their prompt by the staleness bound
+    discarded_stale_tokens: int = 0  # their responses, dropped so they are never trained stale
+    resumed_prefix_tokens: int = 0  # re-prefilled partial tokens (hidden cost of resuming)
+    fork_off_policy_tokens: int = 0  # APRIL-fork counter: previous-segment tokens of resumed samples
+    dropped_groups: int = 0  # rejected by dynamic sampling
+    wasted_tokens: int = 0
+    surplus_groups: int = 0  # finished but not needed: buffered
+    buffered_groups: int = 0  # pushed to the buffer at the end of the round
+    buffer_groups_after: int = 0
+    abort_drain_seconds: float = 0.0
+    engine_errors: int = 0
+    segment_cap: int | None = None
+    over_sampling: float = 1.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_generated / self.rollout_seconds if self.rollout_seconds > 0 else 0.0
+
+    @property
+    def truncation_rate(self) -> float:
+        """Share of launched samples that ended the round partial."""
+        return self.partial_samples / self.launched_samples if self.launched_samples else 0.0
+
+    @property
+    def fork_off_policy_ratio(self) -> float:
+        """The APRIL fork's off-policy ratio, for comparison with the paper."""
+        total = self.tokens_generated + self.fork_off_policy_tokens
+        return self.fork_off_policy_tokens / total if total else 0.0
+
+
+@dataclass
+class RoundResult:
+    """Exactly `batch_size` accepted groups, in prompt order, and the round's statistics."""
+
+    groups: list[Group]
+    stats: RoundStats
+
+
+class RolloutScheduler:
+    """Runs rounds against a set of engines with a pluggable strategy."""
+
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        config: RolloutConfig,
+        strategy: Strategy,
+        prompts: PromptSource,
+        score: ScoreFn,
+        truncation: TruncationPolicy | None = None,
+        group_filter: GroupFilter | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if not engines:
+            raise ValueError("the rollout scheduler needs at least one engine")
+        self.engines = list(engines)
+        self.config = config
+        self.strategy = strategy
+        self.prompts = prompts
+        self.score = score
+        self.truncation = truncation or TruncationPolicy()
+        self.group_filter = group_filter
+        self.clock = clock
+        self.buffer = PartialBuffer()
+        self.progress = RoundProgress()
+        self._round = 0
+        self._group_counter = 0
+        self._assigned = [0] * len(self.engines)  # groups in flight per engine
+        self._unhealthy: set[int] = set()
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Buffer, truncation statistics and counters: everything a restart needs."""
+        return {
+            "buffer": self.buffer.state_dict(),
+            "truncation": self.truncation.state_dict(),
+            "round": self._round,
+            "group_counter": self._group_counter,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.buffer.load_state_dict(state["buffer"])
+        self.truncation.load_state_dict(state["truncation"])
+        self._round = state["round"]
+        self._group_counter = state["group_counter"]
+
+    # ------------------------------------------------------------------ round
+
+    async def run_round(self, policy_version: int) -> RoundResult:
+        """Collect `batch_size` groups generated (at least partly) by `policy_version`."""
+        cfg = self.config
+        self._round += 1
+        stats = RoundStats(
+            round_index=self._round,
+            policy_version=policy_version,
+            strategy=self.strategy.name,
+            segment_cap=self.truncation.threshold() if self.strategy.truncates else None,
+            over_sampling=getattr(self.strategy, "over_sampling", 1.0),
+        )
+        target = self.strategy.launch_target(cfg.batch_size)
+        self.progress = RoundProgress(round_index=self._round, target=cfg.batch_size, phase="generating")
+        start = self.clock()
+        aborting = asyncio.Event()
+        tasks: dict[asyncio.Task[bool], tuple[Group, int]] = {}
+        accepted: list[Group] = []
+        to_buffer: list[Group] = []  # segment-cut, surplus and in-flight-at-abort groups
+        retry: list[Group] = []  # groups whose engine failed: relaunched at once elsewhere
+
+        def launch(group: Group, engine_idx: int) -> None:
+            task = asyncio.ensure_future(self._run_group(group, engine_idx, policy_version, stats, aborting))
+            tasks[task] = (group, engine_idx)
+            self._assigned[engine_idx] += 1
+            self.progress.launched_groups += 1
+
+        async def top_up() -> None:
+            while len(accepted) + len(tasks) < target:
+                engine_idx = await self._pick_engine(stats)
+                group = retry.pop(0) if retry else self._next_group(policy_version, stats)
+                launch(group, engine_idx)
+
+        await top_up()
+        while len(accepted) < cfg.batch_size:
+            self._update_progress(accepted, tasks, stats)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=lambda t: tasks[t][0].prompt_index):
+                group, engine_idx = tasks.pop(task)
+                self._assigned[engine_idx] -= 1
+                engine_failed = task.result()  # re-raises programming errors, not engine errors
+                if not group.finished:
+                    # An engine failure is retried now on a healthy engine; a segment cut waits
+                    # for the next round, or truncation would not shorten this one.
+                    (retry if engine_failed else to_buffer).append(group)
+                elif self.group_filter is not None and not self.group_filter(group):
+                    stats.dropped_groups += 1
+                    stats.wasted_tokens += sum(s.response_length for s in group.samples)
+                elif len(accepted) < cfg.batch_size:
+                    accepted.append(group)
+                else:
+                    stats.surplus_groups += 1
+                    to_buffer.append(group)
+            if len(accepted) < cfg.batch_size:
+                await top_up()
+
+        if tasks:
+            self.progress.phase = "aborting"
+            to_buffer.extend(await self._abort_and_drain(tasks, aborting, stats))
+        for group in retry:  # engine failures after collection: nothing lost, resumed next round
+            to_buffer.append(group)
+        for group in sorted(to_buffer, key=lambda g: g.prompt_index):
+            stats.partial_samples += sum(
+                1 for s in group.samples if s.last_round == self._round and not s.status.finished
+            )
+            self.buffer.push(group)
+        stats.buffered_groups = len(to_buffer)
+        stats.buffer_groups_after = len(self.buffer)
+        stats.rollout_seconds = self.clock() - start
+        self._update_progress(accepted, tasks, stats)
+        self.progress.phase = "done"
+        return RoundResult(groups=sorted(accepted, key=lambda g: g.prompt_index), stats=stats)
+
+    # ------------------------------------------------------------------ pieces
+
+    def _next_group(self, policy_version: int, stats: RoundStats) -> Group:
+        """Oldest buffered group first (staleness bound applied), else a fresh prompt."""
+        group = self.buffer.pop_oldest()
+        if group is not None:
+            for s in group.samples:
+                if s.staleness(policy_version) > self.config.max_staleness:
+                    stats.discarded_stale_tokens += s.response_length
+                    s.reset()
+                    stats.regenerated_samples += 1
+            return group
+        prompt = self.prompts.next_prompt()
+        self._group_counter += 1
+        gid = f"g{self._group_counter}"
+        samples = [
+            Sample(group_id=gid, index=i, prompt_ids=list(prompt.prompt_ids), answer=prompt.answer)
+            for i in range(self.config.samples_per_prompt)
+        ]
+        return Group(group_id=gid, prompt_text=prompt.text, samples=samples, prompt_index=prompt.index)
+
+    async def _run_group(
+        self, group: Group, engine_idx: int, version: int, stats: RoundStats, aborting: asyncio.Event
+    ) -> bool:
+        """Run the group's samples concurrently on one engine; True if the engine failed."""
+        failed = await asyncio.gather(
+            *(self._run_sample(s, engine_idx, version, stats, aborting) for s in group.samples)
+        )
+        return any(failed)
+
+    async def _run_sample(
+        self, sample: Sample, engine_idx: int, version: int, stats: RoundStats, aborting: asyncio.Event
+    ) -> bool:
+        """Generate one segment of a sample; returns True if the engine failed."""
+        cfg = self.config
+        if sample.status.finished:
+            return False
+        budget = cfg.max_response_length - sample.response_length
+        if budget <= 0:  # resumed exactly at the cap: finished without a request, still rewarded
+            sample.status = SampleStatus.TRUNCATED
+            sample.reward = self.score(sample)
+            return False
+        if aborting.is_set():
+            return False
+        cap = stats.segment_cap
+        max_new = min(budget, cap) if cap is not None else budget
+        sample.segments += 1
+        sample.last_round = self._round
+        stats.launched_samples += 1
+        if sample.response_length:
+            stats.resumed_samples += 1
+            stats.resumed_prefix_tokens += sample.response_length
+            stats.fork_off_policy_tokens += sample.response_length
+        request = GenerateRequest(
+            rid=f"r{self._round}.{sample.group_id}.s{sample.index}.{sample.segments}.",
+            input_ids=sample.prompt_ids + sample.response_ids,
+            max_new_tokens=max_new,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            stop_token_ids=list(cfg.stop_token_ids),
+        )
+        try:
+            result = await self.engines[engine_idx].generate(request)
+        except EngineError as err:
+            # The sample keeps everything it had; the group is relaunched on a healthy engine.
+            log.warning("engine %s failed on %s: %s", self.engines[engine_idx].name, request.rid, err)
+            stats.engine_errors += 1
+            self._unhealthy.add(engine_idx)
+            return True
+        produced_by = result.weight_version if result.weight_version is not None else version
+        sample.append(result.output_ids, result.output_logprobs, produced_by)
+        stats.tokens_generated += len(result.output_ids)
+        self.progress.tokens += len(result.output_ids)
+        if result.finish_reason == "stop":
+            sample.status = SampleStatus.COMPLETED
+        elif result.finish_reason == "length" and sample.response_length >= cfg.max_response_length:
+            sample.status = SampleStatus.TRUNCATED
+            stats.cap_hit_samples += 1
+        elif result.finish_reason == "length":
+            sample.status = SampleStatus.ABORTED  # cut by the segment cap
+            stats.segment_cut_samples += 1
+            return False
+        else:
+            sample.status = SampleStatus.ABORTED
+            return False
+        self.truncation.observe(sample.response_length)
+        sample.reward = self.score(sample)
+        return False
+
+    async def _pick_engine(self, stats: RoundStats) -> int:
+        """Least-loaded healthy engine; waits with backoff while every engine is down."""
+        delay = 0.5
+        while True:
+            for idx in sorted(self._unhealthy):
+                if await self._probe(idx):
+                    log.info("engine %s is healthy again", self.engines[idx].name)
+                    self._unhealthy.discard(idx)
+            healthy = [i for i in range(len(self.engines)) if i not in self._unhealthy]
+            if healthy:
+                return min(healthy, key=lambda i: self._assigned[i])
+            log.error("no healthy engine; retrying in %.1fs (check the inference workers)", delay)
+            self.progress.phase = "waiting for engines"
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.config.engine_retry_max_s)
+
+    async def _probe(self, idx: int) -> bool:
+        try:
+            return await self.engines[idx].health()
+        except EngineError:
+            return False
+
+    async def _abort_and_drain(
+        self,
+        tasks: dict[asyncio.Task[bool], tuple[Group, int]],
+        aborting: asyncio.Event,
+        stats: RoundStats,
+    ) -> list[Group]:
+        """Abort everything on every engine, wait until every call returned, return the groups."""
+        cfg = self.config
+        aborting.set()
+        t0 = self.clock()
+        pending = set(tasks)
+        deadline = t0 + cfg.drain_timeout_s
+        while pending:
+            await self._abort_all_engines()
+            _, pending = await asyncio.wait(pending, timeout=cfg.reabort_interval_s)
+            if pending and self.clock() > deadline:
+                # Cancelling loses only the in-progress segment; earlier tokens stay in the sample.
+                log.error("%d groups still running %.0fs after abort; cancelling", len(pending), cfg.drain_timeout_s)
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                break
+        await self._verify_drained()
+        stats.abort_drain_seconds = self.clock() - t0
+        groups = []
+        for task, (group, engine_idx) in tasks.items():
+            self._assigned[engine_idx] -= 1
+            if not task.cancelled():
+                task.result()
+            if group.finished:
+                stats.surplus_groups += 1
+            groups.append(group)
+        tasks.clear()
+        return groups
+
+    async def _abort_all_engines(self) -> None:
+        results = await asyncio.gather(*(e.abort_all() for e in self.engines), return_exceptions=True)
+        for engine, res in zip(self.engines, results):
+            if isinstance(res, Exception):  # a dead worker must not stop the others' abort
+                log.warning("abort on %s failed: %s", engine.name, res)
+
+    async def _verify_drained(self) -> None:
+        """Engines must be idle before training or a weight update touches their memory."""
+        for idx, engine in enumerate(self.engines):
+            if idx in self._unhealthy:
+                continue
+            try:
+                load = await engine.load()
+            except EngineError as err:
+                log.warning("cannot read load of %s: %s", engine.name, err)
+                continue
+            if load.total:
+                log.warning("%s still reports %d requests after abort; aborting again", engine.name, load.total)
+                await engine.abort_all()
+
+    def _update_progress(self, accepted: list[Group], tasks: dict, stats: RoundStats) -> None:
+        self.progress.accepted = len(accepted)
+        self.progress.in_flight_groups = len(tasks)
+        self.progress.buffer_groups = len(self.buffer)

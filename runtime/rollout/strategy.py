@@ -1,0 +1,60 @@
+"""Rollout strategies: how many groups a round launches and what happens to the unfinished ones.
+
+The scheduler (scheduler.py) owns the mechanics (launch, harvest, abort, drain, buffer); a strategy
+only answers the questions that differ between strategies, so new ones (the simulator's tail
+batching, bounded-staleness async, large-N sampling) plug in without touching the mechanics.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass
+class Strategy:
+    """Synchronous baseline: launch exactly the groups needed and wait for all of them."""
+
+    name: str = "sync"
+
+    def launch_target(self, batch_size: int) -> int:
+        """Viable groups to keep launched (accepted + in flight) while collecting `batch_size`."""
+        return batch_size
+
+    @property
+    def keeps_partials(self) -> bool:
+        """Whether unfinished groups are buffered (True) or waited for (False) at collection."""
+        return False
+
+    @property
+    def truncates(self) -> bool:
+        """Whether the segment cap (length truncation) applies."""
+        return False
+
+
+@dataclass
+class AprilStrategy(Strategy):
+    """APRIL: over-sample groups, stop upon collection, abort the rest, resume them next round."""
+
+    name: str = "april"
+    over_sampling: float = 2.0
+
+    def launch_target(self, batch_size: int) -> int:
+        return max(batch_size, math.ceil(self.over_sampling * batch_size))
+
+    @property
+    def keeps_partials(self) -> bool:
+        return True
+
+    @property
+    def truncates(self) -> bool:
+        return True
+
+
+def make_strategy(name: str, over_sampling: float = 2.0) -> Strategy:
+    """Strategy from its config name (`sync` or `april`)."""
+    if name == "sync":
+        return Strategy()
+    if name == "april":
+        return AprilStrategy(over_sampling=over_sampling)
+    raise ValueError(f"unknown rollout strategy {name!r}: use sync or april")

@@ -1,0 +1,371 @@
+"""The training loop of one RLJob: rollout round, train, weight sync, metrics, checkpoint.
+
+`JobRunner` wires the parts together; every decision lives in the parts (scheduler, strategy,
+trainer, truncation policy). The same loop runs in `rljob run` on a laptop and in the trainer pod
+of the operator (engine `sglang`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rljob.operator.api.spec import RLJob
+from rljob.runtime.batch_stats import summarize_batch
+from rljob.runtime.checkpoint import CheckpointManager, rng_state, set_rng_state
+from rljob.runtime.engines.base import Engine, WeightUpdate
+from rljob.runtime.metrics import RuntimeMetrics, StepRecord
+from rljob.runtime.rollout.sample import Group, Sample
+from rljob.runtime.rollout.scheduler import RolloutConfig, RolloutScheduler, RoundResult
+from rljob.runtime.rollout.strategy import Strategy, make_strategy
+from rljob.runtime.rollout.truncation import TruncationPolicy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunOptions:
+    """Command-line overrides of the job spec."""
+
+    output_dir: Path
+    steps: int | None = None
+    strategy: str | None = None
+    resume: bool | None = None
+    metrics_port: int | None = None
+
+
+@dataclass
+class RunSummary:
+    """What the run did, for the CLI's final table."""
+
+    steps_run: int
+    first_step: int
+    last_step: int
+    policy_version: int
+    resumed_from: str | None
+    wall_seconds: float
+    records: list[StepRecord]
+    metrics_port: int | None
+
+
+def dynamic_sampling_keep(group: Group) -> bool:
+    """DAPO dynamic sampling: a group whose rewards all agree carries no learning signal."""
+    rewards = group.rewards()
+    return max(rewards) != min(rewards)
+
+
+def build_strategy(job: RLJob, name: str | None = None) -> Strategy:
+    """The rollout strategy of the spec (or the override)."""
+    r = job.spec.rollout
+    return make_strategy(name or r.strategy, over_sampling=r.partial.over_sampling)
+
+
+def build_truncation(job: RLJob) -> TruncationPolicy:
+    t = job.spec.rollout.partial.truncation
+    return TruncationPolicy(mode=t.mode, k=t.k, max_tokens=t.max_tokens, min_samples=t.min_samples)
+
+
+def rollout_config(job: RLJob, stop_token_ids: list[int]) -> RolloutConfig:
+    r = job.spec.rollout
+    return RolloutConfig(
+        batch_size=r.rollout_batch_size,
+        samples_per_prompt=r.samples_per_prompt,
+        max_response_length=r.max_response_length,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        max_staleness=r.partial.max_staleness,
+        stop_token_ids=stop_token_ids,
+        drain_timeout_s=r.sglang.drain_timeout_seconds,
+    )
+
+
+def current_knobs(scheduler: RolloutScheduler) -> dict[str, float]:
+    """The partial-rollout knob values in force (exported with every step)."""
+    knobs = {
+        "over_sampling": float(getattr(scheduler.strategy, "over_sampling", 1.0)),
+        "max_staleness": float(scheduler.config.max_staleness),
+        "truncation_k": float(scheduler.truncation.k) if scheduler.truncation.mode == "sigma" else 0.0,
+    }
+    cap = scheduler.truncation.threshold() if scheduler.strategy.truncates else None
+    knobs["segment_cap_tokens"] = float(cap or 0)
+    return knobs
+
+
+def step_record(
+    step: int,
+    trained_version: int,
+    result: RoundResult,
+    train_metrics: Any,
+    timings: dict[str, float],
+    knobs: dict[str, float],
+    ceiling: float,
+    sync_failures: int,
+) -> StepRecord:
+    """Combine round, batch and training statistics into one record (pure)."""
+    rs = result.stats
+    bs = summarize_batch(result.groups, trained_version)
+    tm = (lambda name: float(getattr(train_metrics, name, 0.0) or 0.0)) if train_metrics is not None else (lambda _: 0.0)
+    return StepRecord(
+        step=step,
+        policy_version=trained_version + 1,
+        strategy=rs.strategy,
+        time=time.time(),
+        step_seconds=sum(timings.values()),
+        rollout_seconds=timings.get("rollout", 0.0),
+        train_seconds=timings.get("train", 0.0),
+        sync_seconds=timings.get("sync", 0.0),
+        tokens_generated=rs.tokens_generated,
+        rollout_tokens_per_s=rs.tokens_per_second,
+        ceiling_tokens_per_s=ceiling,
+        truncation_rate=rs.truncation_rate,
+        cap_hit_rate=rs.cap_hit_samples / rs.launched_samples if rs.launched_samples else 0.0,
+        launched_samples=rs.launched_samples,
+        partial_samples=rs.partial_samples,
+        resumed_samples=rs.resumed_samples,
+        regenerated_samples=rs.regenerated_samples,
+        resumed_prefix_tokens=rs.resumed_prefix_tokens,
+        off_policy_token_ratio=bs.off_policy_token_ratio,
+        fork_off_policy_ratio=rs.fork_off_policy_ratio,
+        staleness_max=bs.staleness_max,
+        staleness_mean=bs.staleness_mean,
+        buffer_groups=rs.buffer_groups_after,
+        surplus_groups=rs.surplus_groups,
+        dropped_groups=rs.dropped_groups,
+        wasted_tokens=rs.wasted_tokens,
+        abort_drain_seconds=rs.abort_drain_seconds,
+        engine_errors=rs.engine_errors,
+        weight_sync_failures=sync_failures,
+        length_mean=bs.length_mean,
+        length_std=bs.length_std,
+        length_p50=bs.length_p50,
+        length_p99=bs.length_p99,
+        length_max=bs.length_max,
+        reward_mean=bs.reward_mean,
+        entropy=tm("entropy"),
+        kl=tm("kl"),
+        clip_fraction=tm("clip_frac"),
+        loss=tm("loss"),
+        grad_norm=tm("grad_norm"),
+        knobs=knobs,
+        staleness=bs.staleness,
+        lengths=bs.lengths,
+    )
+
+
+class JobRunner:
+    """Owns the parts of one job and runs its steps."""
+
+    def __init__(self, job: RLJob, options: RunOptions) -> None:
+        self.job = job
+        self.options = options
+        self.output_dir = options.output_dir
+        self.spec = job.spec
+        self.version = 0
+        self.step = 0
+        self.scheduler: RolloutScheduler
+        self.engines: list[Engine] = []
+        self.checkpoints = CheckpointManager(self.spec.checkpoint.dir, keep=self.spec.checkpoint.keep)
+        jsonl = Path(self.spec.metrics.jsonl) if self.spec.metrics.jsonl else self.output_dir / "metrics.jsonl"
+        self.metrics = RuntimeMetrics(job.metadata.name, jsonl)
+        self.metrics_port: int | None = None
+        self.resumed_from: str | None = None
+
+    # ------------------------------------------------------------------ setup
+
+    async def setup(self, on_status: Callable[[str], None] = lambda _msg: None) -> None:
+        """Load the policy, the data, the engines and the trainer; resume from a checkpoint."""
+        from rljob.runtime.engines.factory import build_engines
+        from rljob.runtime.tasks.dataset import PromptStream
+        from rljob.runtime.tasks.policy import load_policy
+        from rljob.runtime.tasks.reward import build_reward
+        from rljob.runtime.trainer import Trainer
+
+        spec = self.spec
+        on_status("loading the policy")
+        model, self.tokenizer = load_policy(spec.model)
+        self.trainer = Trainer(model, spec.algorithm, spec.trainer.micro_batch_size, spec.trainer.device)
+        self.prompts = PromptStream.from_spec(spec.data, self.tokenizer)
+        reward_fn = build_reward(spec.reward)
+        decode = self.tokenizer.decode
+
+        def score(sample: Sample) -> float:
+            return reward_fn(decode(sample.response_ids), sample.answer)
+
+        on_status("starting the engines")
+        self.engines = build_engines(spec.rollout, model)
+        await asyncio.gather(*(e.start() for e in self.engines))
+        self.scheduler = RolloutScheduler(
+            self.engines,
+            rollout_config(self.job, [self.tokenizer.eos_token_id]),
+            build_strategy(self.job, self.options.strategy),
+            self.prompts,
+            score,
+            truncation=build_truncation(self.job),
+            group_filter=dynamic_sampling_keep if spec.algorithm.effective_dynamic_sampling else None,
+        )
+        resume = spec.checkpoint.resume if self.options.resume is None else self.options.resume
+        if resume:
+            state = self.checkpoints.load()
+            if state is not None:
+                on_status("resuming from the last checkpoint")
+                self._restore(state)
+                self.resumed_from = str(self.checkpoints.latest())
+                await self._sync_weights()
+        port = self.options.metrics_port if self.options.metrics_port is not None else spec.metrics.port
+        if port:
+            self.metrics_port = self.metrics.serve(spec.metrics.host, port)
+        self.metrics.set_knobs(current_knobs(self.scheduler))
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.trainer.load_state_dict(state["trainer"])
+        self.prompts.load_state_dict(state["data"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        self.step = state["step"]
+        self.version = state["version"]
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything a restart needs, the partial buffer included."""
+        return {
+            "step": self.step,
+            "version": self.version,
+            "trainer": self.trainer.state_dict(),
+            "data": self.prompts.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(),
+            "job": self.job.to_wire(),
+        }
+
+    # ------------------------------------------------------------------ steps
+
+    @property
+    def total_steps(self) -> int:
+        return self.options.steps or self.spec.trainer.steps
+
+    async def run(self, on_step: Callable[[StepRecord], None] = lambda _r: None) -> RunSummary:
+        """Run until `total_steps` steps are done (counting steps before a resume)."""
+        started = time.perf_counter()
+        first = self.step + 1
+        records = []
+        while self.step < self.total_steps:
+            records.append(await self.run_step())
+            on_step(records[-1])
+        await self.close()
+        return RunSummary(
+            steps_run=len(records),
+            first_step=first,
+            last_step=self.step,
+            policy_version=self.version,
+            resumed_from=self.resumed_from,
+            wall_seconds=time.perf_counter() - started,
+            records=records,
+            metrics_port=self.metrics_port,
+        )
+
+    async def run_step(self) -> StepRecord:
+        """One round, one optimizer step, one weight sync; metrics and checkpoint."""
+        knobs = current_knobs(self.scheduler)
+        t0 = time.perf_counter()
+        result = await self.scheduler.run_round(self.version)
+        t1 = time.perf_counter()
+        train_metrics = await asyncio.to_thread(self.trainer.train_step, result.groups, self.version)
+        t2 = time.perf_counter()
+        self.version += 1
+        self.step += 1
+        sync_failures = await self._sync_weights()
+        t3 = time.perf_counter()
+        record = step_record(
+            self.step,
+            self.version - 1,
+            result,
+            train_metrics,
+            {"rollout": t1 - t0, "train": t2 - t1, "sync": t3 - t2},
+            knobs,
+            self._ceiling(),
+            sync_failures,
+        )
+        self.metrics.record(record)
+        if self.step % self.spec.checkpoint.every_steps == 0 or self.step == self.total_steps:
+            self.checkpoints.save(self.step, self.checkpoint_state())
+        return record
+
+    async def _sync_weights(self) -> int:
+        """Push the trainer's weights to every engine; returns the number of failures."""
+        update = WeightUpdate(version=self.version, module=self.trainer.model)
+        if self.spec.rollout.engine == "sglang":
+            weights_dir = Path(self.spec.rollout.sglang.weights_dir or self.output_dir / "weights")
+            path = weights_dir / f"v{self.version:06d}"
+            await asyncio.to_thread(self.trainer.model.save_pretrained, path)
+            update.path = str(path)
+        results = await asyncio.gather(*(e.update_weights(update) for e in self.engines), return_exceptions=True)
+        failures = 0
+        for engine, res in zip(self.engines, results):
+            if isinstance(res, Exception):
+                failures += 1
+                log.error("weight sync to %s failed: %s", engine.name, res)
+        return failures
+
+    def _ceiling(self) -> float:
+        """Sum of the engines' bubble-free decode rates (engines that can estimate it)."""
+        return sum(e.ceiling_tokens_per_s() or 0.0 for e in self.engines)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(e.close() for e in self.engines), return_exceptions=True)
+
+
+async def compare_strategies(
+    runner: JobRunner,
+    rounds: int,
+    strategies: tuple[str, ...] = ("sync", "april"),
+    warmup_rounds: int = 1,
+    on_round: Callable[[str, int, RoundResult], None] = lambda _s, _i, _r: None,
+) -> dict[str, Any]:
+    """Rollout-only comparison of strategies on the runner's current policy (see compare.py)."""
+    from rljob.runtime.compare import comparison_table, compare_rollouts, measure_ceiling
+    from rljob.runtime.engines.factory import build_engines
+    from rljob.runtime.tasks.dataset import PromptStream
+
+    spec = runner.spec
+    model = runner.trainer.model
+    engines: list[Engine] = []
+    schedulers = {}
+    for name in strategies:
+        engine_set = build_engines(spec.rollout, model, seed=spec.trainer.seed)
+        engines += engine_set
+        schedulers[name] = RolloutScheduler(
+            engine_set,
+            rollout_config(runner.job, [runner.tokenizer.eos_token_id]),
+            build_strategy(runner.job, name),
+            PromptStream.from_spec(spec.data, runner.tokenizer),
+            runner.scheduler.score,
+            truncation=build_truncation(runner.job),
+            group_filter=runner.scheduler.group_filter,
+        )
+    ceiling_engine = build_engines(spec.rollout, model, seed=spec.trainer.seed)[0]
+    engines.append(ceiling_engine)
+    await asyncio.gather(*(e.start() for e in engines))
+    try:
+        results = await compare_rollouts(schedulers, rounds, warmup_rounds=warmup_rounds, on_round=on_round)
+        prompt = runner.prompts.records[0][0]
+        # One engine measured, scaled by the engine count: engines share nothing but the CPU.
+        ceiling = spec.rollout.embedded.num_engines * await measure_ceiling(
+            ceiling_engine,
+            batch=spec.rollout.embedded.max_batch_size,
+            tokens=max(8, spec.rollout.max_response_length // 2),
+            prompt_ids=runner.tokenizer.encode_prompt(prompt),
+        )
+    finally:
+        await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)
+    rows = comparison_table(results, ceiling)
+    return {
+        "rounds": rounds,
+        "warmup_rounds": warmup_rounds,
+        "ceiling_tokens_per_s": ceiling,
+        "rows": rows,
+        "results": {name: asdict(r) for name, r in results.items()},
+    }

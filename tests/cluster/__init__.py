@@ -1,0 +1,1 @@
+"""Local test infrastructure: a real Kubernetes control plane (localkube), helm and Prometheus."""

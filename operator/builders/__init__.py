@@ -1,0 +1,39 @@
+"""Pure builders: an RLJob spec in, the manifests of all its children out (no API calls)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rljob.operator.api.spec import RLJobSpec
+from rljob.operator.builders.inference import effective_pools, pool_replicas, pool_service, pool_statefulset
+from rljob.operator.builders.meta import JobRef
+from rljob.operator.builders.router import router_deployment, router_service
+from rljob.operator.builders.trainer import (
+    checkpoint_pvc,
+    config_map,
+    role,
+    role_binding,
+    service_account,
+    trainer_service,
+    trainer_statefulset,
+)
+
+__all__ = ["JobRef", "build_children"]
+
+
+def build_children(job: JobRef, spec: RLJobSpec, *, active: bool) -> list[dict[str, Any]]:
+    """Every child object of one RLJob, in apply order (dependencies first).
+
+    `active=False` (suspended or finished) keeps every object but scales all workloads to zero,
+    so GPUs are released while the checkpoint PVC and the config survive.
+    """
+    children: list[dict[str, Any]] = [config_map(job, spec), service_account(job), role(job), role_binding(job)]
+    pvc = checkpoint_pvc(job, spec)
+    if pvc is not None:
+        children.append(pvc)
+    counts = pool_replicas(spec.rollout)
+    for pool in effective_pools(spec.rollout):
+        children += [pool_service(job, pool), pool_statefulset(job, spec, pool, counts[pool.name], active)]
+    children += [router_service(job), router_deployment(job, spec, active)]
+    children += [trainer_service(job), trainer_statefulset(job, spec, active)]
+    return children

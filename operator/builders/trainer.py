@@ -1,0 +1,257 @@
+"""The trainer group: runtime config, RBAC, checkpoint volume, StatefulSet and rendezvous Service."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import yaml
+
+from rljob.operator.api.spec import API_GROUP, API_VERSION, KIND, EnvVar, RLJobSpec
+from rljob.operator.builders.inference import worker_urls
+from rljob.operator.builders.meta import (
+    ANNOTATION_CONFIG_HASH,
+    ROLE_TRAINER,
+    JobRef,
+    child_name,
+    labels,
+    object_meta,
+    selector_labels,
+)
+from rljob.operator.builders.router import router_url
+from rljob.operator.builders.vendor import PROFILES, RUNTIME_IMAGE, merge_env, tolerations, vendor_affinity
+
+CONFIG_DIR = "/etc/rljob"
+CONFIG_KEY = "job.yaml"
+CHECKPOINT_DIR = "/var/lib/rljob/checkpoints"
+METRICS_PORT = 9400
+RENDEZVOUS_PORT = 29500
+PVC_URI_PREFIX = "pvc://"
+# The runtime checkpoints on SIGTERM (suspend, restart); give it time to finish.
+TERMINATION_GRACE_SECONDS = 300
+
+
+def trainer_name(job: JobRef) -> str:
+    """Name of the trainer StatefulSet, its headless Service, ServiceAccount, Role and RoleBinding."""
+    return child_name(job, "trainer")
+
+
+def config_map_name(job: JobRef) -> str:
+    """Name of the ConfigMap holding the rendered runtime config."""
+    return child_name(job, "config")
+
+
+def checkpoint_claim_name(job: JobRef, spec: RLJobSpec) -> str | None:
+    """PVC the trainer mounts for checkpoints: the given pvc:// claim, the operator's own, or none."""
+    uri = spec.checkpoint.uri
+    if uri is None:
+        return child_name(job, "checkpoints")
+    if uri.startswith(PVC_URI_PREFIX):
+        return uri.removeprefix(PVC_URI_PREFIX)
+    return None
+
+
+def runtime_document(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
+    """The RLJob the trainer runs: the user's spec wired to the cluster's engines and volumes."""
+    wire = spec.to_wire()
+    rollout = wire["rollout"]
+    rollout["engine"] = "sglang"
+    rollout["sglang"] = {
+        **rollout.get("sglang", {}),
+        "routerUrl": router_url(job),
+        "workerUrls": worker_urls(job, spec.rollout),
+    }
+    if spec.checkpoint.uri is None or spec.checkpoint.uri.startswith(PVC_URI_PREFIX):
+        wire["checkpoint"]["dir"] = CHECKPOINT_DIR
+    else:
+        wire["checkpoint"]["dir"] = spec.checkpoint.uri
+    wire["metrics"] = {**wire.get("metrics", {}), "port": METRICS_PORT, "host": "0.0.0.0"}
+    if spec.trainer.vendor != "cpu":
+        # ROCm builds of PyTorch expose AMD GPUs as the "cuda" device too.
+        wire["trainer"]["device"] = "cuda"
+    # Validate what we render with the same models `rljob run` uses.
+    RLJobSpec.model_validate(wire)
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "metadata": {"name": job.name, "namespace": job.namespace},
+        "spec": wire,
+    }
+
+
+def render_config(job: JobRef, spec: RLJobSpec) -> str:
+    """The runtime config file text."""
+    return yaml.safe_dump(runtime_document(job, spec), sort_keys=False)
+
+
+def config_map(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
+    """ConfigMap with job.yaml for `rljob run`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": object_meta(job, config_map_name(job), ROLE_TRAINER),
+        "data": {CONFIG_KEY: render_config(job, spec)},
+    }
+
+
+def service_account(job: JobRef) -> dict[str, Any]:
+    """The trainer's own identity, used to report progress into the RLJob status."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": object_meta(job, trainer_name(job), ROLE_TRAINER)}
+
+
+def role(job: JobRef) -> dict[str, Any]:
+    """Least privilege: read its own RLJob, patch its status, post Events."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": object_meta(job, trainer_name(job), ROLE_TRAINER),
+        "rules": [
+            {"apiGroups": [API_GROUP], "resources": ["rljobs"], "resourceNames": [job.name], "verbs": ["get"]},
+            {
+                "apiGroups": [API_GROUP],
+                "resources": ["rljobs/status"],
+                "resourceNames": [job.name],
+                "verbs": ["get", "patch"],
+            },
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+        ],
+    }
+
+
+def role_binding(job: JobRef) -> dict[str, Any]:
+    """Binds the trainer Role to the trainer ServiceAccount."""
+    name = trainer_name(job)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": object_meta(job, name, ROLE_TRAINER),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.namespace}],
+    }
+
+
+def checkpoint_pvc(job: JobRef, spec: RLJobSpec) -> dict[str, Any] | None:
+    """The operator's checkpoint PVC (kept while suspended; deleted with the RLJob), unless a URI is given."""
+    if spec.checkpoint.uri is not None:
+        return None
+    pvc_spec: dict[str, Any] = {
+        "accessModes": [spec.checkpoint.access_mode],
+        "resources": {"requests": {"storage": spec.checkpoint.storage_size}},
+    }
+    if spec.checkpoint.storage_class_name:
+        pvc_spec["storageClassName"] = spec.checkpoint.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": object_meta(job, child_name(job, "checkpoints"), ROLE_TRAINER),
+        "spec": pvc_spec,
+    }
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def trainer_container(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
+    """The runtime container: `rljob run` on the rendered config."""
+    trainer = spec.trainer
+    name = trainer_name(job)
+    defaults = [
+        EnvVar(name="RLJOB_STATUS_REPORT", value="1"),
+        EnvVar(name="WORLD_SIZE", value=str(trainer.replicas)),
+        EnvVar(name="MASTER_ADDR", value=f"{name}-0.{name}.{job.namespace}.svc"),
+        EnvVar(name="MASTER_PORT", value=str(RENDEZVOUS_PORT)),
+    ]
+    resources: dict[str, Any] = {}
+    if trainer.vendor != "cpu":
+        profile = PROFILES[trainer.vendor]
+        defaults = profile.env_vars() + defaults
+        gpus = {profile.resource_name: str(trainer.gpus_per_replica)}
+        resources = {"limits": gpus, "requests": gpus}
+    mounts = [
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "shm", "mountPath": "/dev/shm"},
+    ]
+    if checkpoint_claim_name(job, spec) is not None:
+        mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_DIR})
+    return {
+        "name": "trainer",
+        "image": trainer.image or RUNTIME_IMAGE,
+        "command": ["rljob", "run", f"{CONFIG_DIR}/{CONFIG_KEY}"],
+        "env": [
+            _field_env("RLJOB_NAMESPACE", "metadata.namespace"),
+            {"name": "RLJOB_NAME", "value": job.name},
+            _field_env("POD_NAME", "metadata.name"),
+            _field_env("RANK", "metadata.labels['apps.kubernetes.io/pod-index']"),
+            *merge_env(defaults, trainer.env),
+        ],
+        "ports": [
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+            {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"},
+        ],
+        "resources": resources,
+        "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 10},
+        "volumeMounts": mounts,
+    }
+
+
+def trainer_statefulset(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str, Any]:
+    """StatefulSet of trainer pods; the config hash restarts them when the rendered config changes."""
+    name = trainer_name(job)
+    trainer = spec.trainer
+    config_hash = hashlib.sha256(render_config(job, spec).encode()).hexdigest()[:16]
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": config_map_name(job)}},
+        {"name": "shm", "emptyDir": {"medium": "Memory"}},
+    ]
+    claim = checkpoint_claim_name(job, spec)
+    if claim is not None:
+        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}})
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": name,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "containers": [trainer_container(job, spec)],
+        "nodeSelector": dict(trainer.node_selector),
+        "volumes": volumes,
+    }
+    if trainer.vendor != "cpu":
+        pod_spec["affinity"] = vendor_affinity(trainer.vendor)
+        pod_spec["tolerations"] = tolerations(trainer.vendor, trainer.tolerations)
+    elif trainer.tolerations:
+        pod_spec["tolerations"] = [t.to_wire() for t in trainer.tolerations]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": object_meta(job, name, ROLE_TRAINER),
+        "spec": {
+            "replicas": trainer.replicas if active else 0,
+            "serviceName": name,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": selector_labels(job, ROLE_TRAINER)},
+            "template": {
+                "metadata": {
+                    "labels": labels(job, ROLE_TRAINER),
+                    "annotations": {ANNOTATION_CONFIG_HASH: config_hash},
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def trainer_service(job: JobRef) -> dict[str, Any]:
+    """Headless Service for rendezvous (MASTER_ADDR is pod 0's stable DNS name)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(job, trainer_name(job), ROLE_TRAINER),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(job, ROLE_TRAINER),
+            "ports": [
+                {"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": "rendezvous", "protocol": "TCP"},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
+    }

@@ -1,0 +1,83 @@
+"""Per-vendor defaults: GPU resource, images, environment, node affinity, tolerations.
+
+Precedence (as OME's AcceleratorClass): these vendor defaults, then the pool's own fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rljob.operator.api.spec import EnvVar, Toleration
+
+Vendor = Literal["nvidia", "amd"]
+
+SGLANG_VERSION = "v0.5.5.post3"
+# Runtime/trainer image built from images/ (tag follows the rljob distribution version).
+RUNTIME_IMAGE = "rljob/runtime:0.1.0"
+
+
+@dataclass(frozen=True)
+class VendorProfile:
+    """Everything that differs between NVIDIA/CUDA and AMD/ROCm pods."""
+
+    resource_name: str
+    sglang_image: str
+    # A label GPU discovery puts on every node of this vendor (GFD / ROCm node labeller).
+    node_label: str
+    env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    def env_vars(self) -> list[EnvVar]:
+        """Default environment variables as spec models."""
+        return [EnvVar(name=k, value=v) for k, v in self.env]
+
+    def toleration(self) -> Toleration:
+        """Tolerate the conventional `<resource>:NoSchedule` taint of GPU nodes."""
+        return Toleration(key=self.resource_name, operator="Exists", effect="NoSchedule")
+
+
+PROFILES: dict[str, VendorProfile] = {
+    "nvidia": VendorProfile(
+        resource_name="nvidia.com/gpu",
+        sglang_image=f"lmsysorg/sglang:{SGLANG_VERSION}",
+        node_label="nvidia.com/gpu.product",
+        env=(("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"), ("RLJOB_GPU_VENDOR", "nvidia")),
+    ),
+    "amd": VendorProfile(
+        resource_name="amd.com/gpu",
+        sglang_image=f"lmsysorg/sglang:{SGLANG_VERSION}-rocm700-mi30x",
+        node_label="amd.com/gpu.product-name",
+        # Recommended for SGLang on MI300-class GPUs (avoids scratch reclaim stalls).
+        env=(("HSA_NO_SCRATCH_RECLAIM", "1"), ("RLJOB_GPU_VENDOR", "amd")),
+    ),
+}
+
+
+def merge_env(defaults: list[EnvVar], overrides: list[EnvVar]) -> list[dict[str, str]]:
+    """Environment as container env entries; an override replaces the default of the same name."""
+    merged = {e.name: e.value for e in defaults}
+    merged.update({e.name: e.value for e in overrides})
+    return [{"name": k, "value": v} for k, v in merged.items()]
+
+
+def vendor_affinity(vendor: Vendor) -> dict[str, Any]:
+    """Required node affinity: only nodes labelled as this vendor's GPU nodes."""
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": PROFILES[vendor].node_label, "operator": "Exists"}]}
+                ]
+            }
+        }
+    }
+
+
+def tolerations(vendor: Vendor, extra: list[Toleration]) -> list[dict[str, Any]]:
+    """The vendor's GPU toleration plus the user's, without duplicates."""
+    result: list[dict[str, Any]] = []
+    for t in [PROFILES[vendor].toleration(), *extra]:
+        wire = t.to_wire()
+        if wire not in result:
+            result.append(wire)
+    return result

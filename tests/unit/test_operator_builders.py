@@ -1,0 +1,216 @@
+"""Builders: RLJob spec → child manifests (pure functions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from rljob.operator.api.load import parse_rljob
+from rljob.operator.api.spec import RLJobSpec
+from rljob.operator.builders import JobRef, build_children
+from rljob.operator.builders.inference import pool_replicas, worker_urls
+from rljob.operator.builders.meta import MAX_CHILD_NAME, child_name
+from rljob.operator.builders.trainer import runtime_document
+
+JOB = JobRef(name="demo", namespace="team-a", uid="uid-1")
+
+
+def _spec(**rollout: Any) -> RLJobSpec:
+    doc = {
+        "model": {"huggingFace": "Qwen/Qwen3-4B", "revision": "main"},
+        "data": {"synthetic": {}},
+        "rollout": {
+            "pools": [
+                {"name": "nv", "vendor": "nvidia", "replicas": 2, "tensorParallelSize": 2, "gpusPerReplica": 2},
+                {
+                    "name": "mi",
+                    "vendor": "amd",
+                    "replicas": 1,
+                    "nodeSelector": {"zone": "b"},
+                    "env": [{"name": "SGLANG_USE_AITER", "value": "0"}, {"name": "HSA_NO_SCRATCH_RECLAIM", "value": "0"}],
+                    "extraArgs": ["--mem-fraction-static", "0.8"],
+                    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "rl", "effect": "NoSchedule"}],
+                },
+            ],
+            **rollout,
+        },
+        "trainer": {"vendor": "amd", "gpusPerReplica": 8, "replicas": 2},
+    }
+    return RLJobSpec.model_validate(doc)
+
+
+def _by(children: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    matches = [c for c in children if c["kind"] == kind and c["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{kind}/{name}: {len(matches)}"
+    return matches[0]
+
+
+def test_children_are_complete_unique_and_owned() -> None:
+    children = build_children(JOB, _spec(), active=True)
+    keys = [(c["kind"], c["metadata"]["name"]) for c in children]
+    assert len(keys) == len(set(keys))
+    assert set(keys) == {
+        ("ConfigMap", "demo-config"),
+        ("ServiceAccount", "demo-trainer"),
+        ("Role", "demo-trainer"),
+        ("RoleBinding", "demo-trainer"),
+        ("PersistentVolumeClaim", "demo-checkpoints"),
+        ("Service", "demo-infer-nv"),
+        ("StatefulSet", "demo-infer-nv"),
+        ("Service", "demo-infer-mi"),
+        ("StatefulSet", "demo-infer-mi"),
+        ("Service", "demo-router"),
+        ("Deployment", "demo-router"),
+        ("Service", "demo-trainer"),
+        ("StatefulSet", "demo-trainer"),
+    }
+    for c in children:
+        meta = c["metadata"]
+        assert meta["namespace"] == "team-a"
+        (owner,) = meta["ownerReferences"]
+        assert owner == {
+            "apiVersion": "rljob.io/v1alpha1",
+            "kind": "RLJob",
+            "name": "demo",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        assert meta["labels"]["rljob.io/job-name"] == "demo"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "rljob-operator"
+    # Deterministic: building twice gives identical manifests (idempotent apply).
+    assert build_children(JOB, _spec(), active=True) == children
+
+
+def test_inference_pools_are_vendor_correct() -> None:
+    children = build_children(JOB, _spec(), active=True)
+    nv = _by(children, "StatefulSet", "demo-infer-nv")["spec"]
+    mi = _by(children, "StatefulSet", "demo-infer-mi")["spec"]
+    assert nv["replicas"] == 2 and mi["replicas"] == 1
+    nv_pod, mi_pod = nv["template"]["spec"], mi["template"]["spec"]
+    nv_c, mi_c = nv_pod["containers"][0], mi_pod["containers"][0]
+    assert nv_c["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert mi_c["resources"]["limits"] == {"amd.com/gpu": "1"}
+    assert "rocm" not in nv_c["image"] and nv_c["image"].startswith("lmsysorg/sglang:v")
+    assert "rocm" in mi_c["image"]
+    assert nv_c["args"][:4] == ["--model-path", "Qwen/Qwen3-4B", "--revision", "main"]
+    assert nv_c["args"][nv_c["args"].index("--tp") + 1] == "2"
+    assert mi_c["args"][-2:] == ["--mem-fraction-static", "0.8"]
+    mi_env = {e["name"]: e["value"] for e in mi_c["env"]}
+    assert mi_env["SGLANG_USE_AITER"] == "0" and mi_env["HSA_NO_SCRATCH_RECLAIM"] == "0", "user env overrides"
+    assert mi_env["RLJOB_GPU_VENDOR"] == "amd"
+    assert {e["name"]: e["value"] for e in nv_c["env"]}["RLJOB_GPU_VENDOR"] == "nvidia"
+    affinity = mi_pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert affinity["nodeSelectorTerms"][0]["matchExpressions"] == [
+        {"key": "amd.com/gpu.product-name", "operator": "Exists"}
+    ]
+    assert mi_pod["nodeSelector"] == {"zone": "b"}
+    assert {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in mi_pod["tolerations"]
+    assert {"key": "dedicated", "operator": "Equal", "value": "rl", "effect": "NoSchedule"} in mi_pod["tolerations"]
+    assert nv_pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert nv_c["startupProbe"]["httpGet"]["path"] == "/health_generate"
+    assert nv_c["startupProbe"]["periodSeconds"] * nv_c["startupProbe"]["failureThreshold"] >= 900
+    assert nv_c["readinessProbe"]["httpGet"]["path"] == "/health_generate"
+    assert nv_c["livenessProbe"]["httpGet"]["path"] == "/health"
+    svc = _by(children, "Service", "demo-infer-nv")["spec"]
+    assert svc["clusterIP"] == "None" and svc["selector"] == nv["selector"]["matchLabels"]
+    assert nv["serviceName"] == "demo-infer-nv"
+
+
+def test_router_lists_every_worker_by_stable_dns() -> None:
+    children = build_children(JOB, _spec(), active=True)
+    args = _by(children, "Deployment", "demo-router")["spec"]["template"]["spec"]["containers"][0]["args"]
+    urls = args[args.index("--worker-urls") + 1 :]
+    assert urls == [
+        "http://demo-infer-nv-0.demo-infer-nv.team-a.svc:30000",
+        "http://demo-infer-nv-1.demo-infer-nv.team-a.svc:30000",
+        "http://demo-infer-mi-0.demo-infer-mi.team-a.svc:30000",
+    ]
+
+
+def test_trainer_runs_the_rendered_config_with_least_privilege() -> None:
+    spec = _spec()
+    children = build_children(JOB, spec, active=True)
+    sts = _by(children, "StatefulSet", "demo-trainer")["spec"]
+    pod = sts["template"]["spec"]
+    (container,) = pod["containers"]
+    assert sts["replicas"] == 2
+    assert container["command"] == ["rljob", "run", "/etc/rljob/job.yaml"]
+    assert container["resources"]["limits"] == {"amd.com/gpu": "8"}
+    assert pod["serviceAccountName"] == "demo-trainer"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "demo-checkpoints"
+    assert volumes["config"]["configMap"]["name"] == "demo-config"
+    # The ConfigMap is a valid RLJob for `rljob run`, wired to the cluster's engines.
+    text = _by(children, "ConfigMap", "demo-config")["data"]["job.yaml"]
+    job = parse_rljob(yaml.safe_load(text))
+    assert job.spec.rollout.engine == "sglang"
+    assert job.spec.rollout.sglang.router_url == "http://demo-router.team-a.svc:30000"
+    assert job.spec.rollout.sglang.worker_urls == worker_urls(JOB, spec.rollout)
+    assert job.spec.checkpoint.dir == "/var/lib/rljob/checkpoints"
+    assert job.spec.trainer.device == "cuda"
+    rules = _by(children, "Role", "demo-trainer")["rules"]
+    assert {"apiGroups": ["rljob.io"], "resources": ["rljobs"], "resourceNames": ["demo"], "verbs": ["get"]} in rules
+    assert all("*" not in r["verbs"] and "delete" not in r["verbs"] for r in rules)
+    binding = _by(children, "RoleBinding", "demo-trainer")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "demo-trainer", "namespace": "team-a"}]
+
+
+def test_config_change_changes_trainer_pod_template() -> None:
+    def config_hash(spec: RLJobSpec) -> str:
+        sts = _by(build_children(JOB, spec, active=True), "StatefulSet", "demo-trainer")
+        return sts["spec"]["template"]["metadata"]["annotations"]["rljob.io/config-hash"]
+
+    assert config_hash(_spec()) == config_hash(_spec())
+    assert config_hash(_spec()) != config_hash(_spec(rolloutBatchSize=16))
+
+
+def test_inactive_job_scales_every_workload_to_zero_and_keeps_the_pvc() -> None:
+    children = build_children(JOB, _spec(), active=False)
+    workloads = [c for c in children if c["kind"] in ("StatefulSet", "Deployment")]
+    assert len(workloads) == 4 and all(w["spec"]["replicas"] == 0 for w in workloads)
+    assert _by(children, "PersistentVolumeClaim", "demo-checkpoints")
+
+
+def test_checkpoint_uri_variants() -> None:
+    spec = _spec()
+    spec.checkpoint.uri = "pvc://shared-ckpt"
+    children = build_children(JOB, spec, active=True)
+    assert not [c for c in children if c["kind"] == "PersistentVolumeClaim"]
+    pod = _by(children, "StatefulSet", "demo-trainer")["spec"]["template"]["spec"]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "shared-ckpt"}} in pod["volumes"]
+    spec.checkpoint.uri = "/mnt/lustre/ckpt"
+    assert runtime_document(JOB, spec)["spec"]["checkpoint"]["dir"] == "/mnt/lustre/ckpt"
+
+
+@pytest.mark.parametrize(
+    ("weights", "total", "expected"),
+    [([2, 1], None, [2, 1]), ([2, 1], 6, [4, 2]), ([1, 1], 3, [2, 1]), ([0, 0], 3, [2, 1]), ([3, 1], 0, [0, 0])],
+)
+def test_scale_subresource_spreads_replicas(weights: list[int], total: int | None, expected: list[int]) -> None:
+    spec = _spec(replicas=total)
+    for pool, w in zip(spec.rollout.pools, weights, strict=True):
+        pool.replicas = w
+    counts = pool_replicas(spec.rollout)
+    assert list(counts.values()) == expected
+    assert total is None or sum(counts.values()) == total
+
+
+def test_laptop_job_gets_one_default_nvidia_pool() -> None:
+    spec = RLJobSpec.model_validate({"model": {"builtin": "tiny-arith"}, "data": {"synthetic": {}}})
+    children = build_children(JOB, spec, active=True)
+    assert _by(children, "StatefulSet", "demo-infer-default")["spec"]["replicas"] == 1
+
+
+def test_long_names_are_shortened_deterministically() -> None:
+    job = JobRef(name="a" * 40, namespace="ns", uid="u")
+    name = child_name(job, "infer", "p" * 40)
+    assert len(name) <= MAX_CHILD_NAME and name == child_name(job, "infer", "p" * 40)
+    assert name != child_name(job, "infer", "p" * 39 + "q")
+
+
+def test_pool_tp_must_fit_gpus() -> None:
+    with pytest.raises(ValueError, match="tensorParallelSize"):
+        _spec().rollout.pools[0].model_validate({"name": "x", "vendor": "nvidia", "tensorParallelSize": 4})

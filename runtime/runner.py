@@ -19,6 +19,7 @@ from rljob.operator.api.spec import RLJob
 from rljob.runtime.batch_stats import summarize_batch
 from rljob.runtime.checkpoint import CheckpointManager, rng_state, set_rng_state
 from rljob.runtime.engines.base import Engine, WeightUpdate
+from rljob.runtime.knobs import KnobSource, apply_knobs
 from rljob.runtime.metrics import RuntimeMetrics, StepRecord
 from rljob.runtime.rollout.sample import Group, Sample
 from rljob.runtime.rollout.scheduler import RolloutConfig, RolloutScheduler, RoundResult
@@ -174,6 +175,7 @@ class JobRunner:
         self.metrics = RuntimeMetrics(job.metadata.name, jsonl)
         self.metrics_port: int | None = None
         self.resumed_from: str | None = None
+        self.knob_sources: list[KnobSource] = []
 
     # ------------------------------------------------------------------ setup
 
@@ -267,8 +269,18 @@ class JobRunner:
             metrics_port=self.metrics_port,
         )
 
+    def poll_knobs(self) -> None:
+        """Apply knob changes from every source; called between rounds only."""
+        for source in self.knob_sources:
+            values = source.poll()
+            if values is None:
+                continue
+            for change in apply_knobs(self.scheduler, values):
+                log.info("knob change from %s: %s (%s)", values.source or "source", change, values.reason)
+
     async def run_step(self) -> StepRecord:
         """One round, one optimizer step, one weight sync; metrics and checkpoint."""
+        self.poll_knobs()
         knobs = current_knobs(self.scheduler)
         t0 = time.perf_counter()
         result = await self.scheduler.run_round(self.version)

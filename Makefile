@@ -1,0 +1,44 @@
+# rljob developer entry points. Every target installs what it needs, idempotently:
+#   make quickstart   train the tiny policy with APRIL on CPU and compare against sync rollouts
+#   make test         all tests (unit, integration with the local control plane and Prometheus)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# The stamp changes when the dependency list changes, so `pip install` reruns only then.
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha1sum | cut -c1-12)
+export RLJOB_CACHE ?= $(HOME)/.cache/rljob
+
+.PHONY: install quickstart test unit cluster-build cluster-up cluster-down benchmark crds
+
+$(STAMP):
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+install: $(STAMP)
+
+quickstart: install
+	$(BIN)/rljob run docs/examples/quickstart.yaml --fresh --compare-rounds 4
+
+cluster-build:
+	tests/cluster/localkube.sh build
+
+cluster-up: cluster-build
+	tests/cluster/localkube.sh up
+
+cluster-down:
+	tests/cluster/localkube.sh down
+
+unit: install
+	$(BIN)/python -m pytest tests/unit -q
+
+test: install cluster-build
+	$(BIN)/python -m pytest -q
+
+benchmark: install
+	$(BIN)/python benchmarks/rollout_throughput.py
+
+crds: install
+	$(BIN)/python -m rljob.operator.crdgen

@@ -1,0 +1,119 @@
+"""Rollout throughput of `sync` vs `april` on the embedded engine, against the bubble-free ceiling.
+
+Same policy (the warmed-up tiny-arith model), same prompts, same seeds, one process; the rounds of
+the two strategies are interleaved so machine noise hits both alike. The ceiling is the engine's
+steady full-batch decode rate. Prints a table, writes docs/benchmarks/rollout_throughput.json and
+a plot. Run: `python benchmarks/rollout_throughput.py` (or `make benchmark`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from rljob.operator.api import load_rljob
+from rljob.runtime.report import comparison_plot
+from rljob.runtime.runner import JobRunner, RunOptions, compare_strategies
+
+ROOT = Path(__file__).resolve().parents[1]
+console = Console()
+
+
+def machine() -> str:
+    """CPU model, cores and library versions: benchmark numbers mean nothing without them."""
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}, "
+            f"Python {platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads), no GPU")
+
+
+async def run(args: argparse.Namespace) -> dict:
+    job = load_rljob(args.job)
+    with tempfile.TemporaryDirectory() as tmp:
+        job.spec.checkpoint.dir = str(Path(tmp) / "ckpt")
+        runner = JobRunner(job, RunOptions(output_dir=Path(tmp), resume=False))
+        await runner.setup()
+        await runner.close()
+
+        def progress(strategy: str, i: int, result) -> None:  # type: ignore[no-untyped-def]
+            s = result.stats
+            tag = "warm-up" if i < args.warmup else "round"
+            console.log(f"{strategy:5s} {tag} {i + 1}: {s.tokens_generated} tokens in {s.rollout_seconds:.2f}s "
+                        f"({s.tokens_per_second:.0f} tok/s), truncation {s.truncation_rate:.2f}")
+
+        comparison = await compare_strategies(runner, args.rounds, warmup_rounds=args.warmup, on_round=progress)
+    rows = {r["strategy"]: r for r in comparison["rows"]}
+    sync, april = rows["sync"], rows["april"]
+    r = job.spec.rollout
+    return {
+        "benchmark": "rollout_throughput",
+        "job": str(Path(args.job)),
+        "task": "arith-chain (long-tailed answer lengths)",
+        "rollout_batch_size": r.rollout_batch_size,
+        "samples_per_prompt": r.samples_per_prompt,
+        "over_sampling": r.partial.over_sampling,
+        "truncation": r.partial.truncation.to_wire(),
+        "max_batch_size": r.embedded.max_batch_size,
+        "rounds": args.rounds,
+        "warmup_rounds": args.warmup,
+        "sync_tokens_per_s": sync["tokens_per_s"],
+        "april_tokens_per_s": april["tokens_per_s"],
+        "ceiling_tokens_per_s": comparison["ceiling_tokens_per_s"],
+        "april_over_sync": april["over_sync"],
+        "april_over_ceiling": april["over_ceiling"],
+        "sync_over_ceiling": sync["over_ceiling"],
+        "sync_step_seconds": sync["step_seconds"],
+        "april_step_seconds": april["step_seconds"],
+        "off_policy_ratio": april["off_policy_ratio"],
+        "april_truncation_rate": april["truncation_rate"],
+        "rows": comparison["rows"],
+        "machine": machine(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--job", default=str(ROOT / "docs/examples/quickstart.yaml"), help="RLJob whose policy, "
+                        "task and rollout settings are used")
+    parser.add_argument("--rounds", type=int, default=8, help="measured rounds per strategy")
+    parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first (fills APRIL's buffer)")
+    parser.add_argument("--output", default=str(ROOT / "docs/benchmarks"), help="folder for JSON and plot")
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+
+    table = Table(title="rollout throughput (embedded engine, same policy, prompts and seeds)", header_style="bold")
+    for col in ("strategy", "tokens/s", "round s", "off-policy", "truncation", "× sync", "× ceiling"):
+        table.add_column(col, justify="right")
+    for row in result["rows"]:
+        table.add_row(row["strategy"], f"{row['tokens_per_s']:.0f}", f"{row['step_seconds']:.2f}",
+                      f"{row['off_policy_ratio']:.2f}", f"{row['truncation_rate']:.2f}",
+                      f"{row['over_sync']:.2f}", f"{row['over_ceiling']:.2f}")
+    table.add_row("ceiling", f"{result['ceiling_tokens_per_s']:.0f}", "", "", "", "", "1.00")
+    console.print(table)
+    console.print(f"machine: {result['machine']}")
+
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rollout_throughput.json").write_text(json.dumps(result, indent=2) + "\n")
+    comparison_plot(out / "rollout_throughput.png", result["rows"], result["ceiling_tokens_per_s"],
+                    f"april/sync = {result['april_over_sync']:.2f}x, april/ceiling = {result['april_over_ceiling']:.2f}")
+    console.print(f"wrote {out / 'rollout_throughput.json'} and {out / 'rollout_throughput.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Partial-rollout knobs that may change while a job runs (autotuner, operator, user).
+
+The runner polls its knob sources at every round boundary and applies a change before the next
+round starts, so a round always runs with one consistent set of knobs, and each step's metrics
+record the values in force.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from rljob.runtime.rollout.scheduler import RolloutScheduler
+
+
+@dataclass(frozen=True)
+class KnobValues:
+    """New values; None leaves a knob unchanged."""
+
+    over_sampling: float | None = None
+    truncation_k: float | None = None
+    truncation_max_tokens: int | None = None
+    source: str = ""
+    reason: str = ""
+
+
+class KnobSource(Protocol):
+    """Something that may have new knob values at a round boundary (file, RLJob status, local tuner)."""
+
+    def poll(self) -> KnobValues | None: ...
+
+
+def apply_knobs(scheduler: RolloutScheduler, knobs: KnobValues) -> list[str]:
+    """Install new knob values on the scheduler; returns a description of each change made."""
+    changes = []
+    strategy = scheduler.strategy
+    if knobs.over_sampling is not None and hasattr(strategy, "over_sampling"):
+        if strategy.over_sampling != knobs.over_sampling:
+            changes.append(f"over_sampling {strategy.over_sampling:g} -> {knobs.over_sampling:g}")
+            strategy.over_sampling = max(1.0, knobs.over_sampling)
+    t = scheduler.truncation
+    if knobs.truncation_k is not None and t.k != knobs.truncation_k:
+        changes.append(f"truncation_k {t.k:g} -> {knobs.truncation_k:g}")
+        t.k = knobs.truncation_k
+        if t.mode == "none":
+            t.mode = "sigma"
+    if knobs.truncation_max_tokens is not None and t.max_tokens != knobs.truncation_max_tokens:
+        changes.append(f"truncation_max_tokens {t.max_tokens} -> {knobs.truncation_max_tokens}")
+        t.max_tokens = knobs.truncation_max_tokens
+        t.mode = "tokens"
+    return changes

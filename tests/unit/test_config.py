@@ -1,0 +1,79 @@
+"""RLJob YAML parsing: the quickstart is valid; every bad field is named in the error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rljob.operator.api import RLJobConfigError, load_rljob, parse_rljob
+from rljob.runtime.cli import main
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "docs" / "examples" / "quickstart.yaml"
+
+
+def quickstart() -> dict:
+    return yaml.safe_load(QUICKSTART.read_text())
+
+
+def test_quickstart_is_valid():
+    job = load_rljob(QUICKSTART)
+    assert job.spec.rollout.strategy == "april"
+    assert job.spec.rollout.partial.over_sampling == 2.0
+    assert job.spec.algorithm.off_policy.mode == "tis"
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "named"),
+    [
+        (("spec", "rollout", "rolloutBatchSize"), 0, "spec.rollout.rolloutBatchSize"),
+        (("spec", "rollout", "rolloutBatchSize"), "eight", "spec.rollout.rolloutBatchSize"),
+        (("spec", "rollout", "partial", "overSampling"), 0.5, "spec.rollout.partial.overSampling"),
+        (("spec", "rollout", "strategy"), "fast", "spec.rollout.strategy"),
+        (("spec", "algorithm", "offPolicy", "mode"), "ignore", "spec.algorithm.offPolicy.mode"),
+        (("spec", "rollout", "partial", "maxStaleness"), -1, "spec.rollout.partial.maxStaleness"),
+        (("spec", "rollout", "samplesPerPrompts"), 4, "spec.rollout.samplesPerPrompts"),
+        (("spec", "trainer", "steps"), -3, "spec.trainer.steps"),
+        (("kind",), "Job", "kind"),
+    ],
+)
+def test_bad_field_is_named(path, value, named):
+    doc = quickstart()
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(RLJobConfigError) as err:
+        parse_rljob(doc, "job.yaml")
+    assert f"job.yaml: {named}:" in str(err.value)
+    assert len(str(err.value).splitlines()) == 1, "one problem, one line"
+
+
+def test_unknown_field_says_so():
+    doc = quickstart()
+    doc["spec"]["rollout"]["partial"]["overSample"] = 2
+    with pytest.raises(RLJobConfigError, match=r"spec.rollout.partial.overSample: unknown field"):
+        parse_rljob(doc, "job.yaml")
+
+
+def test_two_model_sources_rejected():
+    doc = quickstart()
+    doc["spec"]["model"]["path"] = "/models/x"
+    with pytest.raises(RLJobConfigError, match="spec.model: exactly one of builtin, path, huggingFace"):
+        parse_rljob(doc, "job.yaml")
+
+
+def test_cli_reports_config_error_without_traceback(tmp_path, capsys):
+    doc = quickstart()
+    doc["spec"]["rollout"]["rolloutBatchSize"] = -1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    assert main(["validate", str(bad)]) == 2
+    out = capsys.readouterr().out
+    assert "spec.rollout.rolloutBatchSize" in out and "Traceback" not in out
+
+
+def test_cli_missing_file(tmp_path, capsys):
+    assert main(["validate", str(tmp_path / "nope.yaml")]) == 2
+    assert "cannot read file" in capsys.readouterr().out

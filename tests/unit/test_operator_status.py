@@ -1,0 +1,220 @@
+"""Lifecycle decisions: conditions, phase, failure policy, suspend, deadline (pure functions)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from rljob.operator.api.spec import RLJobSpec
+from rljob.operator.api.status import KnobValue, RLJobStatus
+from rljob.operator.builders import JobRef
+from rljob.operator.status_logic import (
+    Decision,
+    Observed,
+    PodObs,
+    WorkloadObs,
+    compute_status,
+    operator_patch,
+    pod_observation,
+)
+
+JOB = JobRef("demo", "ns", "uid-1")
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def _spec(**extra: Any) -> RLJobSpec:
+    return RLJobSpec.model_validate(
+        {
+            "model": {"builtin": "tiny-arith"},
+            "data": {"synthetic": {}},
+            "rollout": {"pools": [{"name": "nv", "vendor": "nvidia", "replicas": 2}, {"name": "mi", "vendor": "amd"}]},
+            "backoffLimit": 2,
+            **extra,
+        }
+    )
+
+
+def _obs(nv: int = 2, mi: int = 1, router: int = 1, trainer: int = 1, **kw: Any) -> Observed:
+    return Observed(
+        pools={"nv": WorkloadObs(2, nv), "mi": WorkloadObs(1, mi)},
+        router=WorkloadObs(1, router),
+        trainer=WorkloadObs(1, trainer),
+        **kw,
+    )
+
+
+def _pod(phase: str = "Running", uid: str = "p1", ordinal: int = 0, role: str = "trainer", **state: Any) -> dict:
+    container: dict[str, Any] = {"name": "trainer", "restartCount": state.pop("restarts", 0)}
+    container.update(state)
+    return {
+        "metadata": {
+            "name": f"demo-{role}-{ordinal}",
+            "uid": uid,
+            "labels": {"rljob.io/role": role, "rljob.io/pool": "nv", "apps.kubernetes.io/pod-index": str(ordinal)},
+        },
+        "status": {"phase": phase, "containerStatuses": [container]},
+    }
+
+
+def _run(spec: RLJobSpec, prev: RLJobStatus, obs: Observed, now: datetime = T0, gen: int = 1) -> Decision:
+    return compute_status(JOB, spec, gen, prev, obs, now)
+
+
+def _cond(status: RLJobStatus, type_: str) -> tuple[str, str]:
+    c = status.condition(type_)
+    assert c is not None
+    return c.status, c.reason
+
+
+def test_all_ready_is_ready_with_every_condition() -> None:
+    d = _run(_spec(), RLJobStatus(), _obs(), gen=3)
+    s = d.status
+    assert s.phase == "Running" and d.active
+    assert [c.type for c in s.conditions] == [
+        "RolloutReady", "TrainerReady", "Ready", "Progressing", "Degraded", "Suspended", "Complete", "Failed"
+    ]
+    assert all(c.observed_generation == 3 for c in s.conditions) and s.observed_generation == 3
+    assert _cond(s, "Ready") == ("True", "JobReady")
+    assert s.rollout.summary == "3/3" and s.trainer.summary == "1/1"
+    assert s.rollout.selector == "rljob.io/job-name=demo,rljob.io/role=inference"
+    assert [(p.name, p.vendor, p.desired, p.ready) for p in s.rollout.pools] == [("nv", "nvidia", 2, 2), ("mi", "amd", 1, 1)]
+    assert s.start_time == T0
+    assert [e.reason for e in d.events] == ["JobReady"]
+    assert s.effective_knobs.over_sampling == KnobValue(value=2.0, unit="ratio", source="spec", reason="FromSpec")
+    assert s.effective_knobs.truncation is None
+
+
+def test_starting_then_ready_keeps_transition_times() -> None:
+    first = _run(_spec(), RLJobStatus(), _obs(nv=0, router=0, trainer=0)).status
+    assert first.phase == "Starting" and _cond(first, "Ready")[0] == "False"
+    assert _cond(first, "Degraded")[0] == "False", "not degraded while starting"
+    later = T0 + timedelta(minutes=5)
+    second = _run(_spec(), first, _obs(), now=later).status
+    assert second.phase == "Running"
+    assert second.condition("Ready").last_transition_time == later
+    assert second.condition("Suspended").last_transition_time == T0, "unchanged status keeps its time"
+    assert second.start_time == T0
+
+
+def test_lost_inference_pod_degrades_until_replaced() -> None:
+    ready = _run(_spec(), RLJobStatus(), _obs()).status
+    lost = pod_observation(_pod(uid="inf-1", role="inference", ordinal=1))
+    # The pod is gone but the StatefulSet status still says 2/2: the loss alone degrades the job.
+    d = _run(_spec(), ready, _obs(lost_inference_pods=[lost]))
+    assert d.status.phase == "Degraded" and _cond(d.status, "Degraded") == ("True", "ReplicaLost")
+    assert _cond(d.status, "Ready")[0] == "False" and d.status.restarts.rollout == 1
+    assert {e.reason for e in d.events} == {"InferenceReplicaLost", "Degraded"}
+    # Replacement not ready yet: still degraded, the loss is not counted twice.
+    d2 = _run(_spec(), d.status, _obs(nv=1, lost_inference_pods=[lost]))
+    assert d2.status.phase == "Degraded" and _cond(d2.status, "Degraded")[1] == "ReplicasUnavailable"
+    assert d2.status.restarts.rollout == 1
+    d3 = _run(_spec(), d2.status, _obs())
+    assert d3.status.phase == "Running" and [e.reason for e in d3.events] == ["Recovered", "JobReady"]
+
+
+def test_scale_down_is_not_a_loss() -> None:
+    ready = _run(_spec(), RLJobStatus(), _obs()).status
+    beyond_scale = pod_observation(_pod(uid="inf-9", role="inference", ordinal=5))
+    d = _run(_spec(), ready, _obs(lost_inference_pods=[beyond_scale]))
+    assert d.status.phase == "Running" and d.status.restarts.rollout == 0
+
+
+def test_trainer_failure_restarts_group_until_backoff_limit() -> None:
+    status = _run(_spec(), RLJobStatus(), _obs()).status
+    for n in (1, 2):
+        failed = pod_observation(_pod(phase="Failed", uid=f"t{n}"))
+        d = _run(_spec(), status, _obs(trainer_pods=[failed]))
+        assert d.restart_trainer and d.status.restarts.trainer == n and d.active
+        assert d.events[0].reason == "TrainerRestarting" and f"restart {n}/2" in d.events[0].message
+        # Seen again (timer + watch): acted on once.
+        again = _run(_spec(), d.status, _obs(trainer_pods=[failed]))
+        assert not again.restart_trainer and again.status.restarts.trainer == n
+        status = again.status
+    crashed = pod_observation(_pod(uid="t3", restarts=1, lastState={"terminated": {"exitCode": 137, "reason": "OOMKilled"}}))
+    d = _run(_spec(), status, _obs(trainer_pods=[crashed]))
+    assert not d.restart_trainer and not d.active
+    assert d.status.phase == "Failed" and _cond(d.status, "Failed") == ("True", "BackoffLimitExceeded")
+    assert "OOMKilled" in d.status.condition("Failed").message
+    assert d.status.completion_time == T0
+    # Terminal: stays failed whatever the children do next.
+    d2 = _run(_spec(), d.status, _obs(), now=T0 + timedelta(hours=1))
+    assert d2.status.phase == "Failed" and not d2.active and d2.status.completion_time == T0
+
+
+def test_pods_being_deleted_by_a_restart_are_not_failures() -> None:
+    status = _run(_spec(), RLJobStatus(), _obs()).status
+    dying = _pod(uid="t1", state={"terminated": {"exitCode": 143, "reason": "Error"}})
+    dying["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    d = _run(_spec(), status, _obs(trainer_pods=[pod_observation(dying)]))
+    assert not d.restart_trainer and d.status.restarts.trainer == 0
+
+
+def test_rank0_exit_zero_completes_and_scales_down() -> None:
+    status = _run(_spec(), RLJobStatus(), _obs()).status
+    done = pod_observation(_pod(state={"terminated": {"exitCode": 0, "reason": "Completed"}}))
+    d = _run(_spec(), status, _obs(trainer_pods=[done]))
+    assert d.status.phase == "Complete" and not d.active
+    assert _cond(d.status, "Complete") == ("True", "TrainerSucceeded")
+    assert _cond(d.status, "Ready") == ("False", "NotRunning")
+    assert d.status.rollout.desired == 0 and d.status.trainer.summary.endswith("/0")
+
+
+def test_suspend_and_resume_reset_the_deadline_clock() -> None:
+    spec = _spec(activeDeadlineSeconds=600)
+    running = _run(spec, RLJobStatus(), _obs()).status
+    suspended_spec = _spec(activeDeadlineSeconds=600, suspend=True)
+    d = _run(suspended_spec, running, _obs(), now=T0 + timedelta(seconds=300))
+    assert d.status.phase == "Suspended" and not d.active and d.status.start_time is None
+    assert _cond(d.status, "Suspended") == ("True", "JobSuspended")
+    assert "Suspended" in [e.reason for e in d.events]
+    # Pods gone while suspended: not degraded.
+    d = _run(suspended_spec, d.status, _obs(nv=0, mi=0, router=0, trainer=0), now=T0 + timedelta(hours=2))
+    assert d.status.phase == "Suspended" and _cond(d.status, "Degraded")[0] == "False"
+    resumed_at = T0 + timedelta(hours=3)
+    d = _run(spec, d.status, _obs(nv=0, mi=0, router=0, trainer=0), now=resumed_at)
+    assert d.status.phase == "Starting" and d.active and d.status.start_time == resumed_at
+    assert "Resumed" in [e.reason for e in d.events]
+    d = _run(spec, d.status, _obs(), now=resumed_at + timedelta(seconds=599))
+    assert d.status.phase == "Running"
+    d = _run(spec, d.status, _obs(), now=resumed_at + timedelta(seconds=600))
+    assert d.status.phase == "Failed" and _cond(d.status, "Failed")[1] == "DeadlineExceeded" and not d.active
+
+
+def test_autotuned_knobs_are_not_overwritten() -> None:
+    spec = _spec(rollout={"partial": {"truncation": {"mode": "sigma", "k": 2.5}}})
+    prev = RLJobStatus()
+    prev.effective_knobs.over_sampling = KnobValue(value=1.5, source="autotune", reason="HighTruncation")
+    d = _run(spec, prev, _obs())
+    assert d.status.effective_knobs.over_sampling.value == 1.5
+    assert d.status.effective_knobs.truncation == KnobValue(value=2.5, unit="sigma", source="spec", reason="FromSpec")
+    patch = operator_patch(prev, d.status)
+    assert patch["effectiveKnobs"] == {"truncation": {"value": 2.5, "unit": "sigma", "source": "spec",
+                                                      "reason": "FromSpec", "query": ""}}
+
+
+def test_operator_patch_leaves_runtime_progress_alone() -> None:
+    d = _run(_spec(), RLJobStatus(), _obs())
+    patch = operator_patch(RLJobStatus(), d.status)
+    assert patch["trainer"] == {"desired": 1, "ready": 1, "summary": "1/1"}
+    assert "metrics" not in patch and "outcome" not in patch
+    assert patch["startTime"] == "2026-01-01T00:00:00Z"
+    assert RLJobStatus.model_validate({**RLJobStatus().to_wire(), **patch}).phase == "Running"
+
+
+def test_foreign_conditions_are_kept() -> None:
+    prev = RLJobStatus.model_validate(
+        {"conditions": [{"type": "AutotuneActive", "status": "True", "reason": "Apply",
+                         "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    )
+    types = [c.type for c in _run(_spec(), prev, _obs()).status.conditions]
+    assert types[-1] == "AutotuneActive" and len(types) == 9
+
+
+def test_pod_observation_keys_are_stable_across_restart_counts() -> None:
+    # A crash first shows as state.terminated (restartCount 0), then as lastState (restartCount 1).
+    now = pod_observation(_pod(uid="x", state={"terminated": {"exitCode": 1}}))
+    later = pod_observation(_pod(uid="x", restarts=1, lastState={"terminated": {"exitCode": 1}}, state={"running": {}}))
+    failed_phase = pod_observation(_pod(phase="Failed", uid="x", state={"terminated": {"exitCode": 1}}))
+    assert [e.key for e in now.failures()] == [e.key for e in later.failures()] == ["x:0"]
+    assert [e.key for e in failed_phase.failures()] == ["x:0"]
+    assert isinstance(now, PodObs) and now.ordinal == 0 and now.role == "trainer"

@@ -124,7 +124,13 @@ def to_structural(node: dict[str, Any], required: bool = True) -> dict[str, Any]
             out["additionalProperties"] = to_structural(extra)
         else:
             out["x-kubernetes-preserve-unknown-fields"] = True
-    if not required and out.get("type") == "object" and "properties" in out and "default" not in out:
+    if (
+        not required
+        and out.get("type") == "object"
+        and "properties" in out
+        and "default" not in out
+        and not out.get("required")  # the API server validates defaults: {} would lack the required keys
+    ):
         # An optional sub-object with its own defaults: default it to {} so nested defaults apply.
         out["default"] = {}
     return out

@@ -364,6 +364,109 @@ class MetricsSpec(ApiModel):
     jsonl: str | None = Field(default=None, description="JSON-lines file; defaults to <output>/metrics.jsonl.")
 
 
+# ----------------------------------------------------------------------------------------------
+# autotune
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the RLJob's namespace."""
+
+    name: str = Field(min_length=1)
+    key: str = Field(min_length=1)
+
+
+class AutotunePrometheusSpec(ApiModel):
+    """Where the operator's autotuner reads the runtime metrics."""
+
+    address: str | None = Field(
+        default=None,
+        description="Prometheus base URL, e.g. http://prometheus.monitoring:9090. Unset: the operator's "
+        "default (chart value autotune.prometheus.address, env RLJOB_PROMETHEUS_ADDRESS).",
+    )
+    bearer_token_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding a bearer token sent as Authorization: Bearer."
+    )
+    timeout_seconds: float = Field(default=5.0, gt=0, le=60, description="Timeout of one instant query.")
+    match_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra label matchers for this job's series (e.g. namespace), added to rljob=<name>.",
+    )
+
+
+class KnobBounds(ApiModel):
+    """Range and largest single change of one tuned knob."""
+
+    model_config = ConfigDict(json_schema_extra=cel("self.min <= self.max", "min must not exceed max"))
+
+    min: float = Field(ge=0)
+    max: float = Field(ge=0)
+    max_step: float = Field(gt=0, description="Largest change in one adjustment.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> KnobBounds:
+        if self.min > self.max:
+            raise ValueError("min must not exceed max")
+        return self
+
+
+class TruncationBand(ApiModel):
+    """Healthy range of the truncation rate (share of launched samples that end a round partial)."""
+
+    model_config = ConfigDict(json_schema_extra=cel("self.low < self.high", "low must be below high"))
+
+    low: float = Field(default=0.15, ge=0, le=1)
+    high: float = Field(default=0.25, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TruncationBand:
+        if self.low >= self.high:
+            raise ValueError("low must be below high")
+        return self
+
+
+class AutotuneSpec(ApiModel):
+    """Closed-loop tuning of over-sampling and the truncation threshold (see docs/autotune.md).
+
+    The spec is never rewritten: tuned values go to status.effectiveKnobs (Apply) or
+    status.recommendedKnobs (Recommend), and the runtime applies effectiveKnobs at a round boundary.
+    """
+
+    mode: Literal["Off", "Recommend", "Apply"] = "Off"
+    prometheus: AutotunePrometheusSpec = Field(default_factory=AutotunePrometheusSpec)
+    interval_seconds: int = Field(default=30, ge=1, le=3600, description="Time between two decisions.")
+    window_seconds: int = Field(
+        default=60, ge=1, le=3600, description="Metrics are averaged over this window before deciding."
+    )
+    cooldown_seconds: int = Field(
+        default=120, ge=0, le=86400, description="Least time between two changes (should exceed windowSeconds)."
+    )
+    settle_rounds: int = Field(
+        default=2, ge=0, le=100, description="Rounds that must complete under new knobs before the next change."
+    )
+    truncation_band: TruncationBand = Field(default_factory=TruncationBand)
+    hysteresis: float = Field(
+        default=0.03, ge=0, le=0.5, description="Margin outside the band before tuning starts; it stops inside the band."
+    )
+    over_sampling: KnobBounds = Field(default_factory=lambda: KnobBounds(min=1.0, max=4.0, max_step=0.5))
+    truncation_k: KnobBounds = Field(
+        default_factory=lambda: KnobBounds(min=0.5, max=6.0, max_step=0.5), description="Bounds of k (truncation mode sigma)."
+    )
+    truncation_tokens: KnobBounds = Field(
+        default_factory=lambda: KnobBounds(min=8, max=1_000_000, max_step=64),
+        description="Bounds of the segment cap in tokens (truncation mode tokens); capped by maxResponseLength.",
+    )
+    min_length_spread: float = Field(
+        default=0.1, ge=0, description="Below this σ/μ of response lengths over-sampling buys nothing and is lowered."
+    )
+    max_off_policy_ratio: float = Field(
+        default=0.8, ge=0, le=1, description="Over-sampling is never raised while the off-policy token ratio is above."
+    )
+    local: bool = Field(default=False, description="rljob run: tune from the runtime's own step metrics.")
+    knobs_file: str | None = Field(
+        default=None, description="rljob run: JSON/YAML file of knob overrides, re-read when it changes."
+    )
+
+
 class RLJobSpec(ApiModel):
     """Everything one RL job needs; the same spec runs locally and on a cluster."""
 
@@ -375,6 +478,7 @@ class RLJobSpec(ApiModel):
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+    autotune: AutotuneSpec = Field(default_factory=AutotuneSpec)
     suspend: bool = False
     active_deadline_seconds: int | None = Field(default=None, gt=0)
     backoff_limit: int = Field(default=3, ge=0)

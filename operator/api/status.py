@@ -139,6 +139,20 @@ class EffectiveKnobs(StatusModel):
     truncation: KnobValue | None = Field(default=None, description="Absent when truncation is off.")
 
 
+class AutotuneStatus(StatusModel):
+    """The autotuner's own bookkeeping: what it last did and why (cooldown and backoff survive restarts)."""
+
+    mode: Literal["Off", "Recommend", "Apply"] = "Off"
+    last_decision_time: Timestamp | None = None
+    last_decision: str = Field(default="", description="Reason of the last decision, changed or not.")
+    last_change_time: Timestamp | None = None
+    last_change_step: int | None = Field(default=None, ge=0, description="Runtime step counter at the last change.")
+    direction: int = Field(default=0, ge=-1, le=1, description="Error being corrected: 1 above band, -1 below.")
+    adjustments: int = Field(default=0, ge=0)
+    consecutive_failures: int = Field(default=0, ge=0, description="Failed Prometheus reads in a row (backoff).")
+    next_attempt_time: Timestamp | None = None
+
+
 class JobMetrics(StatusModel):
     """Key runtime metrics reported by the trainer."""
 
@@ -170,6 +184,10 @@ class RLJobStatus(StatusModel):
     restarts: RestartStatus = Field(default_factory=RestartStatus)
     outcome: Outcome | None = None
     effective_knobs: EffectiveKnobs = Field(default_factory=EffectiveKnobs)
+    recommended_knobs: EffectiveKnobs | None = Field(
+        default=None, description="Autotune mode Recommend: values the autotuner would set; never applied."
+    )
+    autotune: AutotuneStatus | None = None
     metrics: JobMetrics = Field(default_factory=JobMetrics)
 
     def condition(self, type_: str) -> Condition | None:

@@ -27,12 +27,13 @@ CONDITION_TYPES: tuple[str, ...] = (
 MAX_HANDLED_FAILURES = 32
 
 
-def _rfc3339(value: datetime) -> str:
+def rfc3339(value: datetime) -> str:
+    """metav1.Time text of a datetime."""
     return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # metav1.Time on the wire: RFC 3339, UTC, second precision.
-Timestamp = Annotated[datetime, PlainSerializer(_rfc3339, return_type=str, when_used="json")]
+Timestamp = Annotated[datetime, PlainSerializer(rfc3339, return_type=str, when_used="json")]
 
 
 def utcnow() -> datetime:

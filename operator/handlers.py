@@ -1,0 +1,96 @@
+"""kopf handlers: thin adapters from Kubernetes events to `reconcile` (all decisions live elsewhere).
+
+Run with `python -m rljob.operator` (flags: --help) or `kopf run -m rljob.operator.handlers`.
+Settings come from the environment so both entry points behave the same:
+RLJOB_RESYNC_SECONDS (status timer, default 10), RLJOB_OPERATOR_METRICS_PORT (default 8080, 0 = off),
+RLJOB_OPERATOR_METRICS_ADDR (default 0.0.0.0).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from rljob.operator.api.spec import API_GROUP, API_VERSION
+from rljob.operator.builders.meta import LABEL_JOB, LABEL_ROLE, MANAGER, ROLE_INFERENCE, ROLE_TRAINER
+from rljob.operator.kube import RLJOB_PLURAL, shared_kube
+from rljob.operator.metrics import JOB_PHASES, serve
+from rljob.operator.reconcile import InvalidSpec, reconcile, sync_status
+from rljob.operator.status_logic import pod_observation
+
+log = logging.getLogger(__name__)
+
+RESYNC_SECONDS = float(os.environ.get("RLJOB_RESYNC_SECONDS", "10"))
+METRICS_PORT = int(os.environ.get("RLJOB_OPERATOR_METRICS_PORT", "8080"))
+METRICS_ADDR = os.environ.get("RLJOB_OPERATOR_METRICS_ADDR", "0.0.0.0")
+
+RLJOB = (API_GROUP, API_VERSION, RLJOB_PLURAL)
+CHILD_LABELS = {LABEL_JOB: kopf.PRESENT, "app.kubernetes.io/managed-by": MANAGER}
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Keep kopf's bookkeeping in annotations (the structural status schema is ours) and bound all waits."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=API_GROUP, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{API_GROUP}/finalizer"
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 60
+    settings.execution.max_workers = 8
+    if METRICS_PORT:
+        serve(METRICS_PORT, METRICS_ADDR)
+        log.info("operator metrics on http://%s:%d/metrics", METRICS_ADDR, METRICS_PORT)
+
+
+@kopf.on.resume(*RLJOB, retries=20, backoff=5)
+@kopf.on.create(*RLJOB, retries=20, backoff=5)
+@kopf.on.update(*RLJOB, field="spec", retries=20, backoff=5)
+def apply(namespace: str, name: str, **_: Any) -> None:
+    """Apply the children for the current spec and refresh the status."""
+    try:
+        reconcile(shared_kube(), namespace, name)
+    except InvalidSpec as err:
+        raise kopf.PermanentError(str(err)) from None
+
+
+@kopf.timer(*RLJOB, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
+def resync(namespace: str, name: str, **_: Any) -> None:
+    """Level-based safety net: recompute the status (deadlines, missed events) on a fixed period."""
+    sync_status(shared_kube(), namespace, name)
+
+
+@kopf.on.event("apps", "v1", "statefulsets", labels=CHILD_LABELS)
+@kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
+def workload_changed(namespace: str, labels: dict[str, str], **_: Any) -> None:
+    """A child workload's replicas changed: refresh the parent's status now."""
+    sync_status(shared_kube(), namespace, labels[LABEL_JOB])
+
+
+@kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
+def pod_changed(event: dict[str, Any], body: kopf.Body, namespace: str, labels: dict[str, str], **_: Any) -> None:
+    """Pods that failed, finished or vanished: the watch may be the only one to see them."""
+    pod = pod_observation(dict(body))
+    role = labels.get(LABEL_ROLE)
+    if role == ROLE_TRAINER and pod.exits:
+        sync_status(shared_kube(), namespace, labels[LABEL_JOB], trainer_pods=[pod])
+    elif role == ROLE_INFERENCE and (event.get("type") == "DELETED" or pod.failures()):
+        sync_status(shared_kube(), namespace, labels[LABEL_JOB], lost_inference_pods=[pod])
+
+
+@kopf.on.delete(*RLJOB, optional=True)
+def forget(namespace: str, name: str, **_: Any) -> None:
+    """Owner references delete the children; only the metrics need cleaning (no finalizer needed)."""
+    JOB_PHASES.forget(namespace, name)
+
+
+@kopf.on.probe(id="rljobs")
+def tracked_jobs(**_: Any) -> int:
+    """Liveness detail: number of RLJobs this operator has a status for."""
+    return JOB_PHASES.count()

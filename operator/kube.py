@@ -1,0 +1,200 @@
+"""Thin Kubernetes API access for the operator: server-side apply, list, delete, status patch, Events.
+
+Raw REST paths on the official client's ApiClient (auth, TLS and kubeconfig handling come from it);
+objects stay plain dicts, exactly as the builders produce them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from kubernetes import client, config
+
+from rljob.operator.api.spec import API_GROUP, API_VERSION, KIND
+from rljob.operator.builders.meta import MANAGER
+
+log = logging.getLogger(__name__)
+
+RLJOB_PLURAL = "rljobs"
+
+# apiVersion/kind → plural, for every kind the operator touches (no discovery round-trips).
+PLURALS: dict[tuple[str, str], str] = {
+    ("v1", "ConfigMap"): "configmaps",
+    ("v1", "ServiceAccount"): "serviceaccounts",
+    ("v1", "Service"): "services",
+    ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
+    ("v1", "Pod"): "pods",
+    ("v1", "Event"): "events",
+    ("apps/v1", "StatefulSet"): "statefulsets",
+    ("apps/v1", "Deployment"): "deployments",
+    ("rbac.authorization.k8s.io/v1", "Role"): "roles",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
+    (f"{API_GROUP}/{API_VERSION}", KIND): RLJOB_PLURAL,
+}
+
+
+class KubeError(RuntimeError):
+    """A non-2xx answer from the API server."""
+
+    def __init__(self, status: int, body: dict[str, Any] | str) -> None:
+        self.status = status
+        self.body = body
+        message = body.get("message", body) if isinstance(body, dict) else body
+        super().__init__(f"HTTP {status}: {message}")
+
+
+def collection_path(api_version: str, kind: str, namespace: str) -> str:
+    """REST path of a namespaced collection."""
+    plural = PLURALS[(api_version, kind)]
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{prefix}/namespaces/{namespace}/{plural}"
+
+
+def load_api_client() -> client.ApiClient:
+    """In-cluster service account credentials, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    try:
+        config.load_incluster_config()
+        return client.ApiClient()
+    except config.ConfigException:
+        return config.new_client_from_config()
+
+
+@dataclass
+class Kube:
+    """The API calls the operator makes."""
+
+    api: client.ApiClient
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """One REST call; returns the decoded JSON answer or raises KubeError."""
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        _, url, headers, payload, _ = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(method, url, header_params=headers, body=payload, _request_timeout=30)
+        data = response.read()
+        text = data.decode() if isinstance(data, bytes) else (data or "")
+        try:
+            decoded: Any = json.loads(text) if text else {}
+        except json.JSONDecodeError:
+            decoded = text
+        if response.status >= 400:
+            raise KubeError(response.status, decoded)
+        return decoded if isinstance(decoded, dict) else {}
+
+    def apply(self, obj: dict[str, Any]) -> str:
+        """Server-side apply one object as the operator's field manager.
+
+        Returns "created", "configured" or "unchanged" (the resourceVersion did not move).
+        """
+        meta = obj["metadata"]
+        path = f"{collection_path(obj['apiVersion'], obj['kind'], meta['namespace'])}/{meta['name']}"
+        try:
+            before: str | None = self.request("GET", path)["metadata"]["resourceVersion"]
+        except KubeError as err:
+            if err.status != 404:
+                raise
+            before = None
+        after = self.request(
+            "PATCH",
+            path,
+            body=obj,
+            query={"fieldManager": MANAGER, "force": "true"},
+            content_type="application/apply-patch+yaml",
+        )["metadata"]["resourceVersion"]
+        if before is None:
+            return "created"
+        return "unchanged" if before == after else "configured"
+
+    def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """Objects of one kind matching a label selector."""
+        path = collection_path(api_version, kind, namespace)
+        return self.request("GET", path, query={"labelSelector": selector}).get("items", [])
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete one object (background propagation); False when it was already gone."""
+        path = f"{collection_path(api_version, kind, namespace)}/{name}"
+        try:
+            self.request("DELETE", path, body={"propagationPolicy": "Background"})
+        except KubeError as err:
+            if err.status == 404:
+                return False
+            raise
+        return True
+
+    def get_rljob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The RLJob, or None when it no longer exists."""
+        try:
+            return self.request("GET", f"{collection_path(f'{API_GROUP}/{API_VERSION}', KIND, namespace)}/{name}")
+        except KubeError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def patch_rljob_status(
+        self, namespace: str, name: str, patch: dict[str, Any], resource_version: str | None = None
+    ) -> dict[str, Any]:
+        """JSON merge patch of the status subresource; with `resource_version`, 409 if it changed meanwhile."""
+        path = f"{collection_path(f'{API_GROUP}/{API_VERSION}', KIND, namespace)}/{name}/status"
+        body: dict[str, Any] = {"status": patch}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return self.request("PATCH", path, body=body, content_type="application/merge-patch+json")
+
+    def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """Record a core/v1 Event on the RLJob (best effort: an Event must never fail a reconcile)."""
+        meta = job["metadata"]
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": job.get("apiVersion", f"{API_GROUP}/{API_VERSION}"),
+                "kind": KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": MANAGER},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.request("POST", collection_path("v1", "Event", meta["namespace"]), body=event)
+        except (KubeError, OSError) as err:
+            log.warning("could not post Event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], err)
+
+
+_shared: Kube | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_kube() -> Kube:
+    """One Kube per process (the ApiClient holds a connection pool)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = Kube(load_api_client())
+        return _shared

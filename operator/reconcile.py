@@ -1,0 +1,206 @@
+"""Reconcile one RLJob: apply its children, observe them, decide (status_logic), act, write status.
+
+Level-based and idempotent: every call reads the RLJob and its children fresh, so it can be
+interrupted anywhere and simply run again (by the next event, the resync timer or a restarted
+operator) with the same result and no duplicate children.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pydantic import ValidationError
+
+from rljob.operator.api.load import format_validation_error
+from rljob.operator.api.spec import RLJobSpec
+from rljob.operator.api.status import RLJobStatus, utcnow
+from rljob.operator.builders import JobRef, build_children
+from rljob.operator.builders.inference import effective_pools, pool_workload_name
+from rljob.operator.builders.meta import LABEL_JOB, LABEL_ROLE, ROLE_INFERENCE, ROLE_TRAINER, selector_string
+from rljob.operator.builders.router import router_name
+from rljob.operator.builders.trainer import trainer_name
+from rljob.operator.kube import Kube, KubeError
+from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
+from rljob.operator.status_logic import Observed, PodObs, WorkloadObs, compute_status, operator_patch, pod_observation
+
+log = logging.getLogger(__name__)
+
+# Children the operator may prune when a pool disappears from the spec.
+_POOL_KINDS = (("apps/v1", "StatefulSet"), ("v1", "Service"))
+_CONFLICT_RETRIES = 3
+
+_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+_locks_guard = threading.Lock()
+
+
+class InvalidSpec(ValueError):
+    """The stored spec does not validate against the shared models (the message names the fields)."""
+
+
+@contextmanager
+def job_lock(namespace: str, name: str) -> Iterator[None]:
+    """Serialise work on one RLJob inside this process (handlers run on a thread pool)."""
+    with _locks_guard:
+        lock = _locks[(namespace, name)]
+    with lock:
+        yield
+
+
+@contextmanager
+def measured(step: str) -> Iterator[None]:
+    """Observe duration, count errors."""
+    start = time.perf_counter()
+    try:
+        yield
+    except Exception:
+        RECONCILE_ERRORS.labels(step).inc()
+        raise
+    finally:
+        RECONCILE_SECONDS.labels(step).observe(time.perf_counter() - start)
+
+
+def parse_spec(body: dict[str, Any]) -> RLJobSpec:
+    """The RLJob's spec as the shared model; InvalidSpec with field paths when it does not validate."""
+    try:
+        return RLJobSpec.model_validate(body.get("spec") or {})
+    except ValidationError as err:
+        raise InvalidSpec(format_validation_error(err, "spec")) from None
+
+
+def _status(body: dict[str, Any]) -> RLJobStatus:
+    try:
+        return RLJobStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        log.warning("ignoring unreadable status of %s", body["metadata"]["name"])
+        return RLJobStatus()
+
+
+def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool) -> None:
+    """Server-side apply every child, prune pools removed from the spec, post an Event per change."""
+    job = JobRef.from_body(body)
+    for child in build_children(job, spec, active=active):
+        result = kube.apply(child)
+        if result != "unchanged":
+            what = f"{child['kind']} {child['metadata']['name']}"
+            kube.post_event(body, "Normal", result.capitalize(), f"{what} {result}")
+    wanted = {pool_workload_name(job, p) for p in effective_pools(spec.rollout)}
+    selector = selector_string({LABEL_JOB: job.name, LABEL_ROLE: ROLE_INFERENCE})
+    for api_version, kind in _POOL_KINDS:
+        for obj in kube.list(api_version, kind, job.namespace, selector):
+            name = obj["metadata"]["name"]
+            if name not in wanted and kube.delete(api_version, kind, job.namespace, name):
+                kube.post_event(body, "Normal", "Deleted", f"{kind} {name} deleted (pool removed from spec)")
+
+
+def _workload(obj: dict[str, Any] | None) -> WorkloadObs | None:
+    if obj is None:
+        return None
+    return WorkloadObs(
+        replicas=int((obj.get("spec") or {}).get("replicas") or 0),
+        ready=int((obj.get("status") or {}).get("readyReplicas") or 0),
+    )
+
+
+def observe(kube: Kube, job: JobRef, spec: RLJobSpec) -> Observed:
+    """List the job's workloads and trainer pods."""
+    selector = selector_string({LABEL_JOB: job.name})
+    statefulsets = {o["metadata"]["name"]: o for o in kube.list("apps/v1", "StatefulSet", job.namespace, selector)}
+    deployments = {o["metadata"]["name"]: o for o in kube.list("apps/v1", "Deployment", job.namespace, selector)}
+    trainer_selector = selector_string({LABEL_JOB: job.name, LABEL_ROLE: ROLE_TRAINER})
+    return Observed(
+        pools={p.name: _workload(statefulsets.get(pool_workload_name(job, p))) for p in effective_pools(spec.rollout)},
+        router=_workload(deployments.get(router_name(job))),
+        trainer=_workload(statefulsets.get(trainer_name(job))),
+        trainer_pods=[pod_observation(p) for p in kube.list("v1", "Pod", job.namespace, trainer_selector)],
+    )
+
+
+def restart_trainer_group(kube: Kube, job: JobRef) -> int:
+    """Delete every trainer pod; the StatefulSet recreates them and they resume from the checkpoint."""
+    selector = selector_string({LABEL_JOB: job.name, LABEL_ROLE: ROLE_TRAINER})
+    pods = kube.list("v1", "Pod", job.namespace, selector)
+    return sum(kube.delete("v1", "Pod", job.namespace, p["metadata"]["name"]) for p in pods)
+
+
+def reconcile(kube: Kube, namespace: str, name: str) -> None:
+    """Apply the children for the current spec, then refresh the status (create/resume/update)."""
+    with job_lock(namespace, name), measured("apply"):
+        body = kube.get_rljob(namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return
+        try:
+            spec = parse_spec(body)
+        except InvalidSpec as err:
+            kube.post_event(body, "Warning", "InvalidSpec", str(err))
+            raise
+        status = _status(body)
+        apply_children(kube, body, spec, active=not spec.suspend and status.outcome is None)
+    sync_status(kube, namespace, name)
+
+
+def sync_status(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    trainer_pods: Iterable[PodObs] = (),
+    lost_inference_pods: Iterable[PodObs] = (),
+) -> None:
+    """Observe, decide, act and write the status of one RLJob.
+
+    `trainer_pods`/`lost_inference_pods` carry pods seen by the watch that a fresh list may no longer
+    show (a Failed pod its StatefulSet already replaced, a deleted inference pod).
+    """
+    with job_lock(namespace, name), measured("status"):
+        for attempt in range(_CONFLICT_RETRIES):
+            try:
+                _sync_once(kube, namespace, name, list(trainer_pods), list(lost_inference_pods))
+                return
+            except KubeError as err:
+                if err.status != 409 or attempt == _CONFLICT_RETRIES - 1:
+                    raise
+                log.debug("status of %s/%s changed meanwhile; retrying", namespace, name)
+
+
+def _sync_once(
+    kube: Kube, namespace: str, name: str, extra_trainer: list[PodObs], lost: list[PodObs]
+) -> None:
+    body = kube.get_rljob(namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        JOB_PHASES.forget(namespace, name)
+        return
+    try:
+        spec = parse_spec(body)
+    except InvalidSpec:
+        return  # reported by reconcile(); nothing sensible to compute
+    job = JobRef.from_body(body)
+    prev = _status(body)
+    obs = observe(kube, job, spec)
+    seen = {p.uid for p in obs.trainer_pods}
+    obs.trainer_pods += [p for p in extra_trainer if p.uid not in seen]
+    obs.lost_inference_pods = lost
+    decision = compute_status(job, spec, int(body["metadata"].get("generation") or 0), prev, obs, utcnow())
+
+    patch = operator_patch(prev, decision.status)
+    # Optimistic concurrency: counting a restart or an outcome must be based on the status we read.
+    kube.patch_rljob_status(namespace, name, patch, resource_version=body["metadata"]["resourceVersion"])
+    JOB_PHASES.set(namespace, name, decision.status.phase)
+    for event in decision.events:
+        kube.post_event(body, event.type, event.reason, event.message)
+    new_restarts = decision.status.restarts
+    if new_restarts.trainer > prev.restarts.trainer:
+        RESTARTS.labels(namespace, name, "trainer").inc(new_restarts.trainer - prev.restarts.trainer)
+    if new_restarts.rollout > prev.restarts.rollout:
+        RESTARTS.labels(namespace, name, "rollout").inc(new_restarts.rollout - prev.restarts.rollout)
+    # Act after the decision is durable: a crash here re-runs the action, never double-counts it.
+    if decision.restart_trainer:
+        deleted = restart_trainer_group(kube, job)
+        log.info("restarted trainer group of %s/%s (%d pods deleted)", namespace, name, deleted)
+    running = obs.trainer is not None and obs.trainer.replicas > 0
+    if obs.trainer is None or running != decision.active:
+        apply_children(kube, body, spec, active=decision.active)

@@ -558,7 +558,8 @@ def main(argv: list[str] | None = None) -> None:
         health_generate_fault=args.fault_health_generate,
     )
     server = SGLangProtocolServer(engine, options)
-    web.run_app(server.app, host=args.host, port=args.port, access_log=None, print=None)
+    # A short shutdown grace: pods and tests stop workers often, and callers get aborts, not hangs.
+    web.run_app(server.app, host=args.host, port=args.port, access_log=None, print=None, shutdown_timeout=3.0)
 
 
 if __name__ == "__main__":

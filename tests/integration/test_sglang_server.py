@@ -1,0 +1,376 @@
+"""The SGLang-protocol server on loopback, the SGLang client against it, and the REAL sglang router.
+
+In-process tests run the aiohttp server in the test's event loop. The router tests start two worker
+processes (``python -m rljob.runtime.engines.server``) and ``python -m sglang_router.launch_router``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rljob.runtime.engines.base import EngineError, GenerateRequest, GenerateResult, WeightUpdate
+from rljob.runtime.engines.embedded import EmbeddedEngine
+from rljob.runtime.engines.server import ServerOptions, SGLangProtocolServer
+from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
+from tests.helpers.tiny_model import save_tiny_model
+
+PROMPT = [5, 6, 7, 8]
+
+
+def greedy(rid: str, max_new_tokens: int, prompt: list[int] = PROMPT) -> GenerateRequest:
+    return GenerateRequest(rid=rid, input_ids=prompt, max_new_tokens=max_new_tokens, temperature=0.0)
+
+
+def fast_client(*urls: str, router: str | None = None) -> SGLangEngine:
+    """A client with short backoff/drain settings so failure paths finish quickly in tests."""
+    return SGLangEngine(
+        SGLangClientConfig(
+            worker_urls=list(urls), router_url=router, retries=2, backoff_s=0.05, backoff_max_s=0.2,
+            reabort_interval_s=0.3, drain_timeout_s=30, health_timeout_s=120, probe_timeout_s=1.0,
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("models")
+    return save_tiny_model(root / "seed0", seed=0), save_tiny_model(root / "seed1", seed=1)
+
+
+@dataclass
+class Served:
+    server: SGLangProtocolServer
+    url: str
+    client: SGLangEngine
+
+
+@pytest.fixture
+async def served(model_dirs: tuple[Path, Path]) -> AsyncIterator[Served]:
+    server = SGLangProtocolServer(
+        EmbeddedEngine(model_dirs[0], max_batch_size=4), ServerOptions(model_path=str(model_dirs[0]))
+    )
+    url = await server.start()
+    client = fast_client(url)
+    await client.start()
+    yield Served(server, url, client)
+    await client.close()
+    await server.stop()
+
+
+async def wait_until_generating(server: SGLangProtocolServer, tokens: int = 3) -> None:
+    for _ in range(3000):
+        if server.engine.stats.generated_tokens >= tokens and server.engine.current_load().running:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("server never started generating")
+
+
+# --------------------------------------------------------------------------- in-process server
+
+
+async def test_generate_over_http_matches_embedded_engine(served: Served, model_dirs: tuple[Path, Path]) -> None:
+    local = EmbeddedEngine(model_dirs[0])
+    try:
+        expected = await local.generate(greedy("local", 12))
+    finally:
+        await local.close()
+    got = await served.client.generate(greedy("http", 12))
+    assert got.output_ids == expected.output_ids
+    assert got.output_logprobs == pytest.approx(expected.output_logprobs, abs=1e-5)
+    assert (got.finish_reason, got.weight_version, got.prompt_tokens) == ("length", 0, len(PROMPT))
+
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3, "temperature": 0,
+                "stop_token_ids": [expected.output_ids[1]]}, "return_logprob": True, "rid": "raw"}
+        reply = (await http.post("/generate", json=body)).json()
+    meta = reply["meta_info"]
+    assert meta["id"] == "raw" and meta["weight_version"] == "0"
+    assert meta["finish_reason"] == {"type": "stop", "matched": expected.output_ids[1]}
+    assert meta["completion_tokens"] == 2 and meta["prompt_tokens"] == 4
+    assert [t[1] for t in meta["output_token_logprobs"]] == reply["output_ids"] == expected.output_ids[:2]
+    assert all(t[2] is None for t in meta["output_token_logprobs"])
+
+
+async def test_abort_over_http_returns_partials_and_drains(served: Served) -> None:
+    tasks = [asyncio.create_task(served.client.generate(greedy(f"r1-g{i}", 400))) for i in range(6)]
+    await wait_until_generating(served.server)
+    await served.client.abort_all()
+    results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+    assert all(r.finish_reason == "abort" for r in results)
+    running = [r for r in results if r.output_ids]
+    assert running and all(len(r.output_logprobs) == len(r.output_ids) < 400 for r in running)
+    assert [r for r in results if not r.output_ids]  # max_batch_size 4: two were still waiting
+    assert (await served.client.load()).total == 0
+
+
+async def test_resume_over_http_continues_where_it_stopped(served: Served) -> None:
+    full = await served.client.generate(greedy("full", 80))
+    task = asyncio.create_task(served.client.generate(greedy("seg-a1", 80)))
+    await wait_until_generating(served.server, tokens=90)
+    await served.client.abort("seg-")
+    part = await task
+    assert part.finish_reason == "abort" and 0 < len(part.output_ids) < 80
+    rest = await served.client.generate(greedy("seg-a2", 80 - len(part.output_ids), PROMPT + part.output_ids))
+    assert part.output_ids + rest.output_ids == full.output_ids
+    assert rest.finish_reason == "length"
+
+
+async def test_update_weights_from_disk_changes_outputs_and_version(
+    served: Served, model_dirs: tuple[Path, Path]
+) -> None:
+    before = await served.client.generate(greedy("v0", 10))
+    await served.client.update_weights(WeightUpdate(version=5, path=str(model_dirs[1])))
+    after = await served.client.generate(greedy("v5", 10))
+    assert after.weight_version == 5 and after.output_ids != before.output_ids
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        assert (await http.get("/get_weight_version")).json() == {"weight_version": "5"}
+        assert (await http.get("/get_model_info")).json()["weight_version"] == "5"
+    with pytest.raises(EngineError, match="not a directory"):
+        await served.client.update_weights(WeightUpdate(version=6, path="/nonexistent/ckpt"))
+    with pytest.raises(EngineError, match="WeightUpdate\\(path=...\\)"):
+        await served.client.update_weights(WeightUpdate(version=6))
+    assert served.client.weight_version == 5
+
+
+async def test_flush_cache_is_400_while_busy_and_200_when_idle(served: Served) -> None:
+    task = asyncio.create_task(served.client.generate(greedy("busy", 400)))
+    await wait_until_generating(served.server)
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        assert (await http.post("/flush_cache")).status_code == 400
+        await served.client.abort_all()
+        await task
+        assert (await http.post("/flush_cache")).status_code == 200
+        assert (await http.get("/flush_cache")).status_code == 200
+
+
+async def test_update_weight_version_aborts_by_default(served: Served) -> None:
+    task = asyncio.create_task(served.client.generate(greedy("victim", 400)))
+    await wait_until_generating(served.server)
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        reply = await http.post("/update_weight_version", json={"new_version": "9"})
+    assert reply.status_code == 200
+    res = await task
+    assert res.finish_reason == "abort"
+    assert (await served.client.generate(greedy("after", 2))).weight_version == 9
+
+
+async def test_info_loads_metrics_and_pause(served: Served) -> None:
+    await served.client.generate(greedy("warm", 4))
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        info = (await http.get("/get_server_info")).json()
+        assert info["max_running_requests"] == 4 and info["context_length"] == 512
+        assert (await http.get("/server_info")).json()["version"] == info["version"]
+        assert (await http.get("/model_info")).json()["model_type"] == "qwen2"
+        loads = (await http.get("/v1/loads", params={"include": "core"})).json()
+        assert loads["loads"][0]["num_running_reqs"] == 0
+        metrics = (await http.get("/metrics")).text
+        for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput",
+                     "sglang:token_usage", "sglang:generation_tokens_total"):
+            assert name in metrics
+        assert (await http.post("/pause_generation", json={"mode": "in_place"})).status_code == 200
+        paused = asyncio.create_task(served.client.generate(greedy("paused", 3)))
+        await asyncio.sleep(0.2)
+        assert not paused.done()
+        assert (await http.post("/continue_generation")).status_code == 200
+        assert (await asyncio.wait_for(paused, 30)).finish_reason == "length"
+        bad = await http.post("/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 600}})
+        assert bad.status_code == 400 and "context length" in bad.json()["error"]["message"]
+        assert (await http.post("/generate", json={"text": "hi"})).status_code == 400  # no tokenizer
+
+
+async def test_health_is_503_while_starting(model_dirs: tuple[Path, Path]) -> None:
+    server = SGLangProtocolServer(EmbeddedEngine(model_dirs[0]), ServerOptions(startup_delay_s=1.0))
+    url = await server.start(wait_ready=False)
+    try:
+        async with httpx.AsyncClient(base_url=url) as http:
+            assert (await http.get("/health_generate")).status_code == 503
+            assert (await http.get("/health")).status_code == 503
+            client = fast_client(url)
+            await client.start()  # waits on /health_generate
+            assert await client.health()
+            await client.close()
+            assert (await http.get("/health_generate")).status_code == 200
+    finally:
+        await server.stop()
+
+
+async def test_old_server_behaviours_are_tolerated(model_dirs: tuple[Path, Path]) -> None:
+    options = ServerOptions(legacy_abort_reply=True, require_abort_rid=True, ignore_first_aborts=1)
+    server = SGLangProtocolServer(EmbeddedEngine(model_dirs[0], max_batch_size=1), options)
+    url = await server.start()
+    client = fast_client(url)
+    try:
+        running = asyncio.create_task(client.generate(greedy("old-a", 400)))
+        queued = asyncio.create_task(client.generate(greedy("old-b", 400)))
+        await wait_until_generating(server)
+        # The first abort is swallowed: only the re-abort of the drain loop empties the server.
+        await client.abort_all()
+        r, q = await asyncio.wait_for(asyncio.gather(running, queued), 30)
+        assert r.finish_reason == "abort" and r.output_ids
+        assert q.finish_reason == "abort" and q.output_ids == [] and q.output_logprobs == []
+        assert q.weight_version == 0  # missing on the old reply? then the submit-time version
+    finally:
+        await client.close()
+        await server.stop()
+
+
+async def test_unreachable_worker_gives_clear_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = fast_client(f"http://127.0.0.1:{port}")
+    try:
+        with pytest.raises(EngineError, match=f"127.0.0.1:{port}"):
+            await client.generate(greedy("nobody", 3))
+        assert not client.workers[f"http://127.0.0.1:{port}"].healthy
+        await client.abort_all()  # fan-out to a dead worker logs, never raises
+    finally:
+        await client.close()
+
+
+# --------------------------------------------------------------------------- real router, worker processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited early:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} not ready after {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+@dataclass
+class Cluster:
+    workers: list[str]
+    router: str
+    procs: dict[str, subprocess.Popen[bytes]]
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    handle = log.open("wb")
+    return subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dirs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    logs = tmp_path_factory.mktemp("logs")
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    workers = []
+    try:
+        for i in range(2):
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            procs[url] = _spawn(
+                [sys.executable, "-m", "rljob.runtime.engines.server", "--model-path", str(model_dirs[0]),
+                 "--host", "127.0.0.1", "--port", str(port), "--max-batch-size", "4", "--torch-threads", "1",
+                 "--log-level", "warning"],
+                logs / f"worker{i}.log",
+            )
+            workers.append(url)
+        for i, url in enumerate(workers):
+            wait_http(url + "/health_generate", 180, procs[url], logs / f"worker{i}.log")
+        port = free_port()
+        router = f"http://127.0.0.1:{port}"
+        procs[router] = _spawn(
+            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers,
+             "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin", "--log-level", "warn"],
+            logs / "router.log",
+        )
+        wait_http(router + "/health", 60, procs[router], logs / "router.log")
+        yield Cluster(workers, router, procs)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def worker_running(url: str) -> int:
+    async with httpx.AsyncClient() as http:
+        return int((await http.get(url + "/v1/loads")).json()["loads"][0]["num_running_reqs"])
+
+
+async def wait_all_workers_running(workers: list[str]) -> None:
+    for _ in range(600):
+        if all([await worker_running(w) for w in workers]):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("not every worker got requests")
+
+
+@pytest.mark.slow
+async def test_router_generation_and_abort_fan_out_reach_every_worker(cluster: Cluster) -> None:
+    client = fast_client(router=cluster.router)  # workers discovered from the router
+    await client.start()
+    try:
+        assert sorted(client.workers) == sorted(cluster.workers)
+        short = await client.generate(greedy("router-short", 5))
+        assert short.finish_reason == "length" and len(short.output_ids) == 5
+        tasks = [asyncio.create_task(client.generate(greedy(f"rr-{i}", 400))) for i in range(6)]
+        await wait_all_workers_running(cluster.workers)
+        await client.abort_all()
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        assert all(r.finish_reason == "abort" for r in results)
+        assert sum(1 for r in results if r.output_ids) >= 2
+        for url in cluster.workers:
+            assert await worker_running(url) == 0
+        async with httpx.AsyncClient() as http:  # the router itself does not forward aborts
+            assert (await http.post(cluster.router + "/abort_request", json={"rid": ""})).status_code == 404
+    finally:
+        await client.close()
+
+
+@pytest.mark.slow
+async def test_worker_killed_mid_round_is_marked_unhealthy_without_hanging(cluster: Cluster) -> None:
+    """Runs last in this module: it kills one worker of the shared cluster."""
+    client = fast_client(*cluster.workers)  # direct to workers: the client chooses, so both get requests
+    await client.start()
+    try:
+        tasks = [asyncio.create_task(client.generate(greedy(f"kill-{i}", 400))) for i in range(6)]
+        await wait_all_workers_running(cluster.workers)
+        victim = cluster.workers[0]
+        os.killpg(cluster.procs[victim].pid, signal.SIGKILL)
+        cluster.procs[victim].wait(timeout=10)
+        await client.abort_all()  # must not raise although one worker is gone
+        outcomes = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+        assert not client.workers[victim].healthy
+        assert client.workers[cluster.workers[1]].healthy
+        for outcome in outcomes:
+            # Requests of the dead worker come back as aborts with no new tokens (or a clear error).
+            if isinstance(outcome, BaseException):
+                assert isinstance(outcome, EngineError) and victim.split("//")[1] in str(outcome)
+            else:
+                assert isinstance(outcome, GenerateResult) and outcome.finish_reason == "abort"
+        # The surviving worker keeps serving.
+        assert (await client.generate(greedy("survivor", 3))).finish_reason == "length"
+        assert (await client.load()).total == 0
+    finally:
+        await client.close()

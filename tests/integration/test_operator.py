@@ -1,0 +1,449 @@
+"""The operator against the real local control plane (etcd, kube-apiserver, controllers, scheduler, kwok).
+
+The operator runs as a subprocess (`python -m rljob.operator -n <test namespace>`), so tests can kill
+and restart it. kwok's fake GPU nodes (nv-*, amd-*, cpu-*) run the pods: they become Ready but never
+execute, so crashes and completions are simulated by patching pod status through the API.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
+from kubernetes.client.exceptions import ApiException
+
+from rljob.operator import crdgen
+
+pytestmark = pytest.mark.cluster
+
+GROUP, VERSION, PLURAL = "rljob.io", "v1alpha1", "rljobs"
+REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T | None], what: str, timeout: float = 60.0, interval: float = 0.25) -> T:
+    """Poll until `check` returns something truthy; fail naming `what` otherwise."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class OperatorProcess:
+    """`python -m rljob.operator` watching one namespace, with metrics and liveness on loopback."""
+
+    def __init__(self, namespace: str, log_path: Path) -> None:
+        self.namespace = namespace
+        self.log_path = log_path
+        self.metrics_port = free_port()
+        self.liveness_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "rljob.operator", "-n", self.namespace,
+                "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
+                "--metrics-port", str(self.metrics_port), "--metrics-addr", "127.0.0.1",
+                "--resync-seconds", "2",
+            ],
+            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ), cwd=REPO, start_new_session=True,
+        )
+        wait_for(self._alive, "operator liveness endpoint", timeout=60)
+
+    def _alive(self) -> bool:
+        assert self.proc is not None and self.proc.poll() is None, f"operator exited:\n{self.log_tail()}"
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as a crashed or evicted operator."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def metrics(self) -> str:
+        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture(scope="module")
+def crd(kube_cluster: Any) -> None:
+    """Install the checked-in CRD (server-side apply, as the chart does) and wait until it is served."""
+    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crdgen.CRD_PATH))
+    ext = k8s.ApiextensionsV1Api(kube_cluster.api)
+
+    def established() -> bool:
+        conds = ext.read_custom_resource_definition("rljobs.rljob.io").status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conds)
+
+    wait_for(established, "RLJob CRD established", timeout=30)
+
+
+@pytest.fixture
+def api(kube_cluster: Any, crd: None) -> k8s.CustomObjectsApi:
+    return k8s.CustomObjectsApi(kube_cluster.api)
+
+
+@pytest.fixture
+def operator(namespace: str, crd: None, tmp_path: Path) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(namespace, tmp_path / "operator.log")
+    op.start()
+    yield op
+    op.stop()
+    # Captured output is shown by pytest only when the test failed.
+    print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(120)}")
+
+
+def rljob(name: str, **spec_overrides: Any) -> dict[str, Any]:
+    """A small two-vendor RLJob; the trainer runs on CPU nodes so GPU nodes stay for inference."""
+    spec: dict[str, Any] = {
+        "model": {"huggingFace": "Qwen/Qwen3-0.6B"},
+        "data": {"synthetic": {"numPrompts": 64}},
+        "rollout": {
+            "rolloutBatchSize": 4,
+            "pools": [
+                {"name": "nv", "vendor": "nvidia", "replicas": 2, "gpusPerReplica": 2, "tensorParallelSize": 2},
+                {"name": "mi", "vendor": "amd", "replicas": 1, "gpusPerReplica": 1},
+            ],
+        },
+        "trainer": {"vendor": "cpu", "gpusPerReplica": 0},
+        "backoffLimit": 1,
+    }
+    spec.update(spec_overrides)
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RLJob", "metadata": {"name": name}, "spec": spec}
+
+
+def get(api: k8s.CustomObjectsApi, ns: str, name: str) -> dict[str, Any]:
+    return api.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+
+
+def condition(job: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in (job.get("status") or {}).get("conditions", []) if c["type"] == type_), None)
+
+
+def wait_phase(api: k8s.CustomObjectsApi, ns: str, name: str, phase: str, timeout: float = 90) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        job = get(api, ns, name)
+        return job if (job.get("status") or {}).get("phase") == phase else None
+
+    return wait_for(check, f"RLJob {name} phase {phase}", timeout=timeout)
+
+
+def pods(kube_cluster: Any, ns: str, selector: str) -> list[k8s.V1Pod]:
+    return kube_cluster.core().list_namespaced_pod(ns, label_selector=selector).items
+
+
+def events(kube_cluster: Any, ns: str, name: str) -> list[str]:
+    items = kube_cluster.core().list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+    return [e.reason for e in items]
+
+
+def children(kube_cluster: Any, ns: str, name: str) -> dict[str, list[str]]:
+    selector = f"rljob.io/job-name={name}"
+    core, apps = kube_cluster.core(), kube_cluster.apps()
+    rbac = k8s.RbacAuthorizationV1Api(kube_cluster.api)
+    listing = {
+        "StatefulSet": apps.list_namespaced_stateful_set(ns, label_selector=selector).items,
+        "Deployment": apps.list_namespaced_deployment(ns, label_selector=selector).items,
+        "Service": core.list_namespaced_service(ns, label_selector=selector).items,
+        "ConfigMap": core.list_namespaced_config_map(ns, label_selector=selector).items,
+        "ServiceAccount": core.list_namespaced_service_account(ns, label_selector=selector).items,
+        "PersistentVolumeClaim": core.list_namespaced_persistent_volume_claim(ns, label_selector=selector).items,
+        "Role": rbac.list_namespaced_role(ns, label_selector=selector).items,
+        "RoleBinding": rbac.list_namespaced_role_binding(ns, label_selector=selector).items,
+    }
+    return {kind: sorted(o.metadata.name for o in objs) for kind, objs in listing.items() if objs}
+
+
+EXPECTED_CHILDREN = {
+    "StatefulSet": ["{n}-infer-mi", "{n}-infer-nv", "{n}-trainer"],
+    "Deployment": ["{n}-router"],
+    "Service": ["{n}-infer-mi", "{n}-infer-nv", "{n}-router", "{n}-trainer"],
+    "ConfigMap": ["{n}-config"],
+    "ServiceAccount": ["{n}-trainer"],
+    "PersistentVolumeClaim": ["{n}-checkpoints"],
+    "Role": ["{n}-trainer"],
+    "RoleBinding": ["{n}-trainer"],
+}
+
+
+def expected_children(name: str) -> dict[str, list[str]]:
+    return {kind: [n.format(n=name) for n in names] for kind, names in EXPECTED_CHILDREN.items()}
+
+
+def test_two_vendor_job_becomes_ready_on_the_right_nodes_and_is_garbage_collected(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess
+) -> None:
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("mixed"))
+    job = wait_phase(api, namespace, "mixed", "Running")
+    status = job["status"]
+    assert condition(job, "Ready")["status"] == "True"
+    assert condition(job, "Ready")["observedGeneration"] == job["metadata"]["generation"]
+    assert status["rollout"]["summary"] == "3/3" and status["trainer"]["summary"] == "1/1"
+    assert status["effectiveKnobs"]["overSampling"]["value"] == 2.0
+    assert children(kube_cluster, namespace, "mixed") == expected_children("mixed")
+
+    nodes = {n.metadata.name: n.metadata.labels for n in kube_cluster.core().list_node().items}
+    for pool, vendor, count in (("nv", "nvidia", 2), ("mi", "amd", 1)):
+        pool_pods = pods(kube_cluster, namespace, f"rljob.io/job-name=mixed,rljob.io/pool={pool}")
+        assert len(pool_pods) == count
+        for pod in pool_pods:
+            assert nodes[pod.spec.node_name].get("rljob.io/accelerator") == vendor, (pod.metadata.name, pod.spec.node_name)
+
+    # Printer columns through kubectl (short name) and through the API's Table output.
+    out = kube_cluster.kubectl("get", "rlj", "-n", namespace).stdout
+    header = out.splitlines()[0].split()
+    assert header == ["NAME", "PHASE", "STEP", "ROLLOUT", "TRAINER", "POLICYVER", "OVERSAMPLE", "TRUNCTHR", "AGE"]
+    assert out.splitlines()[1].split()[:2] == ["mixed", "Running"]
+    wide = kube_cluster.kubectl("get", "rlj", "-n", namespace, "-o", "wide").stdout.splitlines()[0].split()
+    assert wide[-2:] == ["ENTROPY", "TRUNCRATE"]
+    with kube_cluster.http() as http:
+        table = http.get(
+            f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}",
+            headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        ).json()
+    assert [c["name"] for c in table["columnDefinitions"]][1:] == [
+        "Phase", "Step", "Rollout", "Trainer", "PolicyVer", "OverSample", "TruncThr", "Age", "Entropy", "TruncRate"
+    ]
+    cells = table["rows"][0]["cells"]
+    assert cells[:2] == ["mixed", "Running"] and cells[3:5] == ["3/3", "1/1"] and cells[6] == 2.0
+
+    # The /scale subresource reports ready inference replicas and their selector.
+    scale = api.get_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, "mixed")
+    assert scale["status"]["replicas"] == 3
+    assert scale["status"]["selector"] == "rljob.io/job-name=mixed,rljob.io/role=inference"
+
+    metrics = operator.metrics()
+    assert 'rljob_jobs{phase="Running"} 1.0' in metrics
+    assert "rljob_reconcile_duration_seconds_count" in metrics
+    assert "Created" in events(kube_cluster, namespace, "mixed")
+
+    api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "mixed")
+    wait_for(lambda: children(kube_cluster, namespace, "mixed") == {}, "garbage collection of every child", 60)
+    wait_for(lambda: not pods(kube_cluster, namespace, "rljob.io/job-name=mixed"), "pods deleted", 60)
+
+
+INVALID: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
+    ("wrong type", lambda j: j["spec"]["rollout"].update(rolloutBatchSize="eight"), "spec.rollout.rolloutBatchSize"),
+    ("zero batch", lambda j: j["spec"]["rollout"].update(rolloutBatchSize=0), "spec.rollout.rolloutBatchSize"),
+    ("negative replicas", lambda j: j["spec"]["rollout"]["pools"][0].update(replicas=-1), "spec.rollout.pools[0].replicas"),
+    ("over-sampling < 1", lambda j: j["spec"]["rollout"].update(partial={"overSampling": 0.5}), "spec.rollout.partial.overSampling"),
+    ("unknown vendor", lambda j: j["spec"]["rollout"]["pools"][0].update(vendor="intel"), "spec.rollout.pools[0].vendor"),
+    ("missing model", lambda j: j["spec"].pop("model"), "spec.model"),
+    ("two model sources", lambda j: j["spec"]["model"].update(path="/models/q"), "spec.model"),
+    ("tp > gpus", lambda j: j["spec"]["rollout"]["pools"][1].update(tensorParallelSize=4), "spec.rollout.pools[1]"),
+    ("wrong vendor resource", lambda j: j["spec"]["rollout"]["pools"][1].update(resourceName="nvidia.com/gpu"), "spec.rollout.pools[1]"),
+    ("duplicate pool", lambda j: j["spec"]["rollout"]["pools"].append({"name": "nv", "vendor": "amd"}), "spec.rollout.pools[2]"),
+    ("tokens without cap", lambda j: j["spec"]["rollout"].update(partial={"truncation": {"mode": "tokens"}}), "spec.rollout.partial.truncation"),
+    ("negative deadline", lambda j: j["spec"].update(activeDeadlineSeconds=-5), "spec.activeDeadlineSeconds"),
+]
+
+
+def test_invalid_rljobs_are_rejected_naming_the_field(namespace: str, api: k8s.CustomObjectsApi) -> None:
+    for what, mutate, field in INVALID:
+        doc = rljob("bad")
+        mutate(doc)
+        with pytest.raises(ApiException) as info:
+            api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, doc)
+        assert info.value.status == 422, (what, info.value.body)
+        assert field in info.value.body, (what, field, info.value.body)
+    # Names the operator cannot derive Service names from.
+    with pytest.raises(ApiException) as info:
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("9-starts-with-digit"))
+    assert "metadata.name" in info.value.body
+    # Unknown fields are errors under strict field validation (kubectl's default).
+    doc = rljob("typo")
+    doc["spec"]["rollout"]["overSampling"] = 2
+    with pytest.raises(ApiException) as info:
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, doc, field_validation="Strict")
+    assert 'unknown field "spec.rollout.overSampling"' in info.value.body
+    # Immutable after creation.
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("fixed"))
+    for patch, field in (
+        ({"spec": {"model": {"huggingFace": "Qwen/Qwen3-4B"}}}, "spec.model"),
+        ({"spec": {"rollout": {"samplesPerPrompt": 16}}}, "spec.rollout.samplesPerPrompt"),
+        ({"spec": {"algorithm": {"name": "dapo"}}}, "spec.algorithm.name"),
+    ):
+        with pytest.raises(ApiException) as info:
+            api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "fixed", patch)
+        assert info.value.status == 422 and field in info.value.body and "immutable" in info.value.body
+    # Mutable fields still change, and defaults were filled in by the API server.
+    job = api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "fixed", {"spec": {"suspend": True}})
+    assert job["spec"]["suspend"] is True and job["spec"]["rollout"]["partial"]["overSampling"] == 2.0
+
+
+def _watch_phases(api: k8s.CustomObjectsApi, ns: str, name: str, since: str, seen: list[str], stop: threading.Event) -> None:
+    """Every status write since resourceVersion `since` (a watch replays them all: nothing is missed)."""
+    w = k8s_watch.Watch()
+    for event in w.stream(
+        api.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL,
+        field_selector=f"metadata.name={name}", resource_version=since, timeout_seconds=60,
+    ):
+        seen.append((event["object"].get("status") or {}).get("phase", ""))
+        if stop.is_set():
+            w.stop()
+
+
+def test_lost_inference_pod_degrades_then_recovers(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess
+) -> None:
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("flaky"))
+    ready = wait_phase(api, namespace, "flaky", "Running")
+    seen: list[str] = []
+    stop = threading.Event()
+    watcher = threading.Thread(
+        target=_watch_phases, args=(api, namespace, "flaky", ready["metadata"]["resourceVersion"], seen, stop), daemon=True
+    )
+    watcher.start()
+    kube_cluster.core().delete_namespaced_pod("flaky-infer-nv-1", namespace, grace_period_seconds=0)
+    wait_for(lambda: "Degraded" in seen, "phase Degraded after losing an inference pod", timeout=60)
+    job = wait_phase(api, namespace, "flaky", "Running")
+    stop.set()
+    assert seen.index("Degraded") < len(seen) - 1 and seen[-1] == "Running"
+    assert job["status"]["restarts"]["rollout"] == 1
+    assert condition(job, "Degraded")["status"] == "False"
+    reasons = events(kube_cluster, namespace, "flaky")
+    assert {"InferenceReplicaLost", "Degraded", "Recovered"} <= set(reasons)
+
+
+def _fail_pod(kube_cluster: Any, ns: str, pod: str) -> None:
+    """Simulate a crash: kwok pods never exit, so mark the pod Failed through the status subresource."""
+    kube_cluster.core().patch_namespaced_pod_status(pod, ns, {"status": {"phase": "Failed", "reason": "Error"}})
+
+
+def test_trainer_failure_restarts_group_then_fails_past_backoff_limit(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess
+) -> None:
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("crashy"))
+    wait_phase(api, namespace, "crashy", "Running")
+    first_uid = pods(kube_cluster, namespace, "rljob.io/job-name=crashy,rljob.io/role=trainer")[0].metadata.uid
+    _fail_pod(kube_cluster, namespace, "crashy-trainer-0")
+
+    def restarted() -> dict[str, Any] | None:
+        job = get(api, namespace, "crashy")
+        return job if job["status"]["restarts"]["trainer"] == 1 else None
+
+    wait_for(restarted, "trainer restart counted", timeout=60)
+
+    def new_trainer_ready() -> str | None:
+        current = pods(kube_cluster, namespace, "rljob.io/job-name=crashy,rljob.io/role=trainer")
+        fresh = [p for p in current if p.metadata.uid != first_uid and p.status.phase == "Running"]
+        return fresh[0].metadata.uid if fresh else None
+
+    wait_for(new_trainer_ready, "replacement trainer pod running", timeout=60)
+    wait_phase(api, namespace, "crashy", "Running")
+    assert "TrainerRestarting" in events(kube_cluster, namespace, "crashy")
+
+    _fail_pod(kube_cluster, namespace, "crashy-trainer-0")
+    job = wait_phase(api, namespace, "crashy", "Failed")
+    failed = condition(job, "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "BackoffLimitExceeded"
+    assert job["status"]["completionTime"] and job["status"]["restarts"]["trainer"] == 1
+    assert "BackoffLimitExceeded" in events(kube_cluster, namespace, "crashy")
+    # Finished jobs release their GPUs but keep the checkpoint volume.
+    wait_for(lambda: not pods(kube_cluster, namespace, "rljob.io/job-name=crashy"), "pods scaled away", 60)
+    assert children(kube_cluster, namespace, "crashy") == expected_children("crashy")
+
+
+def test_trainer_exit_zero_completes_the_job(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess
+) -> None:
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("done"))
+    wait_phase(api, namespace, "done", "Running")
+    pod = kube_cluster.core().read_namespaced_pod("done-trainer-0", namespace)
+    status = pod.status.container_statuses[0]
+    terminated = {"exitCode": 0, "reason": "Completed", "startedAt": "2026-01-01T00:00:00Z",
+                  "finishedAt": "2026-01-01T00:01:00Z"}
+    kube_cluster.core().patch_namespaced_pod_status(
+        "done-trainer-0", namespace,
+        {"status": {"containerStatuses": [{"name": "trainer", "image": status.image, "imageID": status.image_id or "",
+                                           "ready": False, "restartCount": 0, "state": {"terminated": terminated}}]}},
+    )
+    job = wait_phase(api, namespace, "done", "Complete")
+    assert condition(job, "Complete")["reason"] == "TrainerSucceeded"
+    assert condition(job, "Ready")["status"] == "False"
+    wait_for(lambda: not pods(kube_cluster, namespace, "rljob.io/job-name=done"), "pods scaled away", 60)
+
+
+def test_suspend_scales_to_zero_and_resume_comes_back(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess
+) -> None:
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("pause"))
+    wait_phase(api, namespace, "pause", "Running")
+    api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "pause", {"spec": {"suspend": True}})
+    job = wait_phase(api, namespace, "pause", "Suspended")
+    assert condition(job, "Suspended")["status"] == "True" and "startTime" not in job["status"]
+    wait_for(lambda: not pods(kube_cluster, namespace, "rljob.io/job-name=pause"), "pods gone while suspended", 60)
+    sets = kube_cluster.apps().list_namespaced_stateful_set(namespace, label_selector="rljob.io/job-name=pause").items
+    assert sets and all(s.spec.replicas == 0 for s in sets)
+    assert children(kube_cluster, namespace, "pause") == expected_children("pause"), "PVC and config are kept"
+    api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "pause", {"spec": {"suspend": False}})
+    job = wait_phase(api, namespace, "pause", "Running")
+    assert condition(job, "Suspended")["status"] == "False" and job["status"]["startTime"]
+    assert {"Suspended", "Resumed"} <= set(events(kube_cluster, namespace, "pause"))
+
+
+def test_operator_killed_mid_reconcile_converges_without_duplicates(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess
+) -> None:
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("phoenix"))
+    # Kill as soon as the first child exists: the reconcile is somewhere in the middle.
+    wait_for(lambda: children(kube_cluster, namespace, "phoenix"), "first child object", timeout=60, interval=0.02)
+    operator.kill()
+    partial = children(kube_cluster, namespace, "phoenix")
+    # A spec change while the operator is down must be picked up on resume.
+    doc = copy.deepcopy(rljob("phoenix")["spec"]["rollout"]["pools"])
+    doc[1]["replicas"] = 2
+    api.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "phoenix", {"spec": {"rollout": {"pools": doc}}}
+    )
+    operator.start()
+    job = wait_phase(api, namespace, "phoenix", "Running")
+    assert job["status"]["rollout"]["summary"] == "4/4", partial
+    assert children(kube_cluster, namespace, "phoenix") == expected_children("phoenix")
+    # Killing it again at a steady state and restarting changes nothing.
+    operator.kill()
+    before = children(kube_cluster, namespace, "phoenix")
+    operator.start()
+    time.sleep(5)
+    assert children(kube_cluster, namespace, "phoenix") == before
+    assert get(api, namespace, "phoenix")["status"]["phase"] == "Running"
+    for sts in kube_cluster.apps().list_namespaced_stateful_set(namespace, label_selector="rljob.io/job-name=phoenix").items:
+        assert len(sts.metadata.owner_references) == 1

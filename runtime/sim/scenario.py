@@ -1,0 +1,267 @@
+"""Scenario and calibration files (pydantic at the boundary), and the derived engine constants."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+CALIBRATION_FILE = Path(__file__).with_name("calibration.yaml")
+SCENARIO_DIR = Path(__file__).with_name("scenarios")
+
+
+class ScenarioError(ValueError):
+    """A scenario or calibration file a user wrote is invalid; the message says what to fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class GpuCalibration(_Strict):
+    memory_gb: float
+    bandwidth_tb_s: float
+    t0_ms: float
+    tp_overhead_ms: float
+    prefill_tflops: float
+    train_tflops: float
+
+
+class ModelCalibration(_Strict):
+    params_b: float
+    weight_gb: float
+    kv_bytes_per_token: int
+    kappa_us: float
+    weight_sync_s: float
+
+
+class LengthLaw(_Strict):
+    median_tokens: float
+    sigma_between: float
+    sigma_within: float
+    runaway_share: float = 0.0
+    prompt_tokens: int = 200
+    drift_per_100_steps: float = 0.0
+
+
+class EngineCalibration(_Strict):
+    kv_reserved_gb: float
+    admit_fraction: float
+    abort_latency_s: float
+    max_running_requests: int
+
+
+class TrainingCalibration(_Strict):
+    flops_per_token_factor: float
+    mfu: float
+
+
+class Calibration(_Strict):
+    gpus: dict[str, GpuCalibration]
+    models: dict[str, ModelCalibration]
+    datasets: dict[str, LengthLaw]
+    engine: EngineCalibration
+    training: TrainingCalibration
+
+
+# ---------------------------------------------------------------------------------- strategies
+
+
+class TruncationSpec(_Strict):
+    mode: Literal["none", "sigma", "tokens"] = "none"
+    k: float = 2.0
+    max_tokens: int | None = None
+
+
+class SyncSpec(_Strict):
+    kind: Literal["sync"]
+    name: str = "sync"
+
+
+class AprilSpec(_Strict):
+    kind: Literal["april"]
+    name: str = "april"
+    over_sampling: float = Field(2.0, ge=1.0)
+    truncation: TruncationSpec = TruncationSpec()
+
+
+class TailBatchingSpec(_Strict):
+    """RollPacker-style: short rounds over-provision and keep the first finishers; aborted prompts
+    (and prompts a length predictor flags as long) are replayed from scratch in long rounds."""
+
+    kind: Literal["tail-batching"]
+    name: str = "tail-batching"
+    over_sampling: float = Field(1.25, ge=1.0)
+    predictor_noise: float | None = Field(0.3, description="σ of the predictor's error on log-difficulty; None: off")
+    predicted_long_share: float = Field(0.1, ge=0.0, lt=1.0, description="share of prompts routed to long rounds")
+
+
+class BoundedStalenessSpec(_Strict):
+    """AReaL-style asynchronous rollout: generation never stops for training; batches may be up to
+    `eta` policy versions stale; training runs on its own share of the GPUs."""
+
+    kind: Literal["bounded-staleness"]
+    name: str = "async-eta"
+    eta: int = Field(2, ge=0)
+    trainer_gpu_share: float = Field(0.25, gt=0.0, lt=1.0)
+    over_sampling: float = Field(1.5, ge=1.0)
+
+
+class LargeGroupSpec(_Strict):
+    """BroRL-style: many samples per prompt (up to 512), synchronous."""
+
+    kind: Literal["large-group"]
+    name: str = "large-n"
+    samples_per_prompt: int = Field(512, ge=1, le=4096)
+    samples_per_round_factor: float = Field(4.0, gt=0.0, description="samples per round ÷ the sync baseline's")
+
+
+class DraftReuseSpec(_Strict):
+    """SPEC-RL-style: the previous epoch's response is a draft; its accepted prefix costs a
+    verification (prefill-rate) pass instead of decode steps."""
+
+    kind: Literal["draft-reuse"]
+    name: str = "draft-reuse"
+    accepted_prefix: float = Field(0.5, ge=0.0, le=1.0, description="mean share of the response accepted")
+    epochs_in_run: float = Field(3.0, gt=1.0, description="the run's steps cover the dataset this many times")
+
+
+StrategySpec = Annotated[
+    SyncSpec | AprilSpec | TailBatchingSpec | BoundedStalenessSpec | LargeGroupSpec | DraftReuseSpec,
+    Field(discriminator="kind"),
+]
+
+
+class Scenario(_Strict):
+    """One simulated cluster and workload, and the strategies to compare on it."""
+
+    name: str
+    model: str
+    gpu: str
+    gpus: int = Field(8, ge=1)
+    tensor_parallel: int = Field(2, ge=1)
+    mem_fraction: float = Field(0.6, gt=0.0, le=1.0)
+    dataset: str
+    max_response_length: int = Field(16384, ge=16)
+    samples_per_prompt: int = Field(8, ge=1)
+    groups_per_engine: int = Field(8, ge=1, description="rollout batch N = this × engines")
+    steps: int = Field(12, ge=1)
+    warmup_steps: int = Field(2, ge=0, description="first steps left out of the averages (buffer warm-up)")
+    max_staleness: int = 2
+    colocated: bool = True
+    token_quantum: int = Field(16, ge=1, description="tokens per simulated token id (KV page size)")
+    seed: int = 0
+    strategies: list[StrategySpec] = Field(default_factory=lambda: [SyncSpec(kind="sync"), AprilSpec(kind="april")])
+
+    @model_validator(mode="after")
+    def _check(self) -> Scenario:
+        if self.gpus % self.tensor_parallel:
+            raise ValueError(f"gpus ({self.gpus}) must be a multiple of tensor_parallel ({self.tensor_parallel})")
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})")
+        names = [s.name for s in self.strategies]
+        if len(set(names)) != len(names):
+            raise ValueError(f"strategy names must be unique, got {names}")
+        return self
+
+    @property
+    def engines(self) -> int:
+        return self.gpus // self.tensor_parallel
+
+    @property
+    def batch_size(self) -> int:
+        return self.groups_per_engine * self.engines
+
+
+@lru_cache(maxsize=4)
+def load_calibration(path: Path = CALIBRATION_FILE) -> Calibration:
+    """The calibration file (every constant and its source)."""
+    try:
+        return Calibration.model_validate(yaml.safe_load(path.read_text()))
+    except (OSError, yaml.YAMLError, ValidationError) as err:
+        raise ScenarioError(f"calibration file {path} is invalid: {err}") from err
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Parse and check a scenario YAML against the calibration's GPU, model and dataset names."""
+    p = Path(path)
+    if not p.exists() and (SCENARIO_DIR / p).exists():
+        p = SCENARIO_DIR / p
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except OSError as err:
+        raise ScenarioError(f"cannot read scenario {p}: {err.strerror}; give a path or a name in {SCENARIO_DIR}") from err
+    except yaml.YAMLError as err:
+        raise ScenarioError(f"scenario {p} is not valid YAML: {err}") from err
+    try:
+        scenario = Scenario.model_validate(raw)
+    except ValidationError as err:
+        raise ScenarioError(f"scenario {p} is invalid:\n{err}") from err
+    check_names(scenario)
+    return scenario
+
+
+def check_names(scenario: Scenario) -> None:
+    """Every named GPU, model and dataset must exist in the calibration file."""
+    cal = load_calibration()
+    for field_name, table in (("gpu", cal.gpus), ("model", cal.models), ("dataset", cal.datasets)):
+        value = getattr(scenario, field_name)
+        if value not in table:
+            raise ScenarioError(
+                f"scenario {scenario.name}: {field_name} {value!r} is not in {CALIBRATION_FILE.name}; "
+                f"use one of {sorted(table)}"
+            )
+
+
+# ------------------------------------------------------------------------------ engine constants
+
+
+class EngineConstants(BaseModel):
+    """Per-engine (one TP group) costs in seconds and tokens, derived from the calibration."""
+
+    fixed_step_s: float  # a = t0 (+ TP overhead) + W/(k·BW)
+    per_seq_step_s: float  # κ
+    kv_read_s_per_token: float  # kvb/(k·BW), per token of context per step
+    prefill_s_per_token: float  # 2P/(k·F_pf)
+    kv_capacity_tokens: int  # K_tok
+    admit_fraction: float
+    max_running_requests: int
+    abort_latency_s: float
+    weight_sync_s: float
+
+
+def engine_constants(scenario: Scenario) -> EngineConstants:
+    """PM §3.3 constants for one engine of `scenario` (TP k GPUs)."""
+    cal = load_calibration()
+    gpu, model, eng = cal.gpus[scenario.gpu], cal.models[scenario.model], cal.engine
+    k = scenario.tensor_parallel
+    bw = k * gpu.bandwidth_tb_s * 1e12
+    t0 = gpu.t0_ms * 1e-3 + (gpu.tp_overhead_ms * 1e-3 if k > 1 else 0.0)
+    kv_bytes = scenario.mem_fraction * k * gpu.memory_gb * 1e9 - model.weight_gb * 1e9 - eng.kv_reserved_gb * 1e9
+    if kv_bytes <= 0:
+        raise ScenarioError(
+            f"scenario {scenario.name}: {model.weight_gb} GB of weights do not fit in mem_fraction "
+            f"{scenario.mem_fraction} of {k}×{gpu.memory_gb} GB; raise mem_fraction or tensor_parallel"
+        )
+    return EngineConstants(
+        fixed_step_s=t0 + model.weight_gb * 1e9 / bw,
+        per_seq_step_s=model.kappa_us * 1e-6,
+        kv_read_s_per_token=model.kv_bytes_per_token / bw,
+        prefill_s_per_token=2 * model.params_b * 1e9 / (k * gpu.prefill_tflops * 1e12),
+        kv_capacity_tokens=math.floor(kv_bytes / model.kv_bytes_per_token),
+        admit_fraction=eng.admit_fraction,
+        max_running_requests=eng.max_running_requests,
+        abort_latency_s=eng.abort_latency_s,
+        weight_sync_s=model.weight_sync_s,
+    )
+
+
+def train_seconds(scenario: Scenario, tokens: int, gpus: int) -> float:
+    """Trainer time for one optimizer step over `tokens` (prompt + response) on `gpus` GPUs."""
+    cal = load_calibration()
+    flops = cal.training.flops_per_token_factor * cal.models[scenario.model].params_b * 1e9 * tokens
+    return flops / (gpus * cal.gpus[scenario.gpu].train_tflops * 1e12 * cal.training.mfu)

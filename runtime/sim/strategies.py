@@ -1,0 +1,61 @@
+"""The simulator's extra strategies, as runtime Strategy subclasses, and the spec → strategy map.
+
+`sync` and `april` are the runtime's own classes, unchanged. The others answer the same
+questions (how many groups to launch, whether the segment cap applies); what they change beyond
+that lives outside the scheduler, in the sim loop that drives it (runner.py):
+
+- tail batching: the loop turns a short round's aborted groups back into prompts for long rounds;
+- bounded staleness: the loop overlaps rounds with training, at most `eta` versions ahead;
+- large groups: the prompt stream repeats each prompt across sub-groups;
+- draft reuse: the engines credit the accepted draft prefix at verification cost.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rljob.runtime.rollout.strategy import AprilStrategy, Strategy
+from rljob.runtime.sim.scenario import (
+    AprilSpec,
+    BoundedStalenessSpec,
+    DraftReuseSpec,
+    LargeGroupSpec,
+    StrategySpec,
+    SyncSpec,
+    TailBatchingSpec,
+)
+
+
+@dataclass
+class TailBatchingStrategy(Strategy):
+    """RollPacker tail batching: short rounds over-provision and keep the first finishers; a long
+    round (set by the loop) launches exactly its batch of deferred long prompts."""
+
+    name: str = "tail-batching"
+    over_sampling: float = 1.25
+    long_round: bool = False
+
+    def launch_target(self, batch_size: int) -> int:
+        return batch_size if self.long_round else max(batch_size, math.ceil(self.over_sampling * batch_size))
+
+
+@dataclass
+class BoundedStalenessStrategy(AprilStrategy):
+    """AReaL-style asynchronous rollout: APRIL's round mechanics, rounds overlapping training."""
+
+    name: str = "async-eta"
+    eta: int = 2
+
+
+def build_strategy(spec: StrategySpec) -> Strategy:
+    """The runtime Strategy object a strategy spec runs with."""
+    if isinstance(spec, AprilSpec):
+        return AprilStrategy(name=spec.name, over_sampling=spec.over_sampling)
+    if isinstance(spec, TailBatchingSpec):
+        return TailBatchingStrategy(name=spec.name, over_sampling=spec.over_sampling)
+    if isinstance(spec, BoundedStalenessSpec):
+        return BoundedStalenessStrategy(name=spec.name, over_sampling=spec.over_sampling, eta=spec.eta)
+    if isinstance(spec, SyncSpec | LargeGroupSpec | DraftReuseSpec):
+        return Strategy(name=spec.name)
+    raise TypeError(f"no strategy for {spec!r}")

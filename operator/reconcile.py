@@ -187,8 +187,11 @@ def _sync_once(
     decision = compute_status(job, spec, int(body["metadata"].get("generation") or 0), prev, obs, utcnow())
 
     patch = operator_patch(prev, decision.status)
-    # Optimistic concurrency: counting a restart or an outcome must be based on the status we read.
-    kube.patch_rljob_status(namespace, name, patch, resource_version=body["metadata"]["resourceVersion"])
+    # Optimistic concurrency where it matters: counting a restart or setting an outcome must be based
+    # on the status we read. Plain refreshes skip it (kopf's own annotation writes would conflict).
+    counts_changed = decision.status.restarts != prev.restarts or decision.status.outcome != prev.outcome
+    guard = body["metadata"]["resourceVersion"] if counts_changed else None
+    kube.patch_rljob_status(namespace, name, patch, resource_version=guard)
     JOB_PHASES.set(namespace, name, decision.status.phase)
     for event in decision.events:
         kube.post_event(body, event.type, event.reason, event.message)

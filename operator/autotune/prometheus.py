@@ -1,0 +1,119 @@
+"""A small Prometheus HTTP API client: instant queries with timeouts and typed failures.
+
+Nothing is guessed: an unreachable server, a rejected query and an empty result are three
+different exceptions, so the autotuner can keep the last knobs and say exactly why.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+class PrometheusError(Exception):
+    """Base of every failure of a Prometheus read."""
+
+    kind = "error"
+
+
+class PrometheusUnavailable(PrometheusError):
+    """Server unreachable, timed out, or answered 5xx/non-JSON: retry later."""
+
+    kind = "unavailable"
+
+
+class PrometheusQueryError(PrometheusError):
+    """The server rejected the query (bad PromQL, 4xx, status "error"): retrying will not help."""
+
+    kind = "query"
+
+
+class NoData(PrometheusError):
+    """The query succeeded but matched no series (runtime not scraped yet, or a wrong selector)."""
+
+    kind = "nodata"
+
+
+class AmbiguousResult(PrometheusError):
+    """A query expected to return one series returned several."""
+
+    kind = "ambiguous"
+
+
+@dataclass(frozen=True)
+class VectorSample:
+    """One series of an instant vector."""
+
+    labels: dict[str, str]
+    value: float
+    timestamp: float
+
+
+class PrometheusClient:
+    """Instant queries against one Prometheus server (`/api/v1/query`)."""
+
+    def __init__(self, address: str, timeout_s: float = 5.0, bearer_token: str | None = None) -> None:
+        headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
+        self.address = address.rstrip("/")
+        self.timeout_s = timeout_s
+        self._client = httpx.AsyncClient(base_url=self.address, timeout=timeout_s, headers=headers)
+
+    async def __aenter__(self) -> PrometheusClient:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def query(self, expr: str, time: float | None = None) -> list[VectorSample]:
+        """Evaluate `expr`; returns the instant vector (a scalar result becomes one unlabeled sample)."""
+        params: dict[str, Any] = {"query": expr, "timeout": f"{self.timeout_s:g}s"}
+        if time is not None:
+            params["time"] = f"{time:.3f}"
+        try:
+            resp = await self._client.get("/api/v1/query", params=params)
+        except httpx.HTTPError as exc:
+            raise PrometheusUnavailable(f"Prometheus at {self.address} unreachable: {exc!r}") from exc
+        if resp.status_code >= 500 or resp.status_code in (429, 503):
+            raise PrometheusUnavailable(f"Prometheus at {self.address} answered {resp.status_code}: {resp.text[:200]}")
+        try:
+            body = resp.json()
+        except ValueError as exc:
+            raise PrometheusUnavailable(
+                f"Prometheus at {self.address} answered {resp.status_code} without JSON: {resp.text[:200]}"
+            ) from exc
+        if resp.status_code >= 400 or body.get("status") != "success":
+            raise PrometheusQueryError(
+                f"query {expr!r} rejected ({resp.status_code}): {body.get('errorType', '')} {body.get('error', '')}".strip()
+            )
+        return _parse(body.get("data") or {}, expr)
+
+    async def query_value(self, expr: str, time: float | None = None) -> float:
+        """Evaluate `expr`, which must yield exactly one finite value."""
+        samples = await self.query(expr, time)
+        if not samples:
+            raise NoData(f"query {expr!r} returned no data")
+        if len(samples) > 1:
+            raise AmbiguousResult(f"query {expr!r} returned {len(samples)} series, expected one: aggregate it")
+        value = samples[0].value
+        if math.isnan(value) or math.isinf(value):
+            raise NoData(f"query {expr!r} returned {value}")
+        return value
+
+
+def _parse(data: dict[str, Any], expr: str) -> list[VectorSample]:
+    kind = data.get("resultType")
+    result = data.get("result")
+    if kind == "vector":
+        return [
+            VectorSample(labels=dict(item.get("metric", {})), value=float(item["value"][1]), timestamp=float(item["value"][0]))
+            for item in result or []
+        ]
+    if kind == "scalar" and result:
+        return [VectorSample(labels={}, value=float(result[1]), timestamp=float(result[0]))]
+    raise PrometheusQueryError(f"query {expr!r} returned a {kind} result; an instant vector or scalar is needed")

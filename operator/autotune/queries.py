@@ -1,0 +1,110 @@
+"""PromQL for one RLJob's runtime metrics, and the read of one controller Observation.
+
+Runtime series carry no job label of their own; `rljob_job_info{rljob="<name>"}` (value 1) names
+the job of a scrape target, so every query joins on (job, instance) with it. Several trainer
+replicas are averaged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rljob.operator.autotune.controller import Knobs, Observation, TruncationUnit
+from rljob.operator.autotune.prometheus import NoData, PrometheusClient
+from rljob.runtime.metrics import METRIC_PREFIX
+
+# Shortest averaging window: below two scrapes avg_over_time may see a single sample or none.
+MIN_WINDOW_S = 5
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def job_selector(name: str, match_labels: Mapping[str, str] = {}) -> str:  # noqa: B006 (read only)
+    """Label matchers of the job's info series, e.g. {rljob="demo",namespace="ml"}."""
+    labels = {"rljob": name, **match_labels}
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items())) + "}"
+
+
+@dataclass(frozen=True)
+class JobQueries:
+    """The queries the autotuner runs for one job; each is stored in status next to the knob it moved."""
+
+    name: str
+    match_labels: Mapping[str, str]
+    window_s: int
+
+    def _joined(self, inner: str) -> str:
+        info = f"{METRIC_PREFIX}job_info{job_selector(self.name, self.match_labels)}"
+        return f"{inner} * on(job, instance) group_left() {info}"
+
+    def averaged(self, metric: str, matchers: str = "") -> str:
+        """Mean over the window and over replicas of a runtime gauge."""
+        window = max(MIN_WINDOW_S, self.window_s)
+        return f"avg({self._joined(f'avg_over_time({METRIC_PREFIX}{metric}{matchers}[{window}s])')})"
+
+    def latest(self, metric: str, matchers: str = "", by: str = "") -> str:
+        """Latest value of a runtime series (max over replicas, optionally per label)."""
+        agg = f"max by ({by}) " if by else "max "
+        return f"{agg}({self._joined(f'{METRIC_PREFIX}{metric}{matchers}')})"
+
+    @property
+    def truncation_rate(self) -> str:
+        return self.averaged("truncation_rate")
+
+    @property
+    def knobs(self) -> str:
+        return self.latest("knob", by="knob")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One observation plus the knob values the runtime reports in force."""
+
+    observation: Observation
+    in_force: dict[str, float]
+    query: str  # the query the decision is driven by (truncation rate)
+
+
+async def _optional(client: PrometheusClient, expr: str) -> float | None:
+    try:
+        return await client.query_value(expr)
+    except NoData:
+        return None
+
+
+async def read_observation(client: PrometheusClient, q: JobQueries) -> Reading:
+    """Read the controller's inputs. The truncation rate is required (NoData propagates); the rest is optional.
+
+    Raises PrometheusUnavailable / PrometheusQueryError / NoData / AmbiguousResult as the client does.
+    """
+    rate = await client.query_value(q.truncation_rate)
+    steps = await _optional(client, q.latest("steps_total"))
+    obs = Observation(
+        truncation_rate=rate,
+        length_mean=await _optional(client, q.averaged("response_length_tokens", '{stat="mean"}')),
+        length_std=await _optional(client, q.averaged("response_length_tokens", '{stat="std"}')),
+        tokens_per_second=await _optional(client, q.averaged("rollout_tokens_per_second")),
+        ceiling_tokens_per_second=await _optional(client, q.averaged("rollout_ceiling_tokens_per_second")),
+        off_policy_ratio=await _optional(client, q.averaged("off_policy_token_ratio")),
+        entropy=await _optional(client, q.averaged("policy_entropy")),
+        steps=int(steps) if steps is not None else None,
+    )
+    in_force = {s.labels.get("knob", ""): s.value for s in await client.query(q.knobs)}
+    return Reading(observation=obs, in_force=in_force, query=q.truncation_rate)
+
+
+def knobs_in_force(values: Mapping[str, float], unit: TruncationUnit | None) -> Knobs | None:
+    """The runtime's `rljob_knob` values as controller Knobs in `unit`, or None when not reported."""
+    if "over_sampling" not in values:
+        return None
+    truncation: float | None = None
+    if unit == "sigma":
+        truncation = values.get("truncation_k")
+    elif unit == "tokens":
+        truncation = values.get("segment_cap_tokens")
+    if unit is not None and truncation is None:
+        return None
+    return Knobs(over_sampling=values["over_sampling"], truncation=truncation, truncation_unit=unit)

@@ -19,6 +19,7 @@ from rich.table import Table
 from rljob.operator.api import RLJobConfigError, load_rljob
 from rljob.runtime.engines.base import EngineError
 from rljob.runtime.metrics import StepRecord
+from rljob.runtime.sim.cli import add_simulate_arguments, run_simulate
 
 console = Console()
 log = logging.getLogger("rljob")
@@ -186,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check an RLJob file and print what it would run")
     validate.add_argument("job", help="path of the RLJob YAML file")
     validate.set_defaults(func=_validate)
+
+    simulate = sub.add_parser("simulate", help="simulate rollout strategies on a GPU cluster (virtual time)")
+    add_simulate_arguments(simulate)
+    simulate.set_defaults(func=run_simulate)
     return parser
 
 

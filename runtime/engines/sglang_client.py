@@ -158,8 +158,8 @@ class SGLangEngine(Engine):
         worker.last_error = error
         if not worker.healthy:
             return
-        if await self._probe(worker.url, "/health"):
-            return
+        if await self._probe(worker.url, "/health") or not worker.healthy:
+            return  # alive, or a concurrent failure already took it out of rotation
         worker.healthy = False
         log.warning(
             "SGLang worker %s marked unhealthy (%s); it is left out of aborts, load polls and weight updates "

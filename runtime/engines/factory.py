@@ -21,6 +21,13 @@ def build_engines(spec: RolloutSpec, model: PreTrainedModel, seed: int = 0) -> l
             EmbeddedEngine(copy.deepcopy(model), max_batch_size=e.max_batch_size, seed=seed + i, device=e.device)
             for i in range(e.num_engines)
         ]
-    from rljob.runtime.engines.sglang_client import SGLangEngine
+    from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
 
-    return [SGLangEngine.from_spec(spec.sglang)]
+    s = spec.sglang
+    config = SGLangClientConfig(
+        worker_urls=list(s.worker_urls),
+        router_url=s.router_url,
+        retries=s.max_retries,
+        drain_timeout_s=s.drain_timeout_seconds,
+    )
+    return [SGLangEngine(config)]

@@ -94,3 +94,7 @@ def forget(namespace: str, name: str, **_: Any) -> None:
 def tracked_jobs(**_: Any) -> int:
     """Liveness detail: number of RLJobs this operator has a status for."""
     return JOB_PHASES.count()
+
+
+# Registers the autotuner's kopf timer on the same operator (operator/autotune/timer.py).
+from rljob.operator.autotune import timer as _autotune_timer  # noqa: E402,F401

@@ -73,6 +73,9 @@ async def _run(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port,
         ),
     )
+    from rljob.runtime.knob_sources import knob_sources_for
+
+    runner.knob_sources.extend(knob_sources_for(job.spec, runner.step_listeners))
     if args.fresh and runner.metrics.jsonl_path and runner.metrics.jsonl_path.exists():
         runner.metrics.jsonl_path.unlink()
     with console.status("[bold]setting up") as status:

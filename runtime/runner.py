@@ -176,6 +176,8 @@ class JobRunner:
         self.metrics_port: int | None = None
         self.resumed_from: str | None = None
         self.knob_sources: list[KnobSource] = []
+        # Called with every finished step (the local autotuner observes the runtime's own metrics).
+        self.step_listeners: list[Callable[[StepRecord], None]] = []
 
     # ------------------------------------------------------------------ setup
 
@@ -302,6 +304,8 @@ class JobRunner:
             sync_failures,
         )
         self.metrics.record(record)
+        for listener in self.step_listeners:
+            listener(record)
         if self.step % self.spec.checkpoint.every_steps == 0 or self.step == self.total_steps:
             self.checkpoints.save(self.step, self.checkpoint_state())
         return record

@@ -16,6 +16,7 @@ docs/autotune.md; in short:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -68,6 +69,20 @@ class Knobs:
                 KNOB_TOLERANCE, 1e-9 * abs(self.truncation)
             )
         return True
+
+
+def knobs_in_force(values: Mapping[str, float], unit: TruncationUnit | None) -> Knobs | None:
+    """The runtime's `rljob_knob` values as controller Knobs in `unit`, or None when not reported."""
+    if "over_sampling" not in values:
+        return None
+    truncation: float | None = None
+    if unit == "sigma":
+        truncation = values.get("truncation_k")
+    elif unit == "tokens":
+        truncation = values.get("segment_cap_tokens")
+    if unit is not None and truncation is None:
+        return None
+    return Knobs(over_sampling=values["over_sampling"], truncation=truncation, truncation_unit=unit)
 
 
 @dataclass(frozen=True)

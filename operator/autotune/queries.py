@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rljob.operator.autotune.controller import Knobs, Observation, TruncationUnit
+from rljob.operator.autotune.controller import Observation
 from rljob.operator.autotune.prometheus import NoData, PrometheusClient
 from rljob.runtime.metrics import METRIC_PREFIX
 
@@ -94,17 +94,3 @@ async def read_observation(client: PrometheusClient, q: JobQueries) -> Reading:
     )
     in_force = {s.labels.get("knob", ""): s.value for s in await client.query(q.knobs)}
     return Reading(observation=obs, in_force=in_force, query=q.truncation_rate)
-
-
-def knobs_in_force(values: Mapping[str, float], unit: TruncationUnit | None) -> Knobs | None:
-    """The runtime's `rljob_knob` values as controller Knobs in `unit`, or None when not reported."""
-    if "over_sampling" not in values:
-        return None
-    truncation: float | None = None
-    if unit == "sigma":
-        truncation = values.get("truncation_k")
-    elif unit == "tokens":
-        truncation = values.get("segment_cap_tokens")
-    if unit is not None and truncation is None:
-        return None
-    return Knobs(over_sampling=values["over_sampling"], truncation=truncation, truncation_unit=unit)

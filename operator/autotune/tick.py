@@ -18,9 +18,17 @@ from typing import Any, Literal
 
 from rljob.operator.api.spec import RLJobSpec
 from rljob.operator.api.status import AutotuneStatus, Condition, EffectiveKnobs, KnobValue, RLJobStatus
-from rljob.operator.autotune.controller import ControllerConfig, Decision, Knobs, TruncationUnit, TunerState, decide
+from rljob.operator.autotune.controller import (
+    ControllerConfig,
+    Decision,
+    Knobs,
+    TruncationUnit,
+    TunerState,
+    decide,
+    knobs_in_force,
+)
 from rljob.operator.autotune.prometheus import PrometheusError
-from rljob.operator.autotune.queries import JobQueries, Reading, knobs_in_force
+from rljob.operator.autotune.queries import JobQueries, Reading
 
 CONDITION = "AutotuneActive"
 MAX_BACKOFF_S = 600.0

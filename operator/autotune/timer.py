@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import kopf
+from pydantic import ValidationError
 
 from rljob.operator.api.spec import API_GROUP, API_VERSION, RLJobSpec
 from rljob.operator.api.status import RLJobStatus, utcnow
@@ -43,14 +44,10 @@ class PrometheusNotConfigured(PrometheusError):
 
 
 def _read_secret_key(namespace: str, name: str, key: str) -> str:
-    from kubernetes import client, config
+    from rljob.operator.kube import shared_kube
 
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    secret = client.CoreV1Api().read_namespaced_secret(name, namespace)
-    data = (secret.data or {}).get(key)
+    secret = shared_kube().request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+    data = (secret.get("data") or {}).get(key)
     if data is None:
         raise KeyError(f"Secret {namespace}/{name} has no key {key!r}")
     return base64.b64decode(data).decode().strip()
@@ -93,8 +90,12 @@ async def autotune_timer(
     name: str, namespace: str, spec: Any, status: Any, meta: Any, body: Any, patch: kopf.Patch, **_: Any
 ) -> None:
     """Run the autotuner for one RLJob and write its status and Events."""
-    job_spec = RLJobSpec.model_validate(dict(spec))
-    job_status = RLJobStatus.model_validate(dict(status or {}))
+    try:
+        job_spec = RLJobSpec.model_validate(dict(spec))
+        job_status = RLJobStatus.model_validate(dict(status or {}))
+    except ValidationError as err:  # the lifecycle handlers report an invalid spec; nothing to tune
+        log.warning("autotune %s/%s: spec or status unreadable: %s", namespace, name, err)
+        return
     if job_status.outcome is not None:
         return  # finished jobs are not tuned
     previous = tick.current_knobs(job_spec, job_status)

@@ -143,12 +143,15 @@ def parse_generate_reply(
 
 def _load_of_record(record: dict[str, Any]) -> EngineLoad | None:
     """Load of one flat record, or None when it has no request counts."""
-    if "num_running_reqs" in record or "num_waiting_reqs" in record:
-        return EngineLoad(running=int(record.get("num_running_reqs") or 0), waiting=int(record.get("num_waiting_reqs") or 0))
+    waiting = int(record.get("num_waiting_reqs") or 0)
+    if "num_running_reqs" in record:
+        return EngineLoad(running=int(record["num_running_reqs"] or 0), waiting=waiting)
     for key in ("num_total_reqs", "num_reqs"):
         if key in record:
-            return EngineLoad(running=int(record[key] or 0), waiting=int(record.get("num_waiting_reqs") or 0))
-    return None
+            # Older shapes count every request in the total; waiting ones are a part of it.
+            total = int(record[key] or 0)
+            return EngineLoad(running=max(0, total - waiting), waiting=min(waiting, total))
+    return EngineLoad(running=0, waiting=waiting) if "num_waiting_reqs" in record else None
 
 
 def parse_load(payload: Any) -> EngineLoad:

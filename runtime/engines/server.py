@@ -421,7 +421,7 @@ class SGLangProtocolServer:
         record = self._load_record()
         # The older shape: one record per data-parallel rank with num_reqs / num_tokens.
         return web.json_response(
-            [{"dp_rank": 0, "num_reqs": record["num_running_reqs"], "num_waiting_reqs": record["num_waiting_reqs"],
+            [{"dp_rank": 0, "num_reqs": record["num_running_reqs"] + record["num_waiting_reqs"], "num_waiting_reqs": record["num_waiting_reqs"],
               "num_tokens": record["num_used_tokens"]}]
         )
 

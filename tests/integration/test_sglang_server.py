@@ -240,6 +240,16 @@ async def test_unreachable_worker_gives_clear_error() -> None:
         await client.close()
 
 
+def test_cli_help_and_bad_model_path(tmp_path: Path) -> None:
+    from rljob.runtime.engines.server import build_arg_parser, main
+
+    text = build_arg_parser().format_help()
+    for flag in ("--model-path", "--host", "--port", "--max-batch-size", "--fault-ignore-first-aborts"):
+        assert flag in text
+    with pytest.raises(SystemExit, match="no config.json"):
+        main(["--model-path", str(tmp_path)])
+
+
 # --------------------------------------------------------------------------- real router, worker processes
 
 
@@ -385,3 +395,4 @@ async def test_worker_killed_mid_round_is_marked_unhealthy_without_hanging(clust
     finally:
         for client in clients:
             await client.close()
+

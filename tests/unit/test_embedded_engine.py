@@ -11,6 +11,7 @@ import torch
 
 from rljob.runtime.engines.base import EngineError, GenerateRequest, WeightUpdate
 from rljob.runtime.engines.embedded import EmbeddedEngine, InvalidRequestError
+from rljob.runtime.engines.sampling import SamplingParams, sample_tokens
 from tests.helpers.tiny_model import build_tiny_model, save_tiny_model
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [12], [20, 21, 22, 23], [40, 41], [60, 61, 62, 63, 64, 65]]
@@ -199,3 +200,19 @@ async def test_pause_holds_steps_until_resume(engine: EmbeddedEngine) -> None:
     assert not task.done() and (await engine.load()).waiting == 1
     engine.resume()
     assert (await asyncio.wait_for(task, timeout=30)).finish_reason == "length"
+
+
+def test_sampling_truncation_and_log_prob_base() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]] * 64)
+    gen = torch.Generator().manual_seed(0)
+    top1 = [SamplingParams(temperature=1.0, top_k=1)] * 64
+    tokens, logprobs = sample_tokens(logits, top1, gen)
+    assert tokens.tolist() == [0] * 64
+    # The log-prob is measured on the untruncated tempered distribution, not the top-k one (which is 0).
+    assert logprobs[0].item() == pytest.approx(torch.log_softmax(logits[0], -1)[0].item())
+    nucleus = [SamplingParams(temperature=0.5, top_p=0.6)] * 64
+    tokens, logprobs = sample_tokens(logits, nucleus, gen)
+    assert set(tokens.tolist()) == {0}  # p(token 0) at T=0.5 is 0.87 > 0.6: the nucleus is one token
+    assert logprobs[0].item() == pytest.approx(torch.log_softmax(logits[0] / 0.5, -1)[0].item())
+    free = [SamplingParams(temperature=1.0)] * 64
+    assert len(set(sample_tokens(logits, free, gen)[0].tolist())) > 1

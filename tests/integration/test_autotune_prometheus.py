@@ -1,0 +1,142 @@
+"""The autotuner's Prometheus side against a real Prometheus scraping real runtime metrics on loopback.
+
+No cluster: the RuntimeMetrics endpoint stands for a runtime process, and the tick runs exactly as
+the kopf timer runs it (timer.run_tick), with the status patches merged the way the API server does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from rljob.operator.api.spec import RLJobSpec
+from rljob.operator.api.status import RLJobStatus
+from rljob.operator.autotune.prometheus import (
+    NoData,
+    PrometheusClient,
+    PrometheusQueryError,
+    PrometheusUnavailable,
+)
+from rljob.operator.autotune.queries import JobQueries, read_observation
+from rljob.operator.autotune.timer import run_tick
+from rljob.runtime.metrics import RuntimeMetrics, StepRecord
+from tests.cluster.fixtures import PrometheusFactory
+from tests.cluster.kube import wait_until
+from tests.cluster.prometheus import free_port
+
+pytestmark = pytest.mark.prometheus
+
+
+def step(n: int, rate: float, cap: float) -> StepRecord:
+    return StepRecord(
+        step=n, policy_version=n, strategy="april", time=time.time(), truncation_rate=rate,
+        length_mean=40.0, length_std=20.0, rollout_tokens_per_s=500.0, ceiling_tokens_per_s=1000.0,
+        off_policy_token_ratio=0.3, entropy=1.2,
+        knobs={"over_sampling": 2.0, "max_staleness": 2.0, "truncation_k": 0.0, "segment_cap_tokens": cap},
+    )
+
+
+@pytest.fixture
+def runtime_metrics() -> Iterator[tuple[RuntimeMetrics, str]]:
+    metrics = RuntimeMetrics("tuned")
+    port = metrics.serve("127.0.0.1", free_port())
+    yield metrics, f"127.0.0.1:{port}"
+
+
+def merge(base: Any, patch: Any) -> Any:
+    if not isinstance(patch, dict) or not isinstance(base, dict):
+        return patch
+    out = dict(base)
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge(out.get(k), v)
+    return out
+
+
+async def test_client_reads_observation_and_types_failures(
+    prometheus_factory: PrometheusFactory, runtime_metrics: tuple[RuntimeMetrics, str]
+) -> None:
+    metrics, target = runtime_metrics
+    for n in (1, 2, 3):
+        metrics.record(step(n, 0.6, 8))
+    prom = prometheus_factory([target], scrape_interval="1s")
+    prom.wait_for_targets_up()
+    wait_until(lambda: prom.query("rljob_truncation_rate") or None, 15, "first truncation sample")
+
+    async with PrometheusClient(prom.url, timeout_s=5) as client:
+        reading = await read_observation(client, JobQueries("tuned", {}, window_s=30))
+        obs = reading.observation
+        assert obs.truncation_rate == pytest.approx(0.6)
+        assert obs.length_spread == pytest.approx(0.5)
+        assert obs.ceiling_share == pytest.approx(0.5)
+        assert obs.steps == 3 and obs.off_policy_ratio == pytest.approx(0.3) and obs.entropy == pytest.approx(1.2)
+        assert reading.in_force["segment_cap_tokens"] == 8 and reading.in_force["over_sampling"] == 2
+        assert 'rljob="tuned"' in reading.query
+
+        with pytest.raises(NoData):
+            await read_observation(client, JobQueries("other-job", {}, window_s=30))
+        with pytest.raises(PrometheusQueryError):
+            await client.query_value("rate(rljob_truncation_rate[")
+
+    async with PrometheusClient(f"http://127.0.0.1:{free_port()}", timeout_s=1) as closed:
+        with pytest.raises(PrometheusUnavailable):
+            await closed.query_value("up")
+
+
+async def test_tick_tunes_backs_off_while_prometheus_is_down_and_resumes(
+    prometheus_factory: PrometheusFactory, runtime_metrics: tuple[RuntimeMetrics, str]
+) -> None:
+    metrics, target = runtime_metrics
+    metrics.record(step(1, 0.7, 8))
+    prom = prometheus_factory([target], scrape_interval="1s")
+    prom.wait_for_targets_up()
+    wait_until(lambda: prom.query("rljob_truncation_rate") or None, 15, "first truncation sample")
+    spec = RLJobSpec.model_validate(
+        {
+            "model": {"builtin": "tiny-arith"},
+            "data": {"synthetic": {}},
+            "rollout": {"maxResponseLength": 64, "partial": {"truncation": {"mode": "tokens", "maxTokens": 8}}},
+            "autotune": {"mode": "Apply", "prometheus": {"address": prom.url, "timeoutSeconds": 2},
+                         "intervalSeconds": 1, "windowSeconds": 10, "cooldownSeconds": 0, "settleRounds": 1,
+                         "truncationTokens": {"min": 4, "max": 64, "maxStep": 8}},
+        }
+    )
+    wire: dict[str, Any] = {}
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+
+    async def tick(at: datetime) -> Any:
+        nonlocal wire
+        result = await run_tick("tuned", "ns", spec, RLJobStatus.model_validate(wire), 1, at)
+        wire = merge(wire, result.patch)
+        return result
+
+    first = await tick(now)
+    assert first.decision is not None and first.decision.changed
+    assert wire["effectiveKnobs"]["truncation"]["value"] == 16.0
+    assert wire["effectiveKnobs"]["truncation"]["source"] == "autotune"
+
+    prom.stop()
+    down = await tick(now + timedelta(seconds=5))
+    assert down.failure == "PrometheusUnavailable" and [e.type for e in down.events] == ["Warning"]
+    cond = next(c for c in wire["conditions"] if c["type"] == "AutotuneActive")
+    assert cond["status"] == "False" and cond["reason"] == "PrometheusUnavailable"
+    assert wire["effectiveKnobs"]["truncation"]["value"] == 16.0  # last knobs kept
+    skipped = await tick(now + timedelta(seconds=5.5))  # inside the backoff: no read, no change
+    assert skipped.failure is None and skipped.decision is None and wire["autotune"]["consecutiveFailures"] == 1
+
+    prom.start()
+    prom.wait_for_targets_up()
+    metrics.record(step(2, 0.5, 16))  # the runtime now runs the new cap
+    wait_until(lambda: prom.query('rljob_knob{knob="segment_cap_tokens"} == 16') or None, 15, "new cap scraped")
+    back = await tick(now + timedelta(seconds=30))
+    assert back.decision is not None and back.decision.changed
+    assert "AutotuneRecovered" in [e.reason for e in back.events]
+    assert wire["effectiveKnobs"]["truncation"]["value"] == 24.0
+    cond = next(c for c in wire["conditions"] if c["type"] == "AutotuneActive")
+    assert cond["status"] == "True" and wire["autotune"]["consecutiveFailures"] == 0

@@ -171,7 +171,9 @@ class EmbeddedEngine(Engine):
             return
         await self.abort_all()
         task, self._loop_task = self._loop_task, None
-        task.cancel()
+        # Holding the step lock means no step is in its worker thread while we tear the batch down.
+        async with self._step_lock:
+            task.cancel()
         try:
             await task
         except asyncio.CancelledError:

@@ -54,7 +54,12 @@ class LengthModel:
             return self.cap
         m = self.mu(version) + self.difficulty(uid)
         s = self.law.sigma_within
-        survive = 1.0 if already <= 0 else 0.5 * math.erfc((math.log(already) - m) / (s * math.sqrt(2.0)))
+        if already <= 0:
+            survive = 1.0
+        elif s == 0.0:  # degenerate law (tests): every response has length exp(m)
+            survive = 1.0 if already < math.exp(m) else 0.0
+        else:
+            survive = 0.5 * math.erfc((math.log(already) - m) / (s * math.sqrt(2.0)))
         p_run = self.law.runaway_share
         denominator = p_run + (1.0 - p_run) * survive
         if denominator <= 0.0:  # far beyond the bulk and no runaway mass: it ends now

@@ -12,6 +12,7 @@ Three loop shapes, all calling the unchanged `RolloutScheduler.run_round`:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import random
 from collections import deque
@@ -214,7 +215,8 @@ def _record(sim: _Sim, step: int, kind: str, result: RoundResult, trainer_versio
             train_s: float, sync_s: float, step_s: float, wasted: int = 0) -> StepRecord:
     q = sim.q
     trained = sum(s.response_length for g in result.groups for s in g.samples)
-    off = sum(1 for g in result.groups for s in g.samples for v in s.versions if v < trainer_version)
+    # A sample's versions never decrease (segments are appended in time order): bisect, don't scan.
+    off = sum(bisect.bisect_left(s.versions, trainer_version) for g in result.groups for s in g.samples)
     st = result.stats
     return StepRecord(
         step=step, round_kind=kind, rollout_s=st.rollout_seconds, train_s=train_s, sync_s=sync_s, step_s=step_s,

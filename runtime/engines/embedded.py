@@ -54,6 +54,7 @@ class EngineStats:
     busy_seconds: float = 0.0  # wall time spent inside steps
     finished: Counter[str] = field(default_factory=Counter)  # finish reason -> requests
     last_step_tokens_per_s: float = 0.0  # generated tokens / wall time of the latest step
+    full_step_seconds: float = 0.0  # moving average of decode-only steps at >= half the max batch
 
     @property
     def tokens_per_busy_second(self) -> float:
@@ -250,6 +251,11 @@ class EmbeddedEngine(Engine):
         """Tokens held in the KV cache by running sequences (for token-usage metrics)."""
         return sum(len(s.request.input_ids) + len(s.output_ids) for s in self._running if s.finish_reason is None)
 
+    def ceiling_tokens_per_s(self) -> float | None:
+        """Bubble-free ceiling estimate: a full batch per (near-full) decode step time."""
+        step = self.stats.full_step_seconds
+        return self.max_batch_size / step if step > 0 else None
+
     async def health(self) -> bool:
         """True once the model is loaded and the decode loop is alive."""
         return self._loop_task is not None and not self._loop_task.done()
@@ -322,6 +328,10 @@ class EmbeddedEngine(Engine):
             self.stats.busy_seconds += elapsed
             self.stats.generated_tokens += produced
             self.stats.last_step_tokens_per_s = produced / elapsed if elapsed > 0 else 0.0
+            if not admitted and produced * 2 >= self.max_batch_size:
+                # Decode-only steps near full batch estimate the bubble-free step time.
+                avg = self.stats.full_step_seconds
+                self.stats.full_step_seconds = elapsed if avg == 0 else 0.9 * avg + 0.1 * elapsed
             self._finish_aborted_running()
             for seq in self._running:
                 if seq.finish_reason is not None and not seq.future.done():

@@ -1,0 +1,81 @@
+"""The alert rules: promtool accepts them, every alert has a promtool unit test and a runbook,
+and every metric they read is one the runtime or the operator exports."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rljob.operator.autotune.metric_names import operator_metric_names, runtime_metric_names
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "charts/rljob-operator/files/rljob-alerts.rules.yaml"
+TESTS = ROOT / "tests/alerts"
+RUNBOOKS = ROOT / "docs/alerts.md"
+REQUIRED = {
+    "RLJobTruncationRateHigh", "RLJobEntropyCollapse", "RLJobStalenessOverBudget", "RLJobRolloutStalled",
+    "RLJobRewardCollapse", "RLJobWeightSyncFailures", "RLJobRuntimeMetricsAbsent",
+}
+
+
+def alert_rules() -> list[dict]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"] if "alert" in rule]
+
+
+def test_required_alerts_exist_with_severity_and_runbook() -> None:
+    rules = alert_rules()
+    assert REQUIRED <= {r["alert"] for r in rules}
+    for rule in rules:
+        assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
+        assert set(rule["annotations"]) >= {"summary", "description", "runbook_url"}, rule["alert"]
+        assert rule["annotations"]["runbook_url"] == f"docs/alerts.md#{rule['alert'].lower()}"
+
+
+def test_every_alert_has_a_runbook_section() -> None:
+    text = RUNBOOKS.read_text()
+    headings = set(re.findall(r"^## (RLJob\w+)\s*$", text, flags=re.M))
+    missing = {r["alert"] for r in alert_rules()} - headings
+    assert not missing, f"docs/alerts.md lacks sections for {sorted(missing)}"
+    for name in headings:
+        section = text.split(f"## {name}", 1)[1].split("\n## ", 1)[0]
+        for part in ("**What it means**", "**What to check**", "**What to change**"):
+            assert part in section, f"{name}: runbook lacks {part}"
+
+
+def test_alerts_read_only_exported_metrics() -> None:
+    known = runtime_metric_names() | operator_metric_names()
+    for rule in alert_rules():
+        used = set(re.findall(r"\brljob_[a-z_]+\b", rule["expr"]))
+        assert used, rule["alert"]
+        assert used <= known, f"{rule['alert']} reads unknown metrics {sorted(used - known)}"
+
+
+def test_every_alert_has_a_firing_and_a_silent_promtool_case() -> None:
+    fired: set[str] = set()
+    silent: set[str] = set()
+    for path in TESTS.glob("*.test.yaml"):
+        doc = yaml.safe_load(path.read_text())
+        assert doc["rule_files"] == ["../../charts/rljob-operator/files/rljob-alerts.rules.yaml"], path.name
+        for case in doc["tests"]:
+            for check in case.get("alert_rule_test", []):
+                (fired if check["exp_alerts"] else silent).add(check["alertname"])
+    names = {r["alert"] for r in alert_rules()}
+    assert names <= fired, f"no firing test for {sorted(names - fired)}"
+    assert names <= silent, f"no must-not-fire test for {sorted(names - silent)}"
+
+
+@pytest.mark.prometheus
+def test_promtool_checks_and_unit_tests_pass(cached_binary: Callable[[str], Path]) -> None:
+    promtool = str(cached_binary("promtool"))
+    check = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    files = sorted(p.name for p in TESTS.glob("*.test.yaml"))
+    run = subprocess.run([promtool, "test", "rules", *files], cwd=TESTS, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("SUCCESS") == len(files)

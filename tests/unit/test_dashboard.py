@@ -1,0 +1,69 @@
+"""The Grafana dashboard: one RLJob chosen by a variable, every query on an exported metric and valid PromQL."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rljob.operator.autotune.metric_names import operator_metric_names, runtime_metric_names
+from tests.cluster.fixtures import PrometheusFactory
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "charts/rljob-operator/files/rljob-dashboard.json"
+
+
+def load() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def exprs(dash: dict) -> list[tuple[str, str]]:
+    return [(p["title"], t["expr"]) for p in dash["panels"] for t in p.get("targets", [])]
+
+
+def test_one_job_is_selected_by_a_variable() -> None:
+    variables = {v["name"]: v for v in load()["templating"]["list"]}
+    assert variables["rljob"]["definition"] == "label_values(rljob_job_info, rljob)"
+    assert variables["rljob"]["multi"] is False and variables["datasource"]["query"] == "prometheus"
+    for title, expr in exprs(load()):
+        assert '{rljob="$rljob"}' in expr, f"panel {title!r} is not restricted to the selected job: {expr}"
+
+
+def test_every_query_reads_an_exported_metric() -> None:
+    known = runtime_metric_names() | operator_metric_names()
+    for title, expr in exprs(load()):
+        used = set(re.findall(r"\brljob_[a-z_]+\b", expr))
+        assert used, f"panel {title!r} reads no rljob metric"
+        assert used <= known, f"panel {title!r} reads unknown metrics {sorted(used - known)}"
+
+
+def test_required_views_and_layout() -> None:
+    dash = load()
+    titles = " | ".join(p["title"].lower() for p in dash["panels"])
+    for topic in ("throughput vs ceiling", "truncation rate and band", "off-policy", "staleness", "lengths",
+                  "reward", "entropy", "knobs in force", "autotuner"):
+        assert topic in titles, topic
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    cells = set()
+    for p in dash["panels"]:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"panel {p['title']!r} overlaps another"
+                cells.add((x, y))
+    band = next(p for p in dash["panels"] if p["title"] == "Truncation rate and band")
+    steps = [s["value"] for s in band["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+    assert steps == [None, 0.15, 0.25, 0.30]
+
+
+@pytest.mark.prometheus
+def test_every_query_is_valid_promql(prometheus_factory: PrometheusFactory) -> None:
+    prom = prometheus_factory(["127.0.0.1:9"])  # nothing to scrape: only the parser is exercised
+    for title, expr in exprs(load()):
+        query = expr.replace("$__rate_interval", "1m").replace("$rljob", "demo")
+        body = httpx.get(f"{prom.url}/api/v1/query", params={"query": query}, timeout=10).json()
+        assert body["status"] == "success", f"panel {title!r}: {body.get('error')}"

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from rljob.runtime.engines.base import EngineError, GenerateRequest, GenerateRes
 from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.engines.server import ServerOptions, SGLangProtocolServer
 from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
+from tests.helpers.processes import free_port, spawn, start_worker, stop, wait_http
 from tests.helpers.tiny_model import save_tiny_model
 
 PROMPT = [5, 6, 7, 8]
@@ -253,36 +253,11 @@ def test_cli_help_and_bad_model_path(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- real router, worker processes
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited early:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} not ready after {timeout} s:\n{log.read_text()[-3000:]}")
-
-
 @dataclass
 class Cluster:
     workers: list[str]
     router: str
     procs: dict[str, subprocess.Popen[bytes]]
-
-
-def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    handle = log.open("wb")
-    return subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 @pytest.fixture(scope="module")
@@ -292,20 +267,13 @@ def cluster(model_dirs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFact
     workers = []
     try:
         for i in range(2):
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            procs[url] = _spawn(
-                [sys.executable, "-m", "rljob.runtime.engines.server", "--model-path", str(model_dirs[0]),
-                 "--host", "127.0.0.1", "--port", str(port), "--max-batch-size", "4", "--torch-threads", "1",
-                 "--log-level", "warning"],
-                logs / f"worker{i}.log",
-            )
+            url, procs[url] = start_worker(model_dirs[0], logs / f"worker{i}.log", max_batch_size=4)
             workers.append(url)
         for i, url in enumerate(workers):
             wait_http(url + "/health_generate", 180, procs[url], logs / f"worker{i}.log")
         port = free_port()
         router = f"http://127.0.0.1:{port}"
-        procs[router] = _spawn(
+        procs[router] = spawn(
             [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers,
              "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin", "--log-level", "warn"],
             logs / "router.log",
@@ -313,14 +281,7 @@ def cluster(model_dirs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFact
         wait_http(router + "/health", 60, procs[router], logs / "router.log")
         yield Cluster(workers, router, procs)
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop(list(procs.values()))
 
 
 async def worker_running(url: str) -> int:

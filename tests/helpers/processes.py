@@ -1,0 +1,66 @@
+"""Start real server processes on loopback for integration tests, and stop them cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """Start `args` in its own session (so stop() can signal its whole group), output to `log`."""
+    handle = log.open("wb")
+    return subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Poll `url` until it answers 200; fail with the log tail if the process dies or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited early:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} not ready after {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def stop(procs: list[subprocess.Popen[bytes]], timeout: float = 15) -> None:
+    """SIGTERM every process group, then SIGKILL what is still alive after `timeout`."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def start_worker(model_dir: Path, log: Path, max_batch_size: int = 8) -> tuple[str, subprocess.Popen[bytes]]:
+    """One SGLang-protocol server process over the embedded engine; returns (url, process)."""
+    port = free_port()
+    proc = spawn(
+        [sys.executable, "-m", "rljob.runtime.engines.server", "--model-path", str(model_dir),
+         "--host", "127.0.0.1", "--port", str(port), "--max-batch-size", str(max_batch_size),
+         "--torch-threads", "1", "--log-level", "warning"],
+        log,
+    )
+    return f"http://127.0.0.1:{port}", proc

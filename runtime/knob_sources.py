@@ -24,7 +24,6 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
-
 from rljob.operator.api.spec import RLJobSpec
 from rljob.operator.api.status import EffectiveKnobs
 from rljob.operator.autotune.controller import (
@@ -104,7 +103,7 @@ def values_from_effective_knobs(knobs: EffectiveKnobs, reason: str = "") -> Knob
     if t is not None and t.unit == "sigma":
         k = t.value
     elif t is not None and t.unit == "tokens":
-        cap = int(round(t.value))
+        cap = round(t.value)
     reasons = [v.reason for v in (knobs.over_sampling, t) if v is not None and v.reason]
     return KnobValues(
         over_sampling=over, truncation_k=k, truncation_max_tokens=cap, source="status.effectiveKnobs",

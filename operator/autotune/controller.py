@@ -287,8 +287,10 @@ def _hold_reason(obs: Observation, cfg: ControllerConfig, direction: int) -> tup
     if direction == -1 and obs.off_policy_ratio is not None and obs.off_policy_ratio > cfg.max_off_policy_ratio:
         return (
             "OffPolicyLimit",
-            f"truncation rate {r:.3f} below band {band}, but off-policy ratio {obs.off_policy_ratio:.3f} "
-            f"is above {cfg.max_off_policy_ratio:g}",
+            (
+                f"truncation rate {r:.3f} below band {band}, but off-policy ratio {obs.off_policy_ratio:.3f} "
+                f"is above {cfg.max_off_policy_ratio:g}"
+            ),
         )
     if direction == -1 and cfg.entropy_floor is not None and obs.entropy is not None and obs.entropy < cfg.entropy_floor:
         return "LowEntropy", f"entropy {obs.entropy:.3f} below floor {cfg.entropy_floor:g}: not adding off-policy tokens"

@@ -36,9 +36,8 @@ def runtime_metric_names() -> set[str]:
 
 def operator_metric_names() -> set[str]:
     """Series names of the operator: its lifecycle metrics and the autotuner's."""
-    from prometheus_client import REGISTRY
-
     import rljob.operator.metrics  # noqa: F401 (registers the lifecycle metrics on REGISTRY)
+    from prometheus_client import REGISTRY
     from rljob.operator.autotune.metrics import AutotuneMetrics
 
     ours = registry_series_names(AutotuneMetrics(CollectorRegistry()).registry)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
-
 from rljob.operator.autotune.controller import Knobs
 from rljob.operator.autotune.tick import TickResult
 
@@ -60,6 +59,6 @@ class AutotuneMetrics:
     def forget(self, namespace: str, name: str) -> None:
         """Drop the series of a deleted job."""
         for collector in (self.effective_knob, self.recommended_knob, self.adjustments, self.decisions, self.failures):
-            for labels in list(collector._metrics):  # noqa: SLF001 (prometheus-client has no public listing)
+            for labels in list(collector._metrics):
                 if labels[:2] == (namespace, name):
                     collector.remove(*labels)

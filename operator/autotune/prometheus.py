@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -61,7 +61,7 @@ class PrometheusClient:
         self.timeout_s = timeout_s
         self._client = httpx.AsyncClient(base_url=self.address, timeout=timeout_s, headers=headers)
 
-    async def __aenter__(self) -> PrometheusClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *_exc: object) -> None:

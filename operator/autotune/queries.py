@@ -22,7 +22,7 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def job_selector(name: str, match_labels: Mapping[str, str] = {}) -> str:  # noqa: B006 (read only)
+def job_selector(name: str, match_labels: Mapping[str, str] = {}) -> str:
     """Label matchers of the job's info series, e.g. {rljob="demo",namespace="ml"}."""
     labels = {"rljob": name, **match_labels}
     return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items())) + "}"

@@ -17,7 +17,13 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from rljob.operator.api.spec import RLJobSpec
-from rljob.operator.api.status import AutotuneStatus, Condition, EffectiveKnobs, KnobValue, RLJobStatus
+from rljob.operator.api.status import (
+    AutotuneStatus,
+    Condition,
+    EffectiveKnobs,
+    KnobValue,
+    RLJobStatus,
+)
 from rljob.operator.autotune.controller import (
     ControllerConfig,
     Decision,

@@ -23,12 +23,15 @@ from typing import Any
 
 import kopf
 from pydantic import ValidationError
-
 from rljob.operator.api.spec import API_GROUP, API_VERSION, RLJobSpec
 from rljob.operator.api.status import RLJobStatus, utcnow
 from rljob.operator.autotune import tick
 from rljob.operator.autotune.metrics import AutotuneMetrics
-from rljob.operator.autotune.prometheus import PrometheusClient, PrometheusError, PrometheusUnavailable
+from rljob.operator.autotune.prometheus import (
+    PrometheusClient,
+    PrometheusError,
+    PrometheusUnavailable,
+)
 from rljob.operator.autotune.queries import read_observation
 
 log = logging.getLogger(__name__)
@@ -66,7 +69,7 @@ async def prometheus_client_for(spec: RLJobSpec, namespace: str) -> PrometheusCl
         ref = p.bearer_token_secret_ref
         try:
             token = await asyncio.to_thread(_read_secret_key, namespace, ref.name, ref.key)
-        except Exception as exc:  # noqa: BLE001 (any API failure is reported the same way)
+        except Exception as exc:
             raise PrometheusUnavailable(f"cannot read bearer token from Secret {ref.name}/{ref.key}: {exc}") from exc
     elif token_file := os.environ.get("RLJOB_PROMETHEUS_BEARER_TOKEN_FILE"):
         token = Path(token_file).read_text().strip()

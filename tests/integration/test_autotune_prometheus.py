@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-
 from rljob.operator.api.spec import RLJobSpec
 from rljob.operator.api.status import RLJobStatus
 from rljob.operator.autotune.prometheus import (
@@ -24,6 +23,7 @@ from rljob.operator.autotune.prometheus import (
 from rljob.operator.autotune.queries import JobQueries, read_observation
 from rljob.operator.autotune.timer import run_tick
 from rljob.runtime.metrics import RuntimeMetrics, StepRecord
+
 from tests.cluster.fixtures import PrometheusFactory
 from tests.cluster.kube import wait_until
 from tests.cluster.prometheus import free_port
@@ -108,7 +108,7 @@ async def test_tick_tunes_backs_off_while_prometheus_is_down_and_resumes(
         }
     )
     wire: dict[str, Any] = {}
-    now = datetime.now(timezone.utc).replace(microsecond=0)
+    now = datetime.now(UTC).replace(microsecond=0)
 
     async def tick(at: datetime) -> Any:
         nonlocal wire

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from rljob.operator.api.spec import AutotuneSpec, KnobBounds
 from rljob.operator.autotune.controller import (
     Bounds,

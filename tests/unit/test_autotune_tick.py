@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-
 from rljob.operator.api.spec import RLJobSpec
 from rljob.operator.api.status import RLJobStatus
 from rljob.operator.autotune import tick
@@ -15,7 +14,7 @@ from rljob.operator.autotune.metrics import AutotuneMetrics
 from rljob.operator.autotune.prometheus import NoData, PrometheusUnavailable
 from rljob.operator.autotune.queries import Reading
 
-NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
 
 def spec(mode: str = "Apply", **autotune: Any) -> RLJobSpec:

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from rljob.operator.autotune.metric_names import (
+    operator_metric_names,
+    runtime_metric_names,
+)
 
-from rljob.operator.autotune.metric_names import operator_metric_names, runtime_metric_names
 from tests.cluster.fixtures import PrometheusFactory
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts/rljob-operator/files/rljob-dashboard.json"

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from rljob.operator.api.spec import RLJobSpec
 from rljob.runtime.knob_sources import (
     FileKnobSource,
@@ -121,10 +121,10 @@ def test_status_source_backs_off_on_api_errors() -> None:
         raise ConnectionError("apiserver down")
 
     src = RLJobStatusKnobSource("ns", "j", getter=failing, min_interval_s=5, max_backoff_s=30, clock=clock)
-    for t in range(0, 200):
+    for t in range(200):
         clock.t = float(t)
         assert src.poll() is None
-    gaps = [b - a for a, b in zip(calls, calls[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
     assert gaps[:3] == [10, 20, 30] and set(gaps[3:]) == {30}
 
 

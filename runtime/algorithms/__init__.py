@@ -1,0 +1,1 @@
+"""Policy-gradient algorithms: group advantages (GRPO/DAPO) and the clipped, off-policy-aware loss."""

@@ -1,0 +1,43 @@
+"""Group-normalised advantages (GRPO, and DAPO which uses the same estimator) and the DAPO filter.
+
+Each sample's advantage is its reward relative to the other samples of the same prompt:
+A_i = (r_i - mean(r)) / (std(r) + eps). std is the unbiased (Bessel-corrected) estimate, as in
+the GRPO reference implementations. DAPO's dynamic sampling drops groups whose rewards all agree
+(they carry zero advantage and only dilute the batch); the rollout scheduler applies that filter
+with `dynamic_sampling_keep` while harvesting, so the trainer never sees such groups under DAPO.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+ADVANTAGE_EPS = 1e-6
+
+
+def group_advantages(
+    rewards: Sequence[float], include: Sequence[bool] | None = None, eps: float = ADVANTAGE_EPS
+) -> list[float]:
+    """(r - mean) / (std + eps) over the included samples; excluded samples get advantage 0.
+
+    `include` lets the caller leave samples out of the group statistics: with off-policy mode
+    `mask`, a sample whose every token is stale has no token in the loss, so letting its reward
+    shift the group mean would change the other samples' advantages for nothing trained. With
+    fewer than two included samples every advantage is 0 (no baseline to compare against).
+    """
+    flags = list(include) if include is not None else [True] * len(rewards)
+    if len(flags) != len(rewards):
+        raise ValueError(f"{len(rewards)} rewards but {len(flags)} include flags")
+    kept = [r for r, keep in zip(rewards, flags) if keep]
+    if len(kept) < 2:
+        return [0.0] * len(rewards)
+    mean = sum(kept) / len(kept)
+    std = math.sqrt(sum((r - mean) ** 2 for r in kept) / (len(kept) - 1))
+    return [(r - mean) / (std + eps) if keep else 0.0 for r, keep in zip(rewards, flags)]
+
+
+def dynamic_sampling_keep(group_rewards: Sequence[float], tol: float = 1e-9) -> bool:
+    """DAPO dynamic sampling: keep a group only when its rewards are not all equal."""
+    if not group_rewards:
+        return False
+    return max(group_rewards) - min(group_rewards) > tol

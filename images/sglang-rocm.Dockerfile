@@ -1,0 +1,34 @@
+# syntax=docker/dockerfile:1.7
+# SGLang inference server for AMD Instinct MI300-series GPUs (ROCm 7.0), hardened for RLJob inference
+# pools: non-root user in the video and render groups (GPU device access), writable caches, health check
+# on /health_generate. The operator's default AMD pool image is the upstream tag below.
+#   docker build -f images/sglang-rocm.Dockerfile -t rljob/sglang:v0.5.5.post3-rocm700-mi30x .
+# On Kubernetes the device files' group ids are the node's: add them as pod supplementalGroups if they differ.
+# Keep SGLANG_IMAGE in step with SGLANG_VERSION in operator/builders/vendor.py.
+ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.5.post3-rocm700-mi30x
+FROM ${SGLANG_IMAGE}
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="rljob-sglang-rocm" \
+      org.opencontainers.image.description="SGLang inference server (ROCm, MI300 series) for RLJob inference pools" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/rljob/rljob"
+RUN (getent group video || groupadd --system video) \
+ && (getent group render || groupadd --system render) \
+ && groupadd --gid 10001 sglang \
+ && useradd --uid 10001 --gid 10001 --groups video,render --create-home --home-dir /home/sglang \
+      --shell /usr/sbin/nologin sglang
+ENV HOME=/home/sglang \
+    HF_HOME=/home/sglang/.cache/huggingface \
+    TRITON_CACHE_DIR=/home/sglang/.cache/triton \
+    XDG_CACHE_HOME=/home/sglang/.cache \
+    SGLANG_PORT=30000 \
+    HSA_NO_SCRATCH_RECLAIM=1
+WORKDIR /home/sglang
+USER 10001:10001
+# 30000: SGLang HTTP API (/generate, /abort_request, /update_weights_from_disk, /metrics with --enable-metrics).
+# Health: /health_generate runs a 1-token generation (503 while loading); /health is the liveness endpoint.
+EXPOSE 30000
+HEALTHCHECK --interval=60s --timeout=60s --start-period=900s --retries=5 \
+  CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health_generate' % os.environ.get('SGLANG_PORT', '30000'), timeout=55)"]
+CMD ["python3", "-m", "sglang.launch_server", "--host", "0.0.0.0", "--port", "30000", "--enable-metrics"]

@@ -1,0 +1,65 @@
+{{/*
+What the operator does in a namespace it watches, verb by verb (see docs/install.md "RBAC").
+Server-side apply of a child needs get (read the resourceVersion), create (the first apply creates it)
+and patch; list/watch only where the operator lists or kopf watches; delete only where it deletes.
+The trainer's per-job Role grants get on its RLJob, get/patch on its status and create/patch on
+events: the operator holds all of these itself, so the API server lets it create that Role and its
+RoleBinding without the `escalate` or `bind` verbs.
+*/}}
+{{- define "rljob-operator.namespacedRules" -}}
+# RLJobs: kopf lists and watches them and patches its progress annotations on them.
+- apiGroups: ["rljob.io"]
+  resources: ["rljobs"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["rljob.io"]
+  resources: ["rljobs/status"]
+  verbs: ["get", "patch"]
+# Events for every decision (the trainer's Role grants create/patch, so the operator holds both).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+# Inference pools and the trainer group; pools removed from a spec are pruned.
+- apiGroups: ["apps"]
+  resources: ["statefulsets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# The sglang router.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Pods: watched for failures; trainer pods are deleted to restart the group from its checkpoint.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "delete"]
+# Headless Services of pools (pruned with them), the router's and the trainer's Service.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+# Per-job runtime config, trainer identity and checkpoint volume.
+- apiGroups: [""]
+  resources: ["configmaps", "serviceaccounts", "persistentvolumeclaims"]
+  verbs: ["get", "create", "patch"]
+# The trainer's Role and RoleBinding (see above: no escalate/bind needed).
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "create", "patch"]
+{{- if .Values.rbac.readSecrets }}
+# Bearer tokens named by spec.autotune.prometheus.bearerTokenSecretRef.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
+{{- end }}
+
+{{/* Cluster-scoped reads: kopf watches CRDs to notice when the RLJob CRD is installed or upgraded. */}}
+{{- define "rljob-operator.clusterRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["get", "list", "watch"]
+{{- end }}
+
+{{/* The operator's ServiceAccount as an RBAC subject. */}}
+{{- define "rljob-operator.subject" -}}
+- kind: ServiceAccount
+  name: {{ include "rljob-operator.serviceAccountName" . }}
+  namespace: {{ .Release.Namespace }}
+{{- end }}

@@ -42,3 +42,4 @@ benchmark: install
 
 crds: install
 	$(BIN)/python -m rljob.operator.crdgen
+	$(BIN)/python charts/tools/chart_sync.py

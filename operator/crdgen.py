@@ -130,6 +130,7 @@ def to_structural(node: dict[str, Any], required: bool = True) -> dict[str, Any]
         and "properties" in out
         and "default" not in out
         and not out.get("required")  # the API server validates defaults: {} would lack the required keys
+        and "x-kubernetes-validations" not in out  # ...and runs CEL rules on {} too ("no such key")
     ):
         # An optional sub-object with its own defaults: default it to {} so nested defaults apply.
         out["default"] = {}

@@ -194,3 +194,48 @@ def test_jsonl_errors_name_the_line_and_the_fix(tmp_path: Path) -> None:
         load_jsonl_records(broken)
     with pytest.raises(ValueError, match="does not exist"):
         load_jsonl_records(tmp_path / "missing.jsonl")
+
+
+# ---------------------------------------------------------------------------------------------- policy
+
+
+def test_load_policy_from_a_local_checkpoint(tmp_path: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rljob.operator.api.spec import ModelSpec
+    from rljob.runtime.tasks.policy import load_policy
+
+    tok = CharTokenizer()
+    config = LlamaConfig(
+        vocab_size=tok.vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+    )
+    saved = LlamaForCausalLM(config)
+    saved.save_pretrained(tmp_path)
+    tok.save(tmp_path)
+    model, loaded_tok = load_policy(ModelSpec(path=str(tmp_path)))
+    assert isinstance(loaded_tok, CharTokenizer)
+    assert all(torch.equal(a, b) for a, b in zip(saved.state_dict().values(), model.state_dict().values()))
+
+
+def test_load_policy_errors_say_what_to_do(tmp_path: Path) -> None:
+    from rljob.operator.api.spec import ModelSpec
+    from rljob.runtime.tasks.policy import load_policy
+
+    with pytest.raises(ValueError, match=r"model.path: .* \(no config.json\)"):
+        load_policy(ModelSpec(path=str(tmp_path)))
+    with pytest.raises(ValueError, match="set model.path"):
+        load_policy(ModelSpec(hugging_face="Qwen/Qwen3-4B"))
+
+
+@pytest.mark.slow
+def test_builtin_policy_samples_a_mid_reward() -> None:
+    """Warms the built-in policy up (or loads it from the cache) and samples it at temperature 1."""
+    from rljob.operator.api.spec import ModelSpec
+    from rljob.runtime.tasks.policy import DEFAULT_RECIPE, load_policy, sampled_reward
+
+    model, tok = load_policy(ModelSpec(builtin="tiny-arith"), progress=False)
+    problems = DEFAULT_RECIPE.task(seed=4242).problems(128)
+    reward = sampled_reward(model, tok, problems, temperature=1.0)
+    assert 0.15 <= reward <= 0.7, reward

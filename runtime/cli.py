@@ -78,8 +78,9 @@ async def _run(args: argparse.Namespace) -> int:
     runner.knob_sources.extend(knob_sources_for(job.spec, runner.step_listeners))
     if args.fresh and runner.metrics.jsonl_path and runner.metrics.jsonl_path.exists():
         runner.metrics.jsonl_path.unlink()
-    with console.status("[bold]setting up") as status:
-        await runner.setup(on_status=lambda msg: status.update(f"[bold]{msg}"))
+    # Plain status lines, not a spinner: the policy warm-up shows its own progress bar, and rich
+    # allows one live display at a time.
+    await runner.setup(on_status=lambda msg: console.print(f"[bold]{msg}[/] …"))
     if runner.resumed_from:
         console.print(f"resumed from [bold]{runner.resumed_from}[/] at step {runner.step}")
     if runner.metrics_port:

@@ -55,7 +55,9 @@ def ensure_built(names: Sequence[str] = BINARIES) -> None:
     )
     still_missing = missing_binaries(names)
     if proc.returncode != 0 or still_missing:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+        # Lines starting with a tab are GNU time's resource report, not the reason.
+        reason = [line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("\t")]
+        tail = "\n".join(reason[-30:])
         raise BinariesUnavailable(
             f"could not build {', '.join(still_missing) or 'the cluster binaries'} "
             f"(`{LOCALKUBE_SH} build` exited {proc.returncode}); run it by hand to see why, "

@@ -33,7 +33,10 @@ def _require_binaries(names: Sequence[str]) -> None:
     try:
         ensure_built(names)
     except BinariesUnavailable as exc:
-        pytest.fail(str(exc), pytrace=False)
+        failure = str(exc)
+    else:
+        return
+    pytest.fail(failure, pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +47,11 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeClust
     try:
         cluster = start_cluster(state_dir)
     except ClusterStartError as exc:
-        pytest.fail(f"local control plane did not start: {exc}", pytrace=False)
+        failure = f"local control plane did not start: {exc}"
+    else:
+        failure = ""
+    if failure:
+        pytest.fail(failure, pytrace=False)
     previous = os.environ.get("KUBECONFIG")
     os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
     try:

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import signal
+import ssl
 import subprocess
 import time
 import uuid
@@ -71,19 +72,13 @@ class KubeCluster:
     def http(self, token: str | None = None) -> httpx.Client:
         """A raw HTTPS client for the API server: admin client certificate, or `token` when given."""
         pki = self.state_dir / "pki"
+        tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        headers: dict[str, str] = {}
         if token is None:
-            return httpx.Client(
-                base_url=self.server,
-                verify=str(pki / "ca.crt"),
-                cert=(str(pki / "admin.crt"), str(pki / "admin.key")),
-                timeout=10,
-            )
-        return httpx.Client(
-            base_url=self.server,
-            verify=str(pki / "ca.crt"),
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=10,
-        )
+            tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        else:
+            headers["Authorization"] = f"Bearer {token}"
+        return httpx.Client(base_url=self.server, verify=tls, headers=headers, timeout=10)
 
     def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run the upstream kubectl linked into localkube against this cluster."""

@@ -128,6 +128,7 @@ cmd_build() {
   flock 9
   todo="$(missing)"
   [[ -z "$todo" ]] && { note "all binaries cached under $BIN"; return 0; }
+  rm -rf "$BIN"/*.tmp # left by interrupted builds; safe to drop while holding the lock
   note "building: $(echo $todo)"
   ensure_time
   /usr/bin/time -v "$0" _build_missing

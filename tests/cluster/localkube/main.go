@@ -72,7 +72,7 @@ func runUpstream(cmd *cobra.Command, args []string) {
 // plugin lookup), so the program name is rewritten to make it see a plain "kubectl ..." call.
 func runKubectl(args []string) {
 	os.Args = append([]string{"kubectl"}, args...)
-	_ = logs.GlogSetter(kubectl.GetLogVerbosity(os.Args))
+	_, _ = logs.GlogSetter(kubectl.GetLogVerbosity(os.Args))
 	if err := cli.RunNoErrOutput(kubectl.NewDefaultKubectlCommand()); err != nil {
 		kubectlutil.CheckErr(err)
 	}

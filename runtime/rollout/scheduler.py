@@ -196,8 +196,13 @@ class RolloutScheduler:
         to_buffer: list[Group] = []  # segment-cut, surplus and in-flight-at-abort groups
         retry: list[Group] = []  # groups whose engine failed: relaunched at once elsewhere
 
+        # Finished group tasks arrive on a queue: waiting on it is O(1) per group, where
+        # asyncio.wait over every task in flight would be O(in-flight) per wake-up.
+        finished: asyncio.Queue[asyncio.Task[bool]] = asyncio.Queue()
+
         def launch(group: Group, engine_idx: int) -> None:
             task = asyncio.ensure_future(self._run_group(group, engine_idx, policy_version, stats, aborting))
+            task.add_done_callback(finished.put_nowait)
             tasks[task] = (group, engine_idx)
             self._assigned[engine_idx] += 1
             self.progress.launched_groups += 1
@@ -211,7 +216,9 @@ class RolloutScheduler:
         await top_up()
         while len(accepted) < cfg.batch_size:
             self._update_progress(accepted, tasks, stats)
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            done = [await finished.get()]
+            while not finished.empty():
+                done.append(finished.get_nowait())
             for task in sorted(done, key=lambda t: tasks[t][0].prompt_index):
                 group, engine_idx = tasks.pop(task)
                 self._assigned[engine_idx] -= 1

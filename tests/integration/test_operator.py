@@ -106,7 +106,8 @@ class OperatorProcess:
 @pytest.fixture(scope="module")
 def crd(kube_cluster: Any) -> None:
     """Install the checked-in CRD (server-side apply, as the chart does) and wait until it is served."""
-    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crdgen.CRD_PATH))
+    applied = kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crdgen.CRD_PATH), check=False)
+    assert applied.returncode == 0, f"the API server refused the CRD:\n{applied.stderr}"
     ext = k8s.ApiextensionsV1Api(kube_cluster.api)
 
     def established() -> bool:
@@ -129,6 +130,35 @@ def operator(namespace: str, crd: None, tmp_path: Path) -> Iterator[OperatorProc
     op.stop()
     # Captured output is shown by pytest only when the test failed.
     print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(120)}")
+
+
+@pytest.fixture
+def volumes(kube_cluster: Any, namespace: str) -> Iterator[Callable[[str], None]]:
+    """Pre-bound PersistentVolumes for checkpoint PVCs: the local plane has no storage provisioner."""
+    core = kube_cluster.core()
+    created: list[str] = []
+
+    def provide(job: str) -> None:
+        name = f"{namespace}-{job}"[:63]
+        core.create_persistent_volume(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": name},
+                "spec": {
+                    "capacity": {"storage": "10Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": {"path": f"/tmp/rljob-test/{name}"},
+                    "claimRef": {"namespace": namespace, "name": f"{job}-checkpoints"},
+                },
+            }
+        )
+        created.append(name)
+
+    yield provide
+    for name in created:
+        core.delete_persistent_volume(name)
 
 
 def rljob(name: str, **spec_overrides: Any) -> dict[str, Any]:
@@ -159,11 +189,17 @@ def condition(job: dict[str, Any], type_: str) -> dict[str, Any] | None:
 
 
 def wait_phase(api: k8s.CustomObjectsApi, ns: str, name: str, phase: str, timeout: float = 90) -> dict[str, Any]:
+    last: dict[str, Any] = {}
+
     def check() -> dict[str, Any] | None:
         job = get(api, ns, name)
+        last["status"] = job.get("status")
         return job if (job.get("status") or {}).get("phase") == phase else None
 
-    return wait_for(check, f"RLJob {name} phase {phase}", timeout=timeout)
+    try:
+        return wait_for(check, f"RLJob {name} phase {phase}", timeout=timeout)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; status: {last.get('status')}") from None
 
 
 def pods(kube_cluster: Any, ns: str, selector: str) -> list[k8s.V1Pod]:
@@ -209,8 +245,9 @@ def expected_children(name: str) -> dict[str, list[str]]:
 
 
 def test_two_vendor_job_becomes_ready_on_the_right_nodes_and_is_garbage_collected(
-    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any
 ) -> None:
+    volumes("mixed")
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("mixed"))
     job = wait_phase(api, namespace, "mixed", "Running")
     status = job["status"]
@@ -245,10 +282,18 @@ def test_two_vendor_job_becomes_ready_on_the_right_nodes_and_is_garbage_collecte
     cells = table["rows"][0]["cells"]
     assert cells[:2] == ["mixed", "Running"] and cells[3:5] == ["3/3", "1/1"] and cells[6] == 2.0
 
-    # The /scale subresource reports ready inference replicas and their selector.
+    # The /scale subresource (KEDA/HPA): once spec.rollout.replicas is set, scaling spreads the
+    # replicas over the pools by their weights (2:1 here).
+    api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "mixed", {"spec": {"rollout": {"replicas": 3}}})
     scale = api.get_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, "mixed")
-    assert scale["status"]["replicas"] == 3
+    assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
     assert scale["status"]["selector"] == "rljob.io/job-name=mixed,rljob.io/role=inference"
+    api.patch_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, "mixed", {"spec": {"replicas": 6}})
+    wait_for(
+        lambda: get(api, namespace, "mixed")["status"]["rollout"]["summary"] == "6/6", "scaled to 6 replicas", 60
+    )
+    pools = {p["name"]: p["desired"] for p in get(api, namespace, "mixed")["status"]["rollout"]["pools"]}
+    assert pools == {"nv": 4, "mi": 2}
 
     metrics = operator.metrics()
     assert 'rljob_jobs{phase="Running"} 1.0' in metrics
@@ -293,7 +338,7 @@ def test_invalid_rljobs_are_rejected_naming_the_field(namespace: str, api: k8s.C
     doc["spec"]["rollout"]["overSampling"] = 2
     with pytest.raises(ApiException) as info:
         api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, doc, field_validation="Strict")
-    assert 'unknown field "spec.rollout.overSampling"' in info.value.body
+    assert "unknown field" in info.value.body and "spec.rollout.overSampling" in info.value.body
     # Immutable after creation.
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("fixed"))
     for patch, field in (
@@ -322,8 +367,9 @@ def _watch_phases(api: k8s.CustomObjectsApi, ns: str, name: str, since: str, see
 
 
 def test_lost_inference_pod_degrades_then_recovers(
-    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any
 ) -> None:
+    volumes("flaky")
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("flaky"))
     ready = wait_phase(api, namespace, "flaky", "Running")
     seen: list[str] = []
@@ -349,8 +395,9 @@ def _fail_pod(kube_cluster: Any, ns: str, pod: str) -> None:
 
 
 def test_trainer_failure_restarts_group_then_fails_past_backoff_limit(
-    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any
 ) -> None:
+    volumes("crashy")
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("crashy"))
     wait_phase(api, namespace, "crashy", "Running")
     first_uid = pods(kube_cluster, namespace, "rljob.io/job-name=crashy,rljob.io/role=trainer")[0].metadata.uid
@@ -383,8 +430,9 @@ def test_trainer_failure_restarts_group_then_fails_past_backoff_limit(
 
 
 def test_trainer_exit_zero_completes_the_job(
-    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any
 ) -> None:
+    volumes("done")
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("done"))
     wait_phase(api, namespace, "done", "Running")
     pod = kube_cluster.core().read_namespaced_pod("done-trainer-0", namespace)
@@ -403,8 +451,9 @@ def test_trainer_exit_zero_completes_the_job(
 
 
 def test_suspend_scales_to_zero_and_resume_comes_back(
-    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any
 ) -> None:
+    volumes("pause")
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("pause"))
     wait_phase(api, namespace, "pause", "Running")
     api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "pause", {"spec": {"suspend": True}})
@@ -421,8 +470,9 @@ def test_suspend_scales_to_zero_and_resume_comes_back(
 
 
 def test_operator_killed_mid_reconcile_converges_without_duplicates(
-    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any
 ) -> None:
+    volumes("phoenix")
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("phoenix"))
     # Kill as soon as the first child exists: the reconcile is somewhere in the middle.
     wait_for(lambda: children(kube_cluster, namespace, "phoenix"), "first child object", timeout=60, interval=0.02)

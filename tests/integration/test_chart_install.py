@@ -34,6 +34,9 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from rljob.operator.api.load import load_rljob
+from rljob.operator.builders.meta import JobRef
+from rljob.operator.builders.trainer import checkpoint_claim_name
 from tests.cluster.kube import KubeCluster, wait_until
 from tests.helpers.processes import free_port
 from tests.unit.test_chart import CHART, EXAMPLES, Yaml12Loader, helm_binary
@@ -297,6 +300,48 @@ def delete_and_wait_gone(kube_cluster: KubeCluster, ns: str, name: str) -> None:
     )
 
 
+PersistentVolumeFactory = Callable[[str, Path], None]
+
+
+@pytest.fixture
+def checkpoint_volume(kube_cluster: KubeCluster) -> Iterator[PersistentVolumeFactory]:
+    """Stand-in for a storage provisioner (the local control plane has none): a PersistentVolume
+    pre-bound to the checkpoint claim the operator will create for an example in a namespace."""
+    core, created = kube_cluster.core(), []
+
+    def provision(namespace: str, example: Path) -> None:
+        job = load_rljob(example)
+        claim = checkpoint_claim_name(JobRef(job.metadata.name, namespace, ""), job.spec)
+        assert claim is not None, f"{example.name} uses no checkpoint volume"
+        name = f"{namespace}-{claim}"[:63].rstrip("-")
+        core.create_persistent_volume(k8s.V1PersistentVolume(
+            metadata=k8s.V1ObjectMeta(name=name),
+            spec=k8s.V1PersistentVolumeSpec(
+                capacity={"storage": job.spec.checkpoint.storage_size},
+                access_modes=[job.spec.checkpoint.access_mode],
+                host_path=k8s.V1HostPathVolumeSource(path=f"/var/lib/rljob-test/{name}"),
+                claim_ref=k8s.V1ObjectReference(namespace=namespace, name=claim),
+                persistent_volume_reclaim_policy="Delete",
+            ),
+        ))
+        created.append(name)
+
+    yield provision
+    for name in created:
+        try:
+            core.delete_persistent_volume(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def apply_example(kube_cluster: KubeCluster, namespace: str, example: Path, provision: PersistentVolumeFactory) -> str:
+    """`kubectl apply` of an example RLJob (with a volume for its checkpoint claim); returns its name."""
+    provision(namespace, example)
+    kube_cluster.kubectl("apply", "-n", namespace, "-f", str(example))
+    return str(yaml.safe_load(example.read_text())["metadata"]["name"])
+
+
 # ---------------------------------------------------------------------------------------------
 # tests
 
@@ -340,27 +385,26 @@ def test_install_creates_every_object_and_the_operator_deployment_is_ready(kube_
 
 @pytest.mark.slow
 def test_every_example_reaches_ready_under_the_chart_rbac(
-    kube_cluster: KubeCluster, release: Release, namespace: str, chart_operator: ChartOperator
+    kube_cluster: KubeCluster, release: Release, namespace: str, chart_operator: ChartOperator,
+    checkpoint_volume: PersistentVolumeFactory,
 ) -> None:
     for example in EXAMPLES:
-        name = yaml.safe_load(example.read_text())["metadata"]["name"]
-        kube_cluster.kubectl("apply", "-n", namespace, "-f", str(example))
+        name = apply_example(kube_cluster, namespace, example, checkpoint_volume)
         job = wait_job(kube_cluster, namespace, name, is_ready, "Ready", chart_operator)
         summary = job["status"]["rollout"]["summary"]
         ready, desired = summary.split("/")
         assert ready == desired != "0", summary
-        # One at a time: the fake GPU nodes hold one 8-GPU trainer per node.
+        # One at a time: the fake GPU nodes (2 per vendor, 8 GPUs each) do not hold all three jobs.
         delete_and_wait_gone(kube_cluster, namespace, name)
     assert "Forbidden" not in chart_operator.log_text() and "403" not in chart_operator.log_text()
 
 
 @pytest.mark.slow
 def test_full_lifecycle_under_the_chart_rbac(
-    kube_cluster: KubeCluster, release: Release, namespace: str, chart_operator: ChartOperator
+    kube_cluster: KubeCluster, release: Release, namespace: str, chart_operator: ChartOperator,
+    checkpoint_volume: PersistentVolumeFactory,
 ) -> None:
-    example = CHART / "examples/mixed-pools.yaml"
-    name = yaml.safe_load(example.read_text())["metadata"]["name"]
-    kube_cluster.kubectl("apply", "-n", namespace, "-f", str(example))
+    name = apply_example(kube_cluster, namespace, CHART / "examples/mixed-pools.yaml", checkpoint_volume)
     wait_job(kube_cluster, namespace, name, is_ready, "Ready", chart_operator)
     # Lose an inference replica: Degraded, replaced, Running again.
     kube_cluster.core().delete_namespaced_pod(f"{name}-infer-h100-0", namespace, grace_period_seconds=0)

@@ -273,8 +273,8 @@ def test_watch_namespaces_use_roles_not_a_cluster_wide_grant(helm: Path) -> None
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-team-a", "ml-team-b"]
     assert rules_allow(operator_rules(objects, namespaced=True), "", "secrets", "get")
     cluster_reads = find(objects, "ClusterRole", "rljob-rljob-operator-cluster-reads")["rules"]
-    assert [r["resources"] for r in cluster_reads] == [["customresourcedefinitions"]]
-    assert set(cluster_reads[0]["verbs"]) == {"get", "list", "watch"}
+    assert sorted(r["resources"][0] for r in cluster_reads) == ["customresourcedefinitions", "namespaces"]
+    assert all(set(r["verbs"]) == {"get", "list", "watch"} for r in cluster_reads)
     args = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=ml-team-a" in args and "--namespace=ml-team-b" in args and "--all-namespaces" not in args
     podmonitor = find(objects, "PodMonitor")

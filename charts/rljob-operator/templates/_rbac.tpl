@@ -50,10 +50,16 @@ RoleBinding without the `escalate` or `bind` verbs.
 {{- end }}
 {{- end }}
 
-{{/* Cluster-scoped reads: kopf watches CRDs to notice when the RLJob CRD is installed or upgraded. */}}
+{{/*
+Cluster-scoped reads kopf makes: CRDs (to notice when the RLJob CRD is installed or upgraded) and, when
+it is given namespaces, the namespaces themselves (to follow them being created and deleted).
+*/}}
 {{- define "rljob-operator.clusterRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["namespaces"]
   verbs: ["get", "list", "watch"]
 {{- end }}
 

@@ -383,7 +383,6 @@ def test_install_creates_every_object_and_the_operator_deployment_is_ready(kube_
     assert "installed in namespace" in status["info"]["notes"]
 
 
-@pytest.mark.slow
 def test_every_example_reaches_ready_under_the_chart_rbac(
     kube_cluster: KubeCluster, release: Release, namespace: str, chart_operator: ChartOperator,
     checkpoint_volume: PersistentVolumeFactory,
@@ -399,7 +398,6 @@ def test_every_example_reaches_ready_under_the_chart_rbac(
     assert "Forbidden" not in chart_operator.log_text() and "403" not in chart_operator.log_text()
 
 
-@pytest.mark.slow
 def test_full_lifecycle_under_the_chart_rbac(
     kube_cluster: KubeCluster, release: Release, namespace: str, chart_operator: ChartOperator,
     checkpoint_volume: PersistentVolumeFactory,
@@ -427,40 +425,37 @@ def test_full_lifecycle_under_the_chart_rbac(
 
 
 @pytest.fixture
-def statefulsets_rule_removed(kube_cluster: KubeCluster, release: Release) -> Iterator[dict[str, Any]]:
-    """The chart's ClusterRole without its StatefulSet rule; restored afterwards."""
+def rule_removed(kube_cluster: KubeCluster, release: Release, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The chart's ClusterRole without the rule for resource `request.param`; restored afterwards."""
+    resource = request.param
     rbac = k8s.RbacAuthorizationV1Api(kube_cluster.api)
     original = rbac.read_cluster_role(release.fullname)
     broken = copy.deepcopy(original)
-    removed = [r for r in broken.rules if "statefulsets" in r.resources]
-    assert len(removed) == 1
-    broken.rules = [r for r in broken.rules if "statefulsets" not in r.resources]
+    broken.rules = [r for r in broken.rules if resource not in r.resources]
+    assert len(broken.rules) == len(original.rules) - 1, f"no single rule for {resource}"
     rbac.replace_cluster_role(release.fullname, broken)
-    yield kube_cluster.api.sanitize_for_serialization(removed[0])
+    yield resource
     current = rbac.read_cluster_role(release.fullname)
     current.rules = original.rules
     rbac.replace_cluster_role(release.fullname, current)
 
 
-@pytest.mark.slow
+@pytest.mark.parametrize("rule_removed", ["statefulsets", "roles", "rljobs/status"], indirect=True)
 def test_lifecycle_fails_with_forbidden_when_a_rule_is_removed(
-    kube_cluster: KubeCluster, release: Release, namespace: str,
-    statefulsets_rule_removed: dict[str, Any], tmp_path: Path,
+    kube_cluster: KubeCluster, release: Release, namespace: str, rule_removed: str,
+    checkpoint_volume: PersistentVolumeFactory, tmp_path: Path,
 ) -> None:
     op = ChartOperator(kube_cluster, release, namespace, tmp_path)
-    example = CHART / "examples/nvidia-only.yaml"
-    name = yaml.safe_load(example.read_text())["metadata"]["name"]
-    kube_cluster.kubectl("apply", "-n", namespace, "-f", str(example))
-    # kopf may stop on a forbidden watch, or the reconcile may fail on a forbidden apply: either way the
+    name = apply_example(kube_cluster, namespace, CHART / "examples/nvidia-only.yaml", checkpoint_volume)
+    # kopf may stop on a forbidden watch, or the reconcile may fail on a forbidden call: either way the
     # log names the missing permission and the job never becomes Ready.
     op.start(wait=False)
-    forbidden = re.compile(r'cannot (get|list|watch|patch|create) resource \\?"statefulsets\\?"')
+    forbidden = re.compile(rf'cannot (get|list|watch|patch|create) resource \\?"{re.escape(rule_removed)}\\?"')
     try:
-        wait_until(lambda: forbidden.search(op.log_text()), 60, "a Forbidden error on statefulsets in the operator log")
+        wait_until(lambda: forbidden.search(op.log_text()), 60, f"a Forbidden error on {rule_removed} in the operator log")
         time.sleep(10)  # give a (wrongly) working operator the time it needs to make the job Ready
         job = get_job(kube_cluster, namespace, name)
         assert not is_ready(job), job.get("status")
-        assert not kube_cluster.apps().list_namespaced_stateful_set(namespace, label_selector=f"rljob.io/job-name={name}").items
     finally:
         op.stop()
         print(f"--- operator log ---\n{op.log_tail(60)}")
@@ -501,7 +496,6 @@ def test_viewer_cannot_create_or_delete_rljobs_and_editor_can(kube_cluster: Kube
         assert plain.post(path, json={**example, "metadata": {"name": "nope"}}).status_code == 403
 
 
-@pytest.mark.slow
 def test_upgrade_with_changed_values_and_a_refused_bad_value(kube_cluster: KubeCluster, release: Release, tmp_path: Path) -> None:
     values = tmp_path / "values.yaml"
     changed = copy.deepcopy(INSTALL_VALUES)
@@ -526,7 +520,6 @@ def test_upgrade_with_changed_values_and_a_refused_bad_value(kube_cluster: KubeC
     assert [h["revision"] for h in history] == [1, 2] and history[-1]["status"] == "deployed"
 
 
-@pytest.mark.slow
 def test_uninstall_removes_the_operator_and_keeps_the_crd_and_jobs(kube_cluster: KubeCluster, release: Release, namespace: str) -> None:
     example = CHART / "examples/nvidia-only.yaml"
     kube_cluster.kubectl("apply", "-n", namespace, "-f", str(example))

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import logging
 import os
+import signal
 import sys
 
 
@@ -22,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
 
+    # `kill -USR1 <pid>` dumps every thread's stack: the way to see what a stuck reconcile waits on.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

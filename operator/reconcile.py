@@ -121,6 +121,18 @@ def observe(kube: Kube, job: JobRef, spec: RLJobSpec) -> Observed:
     )
 
 
+def _ready_inference_pods(kube: Kube, job: JobRef) -> dict[str, str]:
+    selector = selector_string({LABEL_JOB: job.name, LABEL_ROLE: ROLE_INFERENCE})
+    ready = {}
+    for pod in kube.list("v1", "Pod", job.namespace, selector):
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        if not pod["metadata"].get("deletionTimestamp") and any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
+        ):
+            ready[pod["metadata"]["name"]] = pod["metadata"]["uid"]
+    return ready
+
+
 def restart_trainer_group(kube: Kube, job: JobRef) -> int:
     """Delete every trainer pod; the StatefulSet recreates them and they resume from the checkpoint."""
     selector = selector_string({LABEL_JOB: job.name, LABEL_ROLE: ROLE_TRAINER})
@@ -184,6 +196,8 @@ def _sync_once(
     seen = {p.uid for p in obs.trainer_pods}
     obs.trainer_pods += [p for p in extra_trainer if p.uid not in seen]
     obs.lost_inference_pods = lost
+    if lost:
+        obs.ready_inference_pods = _ready_inference_pods(kube, job)
     decision = compute_status(job, spec, int(body["metadata"].get("generation") or 0), prev, obs, utcnow())
 
     patch = operator_patch(prev, decision.status)

@@ -91,8 +91,10 @@ class Observed:
     router: WorkloadObs | None = None
     trainer: WorkloadObs | None = None
     trainer_pods: list[PodObs] = field(default_factory=list)
-    # Inference pods that disappeared or failed (from the pod watch).
+    # Inference pods that disappeared or failed (from the pod watch), and the uids of the inference
+    # pods that are Ready now by name (to tell whether a lost pod's replacement is already serving).
     lost_inference_pods: list[PodObs] = field(default_factory=list)
+    ready_inference_pods: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -284,7 +286,9 @@ def compute_status(
             if in_scale and key not in restarts.handled_failures:
                 restarts.handled_failures = _remember(restarts.handled_failures, [key])
                 restarts.rollout += 1
-                lost_now.append(pod)
+                # A loss reported after its replacement is already serving is counted, not degrading.
+                if obs.ready_inference_pods.get(pod.name, pod.uid) == pod.uid:
+                    lost_now.append(pod)
                 events.append(
                     EventRecord(
                         "Warning",

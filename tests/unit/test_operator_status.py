@@ -112,6 +112,14 @@ def test_lost_inference_pod_degrades_until_replaced() -> None:
     assert d3.status.phase == "Running" and [e.reason for e in d3.events] == ["Recovered", "JobReady"]
 
 
+def test_loss_reported_after_replacement_is_counted_without_degrading() -> None:
+    ready = _run(_spec(), RLJobStatus(), _obs()).status
+    lost = pod_observation(_pod(uid="inf-1", role="inference", ordinal=1))
+    d = _run(_spec(), ready, _obs(lost_inference_pods=[lost], ready_inference_pods={lost.name: "inf-2"}))
+    assert d.status.phase == "Running" and d.status.restarts.rollout == 1
+    assert [e.reason for e in d.events] == ["InferenceReplicaLost"]
+
+
 def test_scale_down_is_not_a_loss() -> None:
     ready = _run(_spec(), RLJobStatus(), _obs()).status
     beyond_scale = pod_observation(_pod(uid="inf-9", role="inference", ordinal=5))

@@ -244,6 +244,7 @@ def expected_children(name: str) -> dict[str, list[str]]:
     return {kind: [n.format(n=name) for n in names] for kind, names in EXPECTED_CHILDREN.items()}
 
 
+@pytest.mark.slow
 def test_two_vendor_job_becomes_ready_on_the_right_nodes_and_is_garbage_collected(
     kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any
 ) -> None:

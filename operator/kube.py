@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from kubernetes import client, config
-
 from rljob.operator.api.spec import API_GROUP, API_VERSION, KIND
 from rljob.operator.builders.meta import MANAGER
 
@@ -61,7 +61,8 @@ def load_api_client() -> client.ApiClient:
         config.load_incluster_config()
         return client.ApiClient()
     except config.ConfigException:
-        return config.new_client_from_config()
+        # The client reads KUBECONFIG once, at import time; read it now so a later change counts.
+        return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rljob.operator.api.spec import RLJob
+from rljob.operator.status_reporter import StatusReporter
 from rljob.runtime.batch_stats import summarize_batch
 from rljob.runtime.checkpoint import CheckpointManager, rng_state, set_rng_state
 from rljob.runtime.engines.base import Engine, WeightUpdate
@@ -95,6 +97,20 @@ def current_knobs(scheduler: RolloutScheduler) -> dict[str, float]:
     cap = scheduler.truncation.threshold() if scheduler.strategy.truncates else None
     knobs["segment_cap_tokens"] = float(cap or 0)
     return knobs
+
+
+def status_metrics(rec: StepRecord) -> dict[str, float | int]:
+    """The key metrics the trainer reports into the RLJob status."""
+    return {
+        "truncation_rate": rec.truncation_rate,
+        "entropy": rec.entropy,
+        "reward_mean": rec.reward_mean,
+        "kl": rec.kl,
+        "off_policy_token_ratio": rec.off_policy_token_ratio,
+        "max_staleness": rec.staleness_max,
+        "rollout_tokens_per_second": rec.rollout_tokens_per_s,
+        "response_length_mean": rec.length_mean,
+    }
 
 
 def step_record(
@@ -178,6 +194,9 @@ class JobRunner:
         self.knob_sources: list[KnobSource] = []
         # Called with every finished step (the local autotuner observes the runtime's own metrics).
         self.step_listeners: list[Callable[[StepRecord], None]] = []
+        # In a trainer pod (RLJOB_STATUS_REPORT=1) progress goes into the RLJob's status.
+        self.status_reporter = StatusReporter.from_env()
+        self.stop_requested = False
 
     # ------------------------------------------------------------------ setup
 
@@ -256,9 +275,14 @@ class JobRunner:
         started = time.perf_counter()
         first = self.step + 1
         records = []
-        while self.step < self.total_steps:
+        self._stop_on_sigterm()
+        while self.step < self.total_steps and not self.stop_requested:
             records.append(await self.run_step())
             on_step(records[-1])
+        if self.stop_requested:
+            log.warning("stopped by SIGTERM after step %d; the checkpoint of that step is written", self.step)
+        if self.status_reporter is not None:
+            self.status_reporter.flush()
         await self.close()
         return RunSummary(
             steps_run=len(records),
@@ -306,9 +330,29 @@ class JobRunner:
         self.metrics.record(record)
         for listener in self.step_listeners:
             listener(record)
-        if self.step % self.spec.checkpoint.every_steps == 0 or self.step == self.total_steps:
-            self.checkpoints.save(self.step, self.checkpoint_state())
+        if self.step % self.spec.checkpoint.every_steps == 0 or self.step == self.total_steps or self.stop_requested:
+            self.save_checkpoint()
+        if self.status_reporter is not None:
+            self.status_reporter.report(step=self.step, policy_version=self.version, metrics=status_metrics(record))
         return record
+
+    def save_checkpoint(self) -> Path:
+        """Write a checkpoint of the current step and tell the RLJob status about it."""
+        path = self.checkpoints.save(self.step, self.checkpoint_state())
+        if self.status_reporter is not None:
+            self.status_reporter.report_checkpoint(self.step, str(path))
+        return path
+
+    def _stop_on_sigterm(self) -> None:
+        """Pod termination: finish the step in flight, checkpoint it, exit (nothing generated is lost)."""
+
+        def request_stop() -> None:
+            self.stop_requested = True
+
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, request_stop)
+        except (NotImplementedError, RuntimeError):  # not the main thread (tests, notebooks)
+            pass
 
     async def _sync_weights(self) -> int:
         """Push the trainer's weights to every engine; returns the number of failures."""

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.table import Table
-
 from rljob.operator.api import load_rljob
+from rljob.runtime.cli import comparison_view
 from rljob.runtime.report import comparison_plot
 from rljob.runtime.runner import JobRunner, RunOptions, compare_strategies
 
@@ -96,15 +95,8 @@ def main() -> None:
     args = parser.parse_args()
     result = asyncio.run(run(args))
 
-    table = Table(title="rollout throughput (embedded engine, same policy, prompts and seeds)", header_style="bold")
-    for col in ("strategy", "tokens/s", "round s", "off-policy", "truncation", "× sync", "× ceiling"):
-        table.add_column(col, justify="right")
-    for row in result["rows"]:
-        table.add_row(row["strategy"], f"{row['tokens_per_s']:.0f}", f"{row['step_seconds']:.2f}",
-                      f"{row['off_policy_ratio']:.2f}", f"{row['truncation_rate']:.2f}",
-                      f"{row['over_sync']:.2f}", f"{row['over_ceiling']:.2f}")
-    table.add_row("ceiling", f"{result['ceiling_tokens_per_s']:.0f}", "", "", "", "", "1.00")
-    console.print(table)
+    console.print(comparison_view(result["rows"], result["ceiling_tokens_per_s"],
+                                  "rollout throughput (embedded engine, same policy, prompts and seeds)"))
     console.print(f"machine: {result['machine']}")
 
     out = Path(args.output)

@@ -12,10 +12,14 @@ from pathlib import Path
 from rich.console import Console, Group
 from rich.live import Live
 from rich.logging import RichHandler
-from rich.panel import Panel
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
-
 from rljob.operator.api import RLJobConfigError, load_rljob
 from rljob.runtime.engines.base import EngineError
 from rljob.runtime.metrics import StepRecord
@@ -52,6 +56,19 @@ def _step_table(rows: deque[StepRecord]) -> Table:
             f"{r.rollout_seconds:.1f}",
             f"{r.train_seconds:.1f}",
         )
+    return table
+
+
+def comparison_view(rows: list[dict], ceiling: float, title: str) -> Table:
+    """Rich table of a strategy comparison (compare.comparison_table rows) with the ceiling row."""
+    table = Table(title=title, header_style="bold")
+    for col in ("strategy", "tokens/s", "round s", "off-policy", "truncation", "× sync", "× ceiling"):
+        table.add_column(col, justify="right")
+    for row in rows:
+        table.add_row(row["strategy"], f"{row['tokens_per_s']:.0f}", f"{row['step_seconds']:.2f}",
+                      f"{row['off_policy_ratio']:.2f}", f"{row['truncation_rate']:.2f}",
+                      f"{row['over_sync']:.2f}", f"{row['over_ceiling']:.2f}")
+    table.add_row("bubble-free ceiling", f"{ceiling:.0f}", "", "", "", "", "1.00")
     return table
 
 
@@ -120,15 +137,8 @@ async def _run(args: argparse.Namespace) -> int:
     if args.compare_rounds:
         with console.status(f"[bold]comparing sync and april rollouts ({args.compare_rounds} rounds each)"):
             comparison = await compare_strategies(runner, args.compare_rounds)
-        table = Table(title="rollout throughput, same policy, prompts and seeds", header_style="bold")
-        for col in ("strategy", "tokens/s", "round s", "off-policy", "trunc", "× sync", "× ceiling"):
-            table.add_column(col, justify="right")
-        for row in comparison["rows"]:
-            table.add_row(row["strategy"], f"{row['tokens_per_s']:.0f}", f"{row['step_seconds']:.2f}",
-                          f"{row['off_policy_ratio']:.2f}", f"{row['truncation_rate']:.2f}",
-                          f"{row['over_sync']:.2f}", f"{row['over_ceiling']:.2f}")
-        console.print(table)
-        console.print(f"bubble-free ceiling: {comparison['ceiling_tokens_per_s']:.0f} tokens/s")
+        console.print(comparison_view(comparison["rows"], comparison["ceiling_tokens_per_s"],
+                                      "rollout throughput, same policy, prompts and seeds"))
 
     from rljob.runtime.metrics import read_jsonl
 

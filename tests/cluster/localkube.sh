@@ -229,7 +229,7 @@ main() {
     env) cmd_env ;;
     path) [[ $# -eq 1 ]] || die "usage: $0 path NAME"; path_of "$1" ;;
     helm | promtool | prometheus | kwok) path_of "$cmd" ;;
-    *) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    *) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
   esac
 }
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from tests.cluster.kube import KubeCluster, wait_until
+from tests.cluster.kube import KubeCluster, start_cluster, stop_cluster, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -32,6 +32,11 @@ def _gpu_pod_spec(resource: str, count: int, accelerator: str | None) -> k8s.V1P
 def _pod_ready(pod: k8s.V1Pod) -> bool:
     conditions = pod.status.conditions or []
     return pod.status.phase == "Running" and any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def _ready_pod(core: k8s.CoreV1Api, namespace: str, name: str) -> k8s.V1Pod | None:
+    pod = core.read_namespaced_pod(name, namespace)
+    return pod if _pod_ready(pod) else None
 
 
 def test_server_reports_stamped_kubernetes_version(kube_cluster: KubeCluster) -> None:
@@ -142,7 +147,7 @@ def test_deleting_owner_garbage_collects_children(kube_cluster: KubeCluster, nam
             spec=_gpu_pod_spec("nvidia.com/gpu", 1, "nvidia"),
         ),
     )
-    wait_until(lambda: _pod_ready(core.read_namespaced_pod("child-pod", namespace)), 30, "child pod Ready")
+    wait_until(lambda: _ready_pod(core, namespace, "child-pod"), 30, "child pod Ready")
 
     core.delete_namespaced_config_map("owner", namespace, propagation_policy="Background")
 
@@ -210,3 +215,29 @@ def test_helm_installs_chart_into_cluster(
     )
     cm = kube_cluster.core().read_namespaced_config_map("probe-cm", namespace)
     assert cm.data == {"k": "v"}
+
+
+def test_node_flags_shape_a_second_cluster_with_tainted_gpu_nodes(tmp_path: Path) -> None:
+    cluster = start_cluster(
+        tmp_path / "tainted",
+        ("--nvidia-nodes=1", "--amd-nodes=0", "--cpu-nodes=1", "--gpus-per-node=4", "--taint-gpu-nodes"),
+    )
+    try:
+        ns = cluster.create_namespace("tainted")
+        core = cluster.core()
+        assert sorted(n.metadata.name for n in core.list_node().items) == ["cpu-0", "nv-0"]
+        assert core.read_node("nv-0").status.capacity["nvidia.com/gpu"] == "4"
+
+        plain = k8s.V1Pod(
+            metadata=k8s.V1ObjectMeta(name="plain"),
+            spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="main", image=PAUSE_IMAGE)]),
+        )
+        gpu_spec = _gpu_pod_spec("nvidia.com/gpu", 4, "nvidia")
+        gpu_spec.tolerations = [k8s.V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]
+        core.create_namespaced_pod(ns, plain)
+        core.create_namespaced_pod(ns, k8s.V1Pod(metadata=k8s.V1ObjectMeta(name="gpu"), spec=gpu_spec))
+        for name, node in (("plain", "cpu-0"), ("gpu", "nv-0")):
+            pod = wait_until(lambda name=name: _ready_pod(core, ns, name), 30, f"pod {name} Ready")
+            assert pod.spec.node_name == node
+    finally:
+        stop_cluster(cluster.process)

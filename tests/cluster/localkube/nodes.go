@@ -25,19 +25,21 @@ type nodePool struct {
 	gpuResource string
 	gpus        int
 	labels      map[string]string
+	// taint keeps pods that do not tolerate the GPU resource off the pool.
+	taint bool
 }
 
 // nodePools returns the NVIDIA, AMD and CPU pools with the labels the vendors' node labellers
 // set (NVIDIA GPU Feature Discovery, ROCm node labeller) plus rljob's own accelerator label.
 func nodePools(o upOptions) []nodePool {
 	return []nodePool{
-		{prefix: "nv", count: o.nvidiaNodes, gpuResource: "nvidia.com/gpu", gpus: o.gpusPerNode, labels: map[string]string{
+		{prefix: "nv", count: o.nvidiaNodes, gpuResource: "nvidia.com/gpu", gpus: o.gpusPerNode, taint: o.taintGPUNodes, labels: map[string]string{
 			"nvidia.com/gpu.present": "true",
 			"nvidia.com/gpu.product": o.nvidiaProduct,
 			"nvidia.com/gpu.count":   strconv.Itoa(o.gpusPerNode),
 			"rljob.io/accelerator":   "nvidia",
 		}},
-		{prefix: "amd", count: o.amdNodes, gpuResource: "amd.com/gpu", gpus: o.gpusPerNode, labels: map[string]string{
+		{prefix: "amd", count: o.amdNodes, gpuResource: "amd.com/gpu", gpus: o.gpusPerNode, taint: o.taintGPUNodes, labels: map[string]string{
 			"amd.com/gpu.present":      "true",
 			"amd.com/gpu.product-name": o.amdProduct,
 			"amd.com/gpu.family":       "AI",
@@ -71,14 +73,18 @@ func fakeNodes(pools []nodePool) []*corev1.Node {
 			if p.gpuResource != "" {
 				capacity[corev1.ResourceName(p.gpuResource)] = *resource.NewQuantity(int64(p.gpus), resource.DecimalSI)
 			}
-			nodes = append(nodes, &corev1.Node{
+			node := &corev1.Node{
 				ObjectMeta: metav1.ObjectMeta{
 					Name:        name,
 					Labels:      labels,
 					Annotations: map[string]string{kwokAnnotation: "fake"},
 				},
 				Status: corev1.NodeStatus{Capacity: capacity, Allocatable: capacity.DeepCopy()},
-			})
+			}
+			if p.taint {
+				node.Spec.Taints = []corev1.Taint{{Key: p.gpuResource, Value: "present", Effect: corev1.TaintEffectNoSchedule}}
+			}
+			nodes = append(nodes, node)
 		}
 	}
 	return nodes

@@ -34,6 +34,7 @@ type upOptions struct {
 	gpusPerNode   int
 	nvidiaProduct string
 	amdProduct    string
+	taintGPUNodes bool
 	timeout       time.Duration
 }
 
@@ -59,6 +60,7 @@ func parseUpOptions(args []string) (upOptions, error) {
 	fs.IntVar(&o.gpusPerNode, "gpus-per-node", 8, "GPU capacity of each GPU node")
 	fs.StringVar(&o.nvidiaProduct, "nvidia-product", "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.product label value")
 	fs.StringVar(&o.amdProduct, "amd-product", "AMD_Instinct_MI300X_OAM", "amd.com/gpu.product-name label value")
+	fs.BoolVar(&o.taintGPUNodes, "taint-gpu-nodes", false, "taint GPU nodes <vendor>.com/gpu=present:NoSchedule, as GPU clusters usually are")
 	fs.DurationVar(&o.timeout, "timeout", 180*time.Second, "how long to wait for the control plane to become ready")
 	if err := fs.Parse(args); err != nil {
 		return o, err

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from tests.cluster.binaries import BinariesUnavailable, binary_path, ensure_built
-from tests.cluster.kube import ClusterStartError, KubeCluster, start_cluster, stop_cluster
+from tests.cluster.kube import ClusterStartError, KubeCluster, start_cluster
 from tests.cluster.prometheus import PrometheusServer, render_config
 
 PrometheusFactory = Callable[..., PrometheusServer]
@@ -61,11 +60,7 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeClust
             os.environ.pop("KUBECONFIG", None)
         else:
             os.environ["KUBECONFIG"] = previous
-        stop_cluster(cluster.process)
-        # The supervisor removes etcd's tmpfs data itself; this covers a SIGKILLed one.
-        etcd_dir_file = state_dir / "etcd-dir"
-        if etcd_dir_file.exists():
-            shutil.rmtree(etcd_dir_file.read_text().strip(), ignore_errors=True)
+        cluster.stop()
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import ssl
 import subprocess
@@ -104,6 +105,10 @@ class KubeCluster:
         )
         return name
 
+    def stop(self) -> None:
+        """Stop the control plane (see stop_cluster)."""
+        stop_cluster(self.process, self.state_dir)
+
     def delete_namespace(self, name: str) -> None:
         """Delete a namespace without waiting for its finalization."""
         self.core().delete_namespace(name)
@@ -122,7 +127,8 @@ def start_cluster(state_dir: Path, extra_args: tuple[str, ...] = ()) -> KubeClus
     env = {**os.environ, "LOCALKUBE_DIR": str(state_dir)}
     with log_path.open("wb") as out:
         proc = subprocess.Popen(
-            [str(LOCALKUBE_SH), "up", "--foreground", *extra_args],
+            # --exit-with-parent: a killed test run must not leave the plane running.
+            [str(LOCALKUBE_SH), "up", "--foreground", "--exit-with-parent", *extra_args],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -145,7 +151,7 @@ def start_cluster(state_dir: Path, extra_args: tuple[str, ...] = ()) -> KubeClus
         with cluster.http() as http:
             wait_until(lambda: _readyz(http), 30, "/readyz")
     except (TimeoutError, ClusterStartError) as exc:
-        stop_cluster(proc)
+        stop_cluster(proc, state_dir)
         raise ClusterStartError(
             f"{exc}\nsupervisor log {log_path}:\n{_log_tail(log_path)}\ncomponent logs: {state_dir / 'logs'}"
         ) from exc
@@ -160,16 +166,19 @@ def _readyz(http: httpx.Client) -> bool:
         return False
 
 
-def stop_cluster(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
-    """SIGTERM the supervisor's process group, then SIGKILL it if it is still alive after `grace`."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        log.warning("localkube did not stop within %.0f s; killing its process group", grace)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    except ProcessLookupError:
-        pass
+def stop_cluster(proc: subprocess.Popen[bytes], state_dir: Path, grace: float = 20.0) -> None:
+    """SIGTERM the supervisor's process group, SIGKILL it after `grace`, and drop etcd's tmpfs data."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            log.warning("localkube did not stop within %.0f s; killing its process group", grace)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+    # The supervisor deletes etcd's data itself on a clean stop; this covers a killed or failed one.
+    etcd_dir_file = state_dir / "etcd-dir"
+    if etcd_dir_file.exists():
+        shutil.rmtree(etcd_dir_file.read_text().strip(), ignore_errors=True)

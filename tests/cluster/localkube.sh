@@ -183,7 +183,11 @@ cmd_up() {
   echo $! >"$STATE/pid"
   local deadline=$((SECONDS + 240))
   until [[ -f "$STATE/ready" ]]; do
-    pid_alive || { tail -n 20 "$STATE/localkube.log" >&2; die "localkube exited during startup (logs: $STATE/logs)"; }
+    pid_alive || {
+      tail -n 20 "$STATE/localkube.log" >&2
+      cmd_down 2>/dev/null
+      die "localkube exited during startup (logs: $STATE/logs)"
+    }
     ((SECONDS < deadline)) || { cmd_down; die "not ready after 240 s (logs: $STATE/logs)"; }
     sleep 0.5
   done

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from tests.cluster.kube import KubeCluster, start_cluster, stop_cluster, wait_until
+from tests.cluster.kube import KubeCluster, start_cluster, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -240,4 +240,4 @@ def test_node_flags_shape_a_second_cluster_with_tainted_gpu_nodes(tmp_path: Path
             pod = wait_until(lambda name=name: _ready_pod(core, ns, name), 30, f"pod {name} Ready")
             assert pod.spec.node_name == node
     finally:
-        stop_cluster(cluster.process)
+        cluster.stop()

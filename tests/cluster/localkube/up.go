@@ -24,18 +24,19 @@ import (
 
 // upOptions are the flags of "localkube up".
 type upOptions struct {
-	dir           string
-	etcdDir       string
-	kwokBinary    string
-	kwokConfig    string
-	nvidiaNodes   int
-	amdNodes      int
-	cpuNodes      int
-	gpusPerNode   int
-	nvidiaProduct string
-	amdProduct    string
-	taintGPUNodes bool
-	timeout       time.Duration
+	dir            string
+	etcdDir        string
+	kwokBinary     string
+	kwokConfig     string
+	nvidiaNodes    int
+	amdNodes       int
+	cpuNodes       int
+	gpusPerNode    int
+	nvidiaProduct  string
+	amdProduct     string
+	taintGPUNodes  bool
+	exitWithParent bool
+	timeout        time.Duration
 }
 
 // readyInfo is written as JSON to <dir>/ready once the control plane serves and all nodes are
@@ -61,6 +62,7 @@ func parseUpOptions(args []string) (upOptions, error) {
 	fs.StringVar(&o.nvidiaProduct, "nvidia-product", "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.product label value")
 	fs.StringVar(&o.amdProduct, "amd-product", "AMD_Instinct_MI300X_OAM", "amd.com/gpu.product-name label value")
 	fs.BoolVar(&o.taintGPUNodes, "taint-gpu-nodes", false, "taint GPU nodes <vendor>.com/gpu=present:NoSchedule, as GPU clusters usually are")
+	fs.BoolVar(&o.exitWithParent, "exit-with-parent", false, "shut down when the process that started this one dies (for test runners that may be killed)")
 	fs.DurationVar(&o.timeout, "timeout", 180*time.Second, "how long to wait for the control plane to become ready")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -92,6 +94,9 @@ func runUp(args []string) int {
 	}
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
+	if o.exitWithParent {
+		go watchParent(os.Getppid(), signals)
+	}
 
 	sup := &supervisor{exited: make(chan string, 8)}
 	var etcdClose func()
@@ -125,6 +130,18 @@ func runUp(args []string) int {
 	case name := <-sup.exited:
 		log.Printf("%s exited unexpectedly, shutting down (see %s)", name, filepath.Join(o.dir, "logs", name+".log"))
 		return 1
+	}
+}
+
+// watchParent reports SIGTERM once this process is re-parented, i.e. its starter died (a killed
+// pytest would otherwise leave a whole control plane running in its own process group).
+func watchParent(parent int, signals chan<- os.Signal) {
+	for range time.Tick(time.Second) {
+		if os.Getppid() != parent {
+			log.Printf("parent process %d is gone", parent)
+			signals <- syscall.SIGTERM
+			return
+		}
 	}
 }
 

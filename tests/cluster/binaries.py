@@ -27,7 +27,11 @@ class BinariesUnavailable(RuntimeError):
 def binary_path(name: str) -> Path:
     """Return the cache path of `name` (one of BINARIES); the file may not exist yet."""
     out = subprocess.run(
-        [str(LOCALKUBE_SH), "path", name], check=True, capture_output=True, text=True, timeout=30
+        [str(LOCALKUBE_SH), "path", name],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     return Path(out.stdout.strip())
 
@@ -51,12 +55,20 @@ def ensure_built(names: Sequence[str] = BINARIES) -> None:
         LOCALKUBE_SH,
     )
     proc = subprocess.run(
-        [str(LOCALKUBE_SH), "build"], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+        [str(LOCALKUBE_SH), "build"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT_S,
     )
     still_missing = missing_binaries(names)
     if proc.returncode != 0 or still_missing:
         # Lines starting with a tab are GNU time's resource report, not the reason.
-        reason = [line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("\t")]
+        reason = [
+            line
+            for line in (proc.stdout + proc.stderr).splitlines()
+            if not line.startswith("\t")
+        ]
         tail = "\n".join(reason[-30:])
         raise BinariesUnavailable(
             f"could not build {', '.join(still_missing) or 'the cluster binaries'} "

@@ -28,7 +28,9 @@ PrometheusFactory = Callable[..., PrometheusServer]
 
 def _require_binaries(names: Sequence[str]) -> None:
     if os.environ.get("RLJOB_SKIP_CLUSTER") == "1":
-        pytest.skip("RLJOB_SKIP_CLUSTER=1: local control plane and its binaries disabled")
+        pytest.skip(
+            "RLJOB_SKIP_CLUSTER=1: local control plane and its binaries disabled"
+        )
     try:
         ensure_built(names)
     except BinariesUnavailable as exc:
@@ -64,7 +66,9 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeClust
 
 
 @pytest.fixture
-def namespace(kube_cluster: KubeCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+def namespace(
+    kube_cluster: KubeCluster, request: pytest.FixtureRequest
+) -> Iterator[str]:
     """A fresh namespace named after the test, with its `default` ServiceAccount present."""
     prefix = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-") or "t"
     name = kube_cluster.create_namespace(prefix)
@@ -106,7 +110,9 @@ def prometheus_factory(tmp_path: Path) -> Iterator[PrometheusFactory]:
         server = PrometheusServer(
             binary=binary,
             workdir=tmp_path / f"prometheus-{len(servers)}",
-            config=render_config(targets, scrape_interval, job, metrics_path, rule_files),
+            config=render_config(
+                targets, scrape_interval, job, metrics_path, rule_files
+            ),
             target_count=len(targets),
         )
         servers.append(server)

@@ -32,7 +32,9 @@ class ClusterStartError(RuntimeError):
     """The control plane did not become ready; the message carries the supervisor's log tail."""
 
 
-def wait_until(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.25) -> T:
+def wait_until(
+    check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.25
+) -> T:
     """Poll `check` until it returns a truthy value and return it; raise TimeoutError naming `what`."""
     deadline = time.monotonic() + timeout
     while True:
@@ -59,7 +61,9 @@ class KubeCluster:
     def api(self) -> k8s.ApiClient:
         """An admin (system:masters) API client, created once."""
         if self._api is None:
-            self._api = k8s_config.new_client_from_config(config_file=str(self.kubeconfig))
+            self._api = k8s_config.new_client_from_config(
+                config_file=str(self.kubeconfig)
+            )
         return self._api
 
     def core(self) -> k8s.CoreV1Api:
@@ -79,12 +83,21 @@ class KubeCluster:
             tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
         else:
             headers["Authorization"] = f"Bearer {token}"
-        return httpx.Client(base_url=self.server, verify=tls, headers=headers, timeout=10)
+        return httpx.Client(
+            base_url=self.server, verify=tls, headers=headers, timeout=10
+        )
 
-    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         """Run the upstream kubectl linked into localkube against this cluster."""
         return subprocess.run(
-            [str(binary_path("localkube")), "kubectl", f"--kubeconfig={self.kubeconfig}", *args],
+            [
+                str(binary_path("localkube")),
+                "kubectl",
+                f"--kubeconfig={self.kubeconfig}",
+                *args,
+            ],
             check=check,
             capture_output=True,
             text=True,
@@ -99,7 +112,10 @@ class KubeCluster:
         # The ServiceAccount admission plugin rejects pods until the controller-manager has
         # created the namespace's `default` ServiceAccount.
         wait_until(
-            lambda: any(sa.metadata.name == "default" for sa in core.list_namespaced_service_account(name).items),
+            lambda: any(
+                sa.metadata.name == "default"
+                for sa in core.list_namespaced_service_account(name).items
+            ),
             30,
             f"ServiceAccount default in namespace {name}",
         )
@@ -128,7 +144,13 @@ def start_cluster(state_dir: Path, extra_args: tuple[str, ...] = ()) -> KubeClus
     with log_path.open("wb") as out:
         proc = subprocess.Popen(
             # --exit-with-parent: a killed test run must not leave the plane running.
-            [str(LOCALKUBE_SH), "up", "--foreground", "--exit-with-parent", *extra_args],
+            [
+                str(LOCALKUBE_SH),
+                "up",
+                "--foreground",
+                "--exit-with-parent",
+                *extra_args,
+            ],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -137,9 +159,15 @@ def start_cluster(state_dir: Path, extra_args: tuple[str, ...] = ()) -> KubeClus
         )
     ready = state_dir / "ready"
     try:
-        wait_until(lambda: ready.exists() or proc.poll() is not None, READY_TIMEOUT_S, "localkube ready file")
+        wait_until(
+            lambda: ready.exists() or proc.poll() is not None,
+            READY_TIMEOUT_S,
+            "localkube ready file",
+        )
         if proc.poll() is not None:
-            raise ClusterStartError(f"localkube exited with {proc.returncode}:\n{_log_tail(log_path)}")
+            raise ClusterStartError(
+                f"localkube exited with {proc.returncode}:\n{_log_tail(log_path)}"
+            )
         info = json.loads(ready.read_text())
         cluster = KubeCluster(
             state_dir=state_dir,
@@ -166,14 +194,18 @@ def _readyz(http: httpx.Client) -> bool:
         return False
 
 
-def stop_cluster(proc: subprocess.Popen[bytes], state_dir: Path, grace: float = 20.0) -> None:
+def stop_cluster(
+    proc: subprocess.Popen[bytes], state_dir: Path, grace: float = 20.0
+) -> None:
     """SIGTERM the supervisor's process group, SIGKILL it after `grace`, and drop etcd's tmpfs data."""
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
-            log.warning("localkube did not stop within %.0f s; killing its process group", grace)
+            log.warning(
+                "localkube did not stop within %.0f s; killing its process group", grace
+            )
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
         except ProcessLookupError:

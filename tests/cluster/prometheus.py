@@ -33,7 +33,9 @@ def check_loopback_target(target: str) -> str:
         raise ValueError(f"scrape target {target!r} must be host:port")
     host = host.strip("[]")
     if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
-        raise ValueError(f"scrape target {target!r} is not on loopback; tests may only scrape 127.0.0.0/8 or ::1")
+        raise ValueError(
+            f"scrape target {target!r} is not on loopback; tests may only scrape 127.0.0.0/8 or ::1"
+        )
     return target
 
 
@@ -46,13 +48,18 @@ def render_config(
 ) -> str:
     """Prometheus configuration (JSON, which is valid YAML) scraping `targets` in one job."""
     config: dict[str, Any] = {
-        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "global": {
+            "scrape_interval": scrape_interval,
+            "evaluation_interval": scrape_interval,
+        },
         "scrape_configs": [
             {
                 "job_name": job,
                 "metrics_path": metrics_path,
                 "scrape_timeout": scrape_interval,
-                "static_configs": [{"targets": [check_loopback_target(t) for t in targets]}],
+                "static_configs": [
+                    {"targets": [check_loopback_target(t) for t in targets]}
+                ],
             }
         ],
     }
@@ -106,7 +113,11 @@ class PrometheusServer:
             start_new_session=True,
         )
         log_file.close()
-        wait_until(self._ready, timeout, f"Prometheus ready on {self.url} (log: {self.workdir / 'prometheus.log'})")
+        wait_until(
+            self._ready,
+            timeout,
+            f"Prometheus ready on {self.url} (log: {self.workdir / 'prometheus.log'})",
+        )
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop gracefully (SIGTERM), killing after `timeout`; a no-op when not running."""
@@ -150,8 +161,12 @@ class PrometheusServer:
 
         def all_up() -> list[dict[str, Any]] | None:
             samples = self.query("up")
-            if len(samples) < self.target_count or any(s["value"][1] != "1" for s in samples):
+            if len(samples) < self.target_count or any(
+                s["value"][1] != "1" for s in samples
+            ):
                 return None
             return samples
 
-        return wait_until(all_up, timeout, f"all scrape targets up in {self.url}", interval=0.5)
+        return wait_until(
+            all_up, timeout, f"all scrape targets up in {self.url}", interval=0.5
+        )

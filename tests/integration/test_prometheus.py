@@ -30,14 +30,23 @@ def exporter() -> Iterator[tuple[str, Gauge]]:
         thread.join(timeout=5)
 
 
-def test_promtool_runs_and_accepts_rendered_config(tmp_path: Path, cached_binary: Callable[[str], Path]) -> None:
+def test_promtool_runs_and_accepts_rendered_config(
+    tmp_path: Path, cached_binary: Callable[[str], Path]
+) -> None:
     promtool = str(cached_binary("promtool"))
-    version = subprocess.run([promtool, "--version"], check=True, capture_output=True, text=True)
+    version = subprocess.run(
+        [promtool, "--version"], check=True, capture_output=True, text=True
+    )
     assert "promtool, version 2." in version.stdout + version.stderr
 
     config = tmp_path / "prometheus.yml"
     config.write_text(render_config(["127.0.0.1:9"], "1s", "test", "/metrics", ()))
-    subprocess.run([promtool, "check", "config", str(config)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [promtool, "check", "config", str(config)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_non_loopback_targets_are_rejected() -> None:
@@ -57,7 +66,11 @@ def test_prometheus_scrapes_loopback_target_and_survives_restart(
 
     up = prom.wait_for_targets_up(timeout=30)
     assert up[0]["metric"]["instance"] == target
-    wait_until(lambda: prom.query("rljob_test_value") or None, 15, "first sample of rljob_test_value")
+    wait_until(
+        lambda: prom.query("rljob_test_value") or None,
+        15,
+        "first sample of rljob_test_value",
+    )
     assert prom.query("rljob_test_value")[0]["value"][1] == "42"
 
     # Autotuner tests stop Prometheus mid-test: the URL stops answering, then comes back with data.
@@ -65,5 +78,9 @@ def test_prometheus_scrapes_loopback_target_and_survives_restart(
     assert not prom.running
     gauge.set(7)
     prom.start()
-    wait_until(lambda: prom.query("rljob_test_value")[0]["value"][1] == "7", 15, "a scrape after restart")
+    wait_until(
+        lambda: prom.query("rljob_test_value")[0]["value"][1] == "7",
+        15,
+        "a scrape after restart",
+    )
     assert prom.query("max_over_time(rljob_test_value[5m])")[0]["value"][1] == "42"

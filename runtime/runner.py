@@ -94,8 +94,7 @@ def current_knobs(scheduler: RolloutScheduler) -> dict[str, float]:
         "max_staleness": float(scheduler.config.max_staleness),
         "truncation_k": float(scheduler.truncation.k) if scheduler.truncation.mode == "sigma" else 0.0,
     }
-    cap = scheduler.truncation.threshold() if scheduler.strategy.truncates else None
-    knobs["segment_cap_tokens"] = float(cap or 0)
+    knobs["segment_cap_tokens"] = float(scheduler.segment_cap() or 0)
     return knobs
 
 

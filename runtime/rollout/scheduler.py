@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -184,7 +185,7 @@ class RolloutScheduler:
             round_index=self._round,
             policy_version=policy_version,
             strategy=self.strategy.name,
-            segment_cap=self.truncation.threshold() if self.strategy.truncates else None,
+            segment_cap=self.segment_cap(),
             over_sampling=getattr(self.strategy, "over_sampling", 1.0),
         )
         target = self.strategy.launch_target(cfg.batch_size)
@@ -200,18 +201,29 @@ class RolloutScheduler:
         # asyncio.wait over every task in flight would be O(in-flight) per wake-up.
         finished: asyncio.Queue[asyncio.Task[bool]] = asyncio.Queue()
 
-        def launch(group: Group, engine_idx: int) -> None:
-            task = asyncio.ensure_future(self._run_group(group, engine_idx, policy_version, stats, aborting))
+        def launch(group: Group, engine_idx: int, capped: bool = True) -> None:
+            cap = stats.segment_cap if capped else None
+            task = asyncio.ensure_future(self._run_group(group, engine_idx, policy_version, cap, stats, aborting))
             task.add_done_callback(finished.put_nowait)
             tasks[task] = (group, engine_idx)
             self._assigned[engine_idx] += 1
             self.progress.launched_groups += 1
 
         async def top_up() -> None:
-            while len(accepted) + len(tasks) < target:
+            # Groups cut by the segment cap count against the launch target. When the target is
+            # spent and fewer than N groups can still finish, fresh prompts replace the cut ones
+            # (that is what truncation is for) — unless the buffer already holds a round's worth:
+            # then the round continues its own cut groups without the cap, so a cap set too low
+            # cannot grow the buffer without bound (backpressure).
+            while len(accepted) + len(tasks) < cfg.batch_size or len(accepted) + len(tasks) + len(to_buffer) < target:
                 engine_idx = await self._pick_engine(stats)
-                group = retry.pop(0) if retry else self._next_group(policy_version, stats)
-                launch(group, engine_idx)
+                over_target = len(accepted) + len(tasks) + len(to_buffer) >= target
+                if retry:
+                    launch(retry.pop(0), engine_idx)
+                elif to_buffer and over_target and len(self.buffer) >= target:
+                    launch(to_buffer.pop(0), engine_idx, capped=False)
+                else:
+                    launch(self._next_group(policy_version, stats), engine_idx)
 
         await top_up()
         while len(accepted) < cfg.batch_size:
@@ -257,6 +269,21 @@ class RolloutScheduler:
 
     # ------------------------------------------------------------------ pieces
 
+    def segment_cap(self) -> int | None:
+        """This round's cap on new tokens per sample, or None.
+
+        Never below max_response_length / (max_staleness + 1): with a smaller cap the longest
+        samples would need more rounds than the staleness bound allows, be regenerated again
+        and again, and never finish.
+        """
+        if not self.strategy.truncates:
+            return None
+        cap = self.truncation.threshold()
+        if cap is None:
+            return None
+        floor = math.ceil(self.config.max_response_length / (self.config.max_staleness + 1))
+        return max(cap, floor)
+
     def _next_group(self, policy_version: int, stats: RoundStats) -> Group:
         """Oldest buffered group first (staleness bound applied), else a fresh prompt."""
         group = self.buffer.pop_oldest()
@@ -277,16 +304,28 @@ class RolloutScheduler:
         return Group(group_id=gid, prompt_text=prompt.text, samples=samples, prompt_index=prompt.index)
 
     async def _run_group(
-        self, group: Group, engine_idx: int, version: int, stats: RoundStats, aborting: asyncio.Event
+        self,
+        group: Group,
+        engine_idx: int,
+        version: int,
+        cap: int | None,
+        stats: RoundStats,
+        aborting: asyncio.Event,
     ) -> bool:
         """Run the group's samples concurrently on one engine; True if the engine failed."""
         failed = await asyncio.gather(
-            *(self._run_sample(s, engine_idx, version, stats, aborting) for s in group.samples)
+            *(self._run_sample(s, engine_idx, version, cap, stats, aborting) for s in group.samples)
         )
         return any(failed)
 
     async def _run_sample(
-        self, sample: Sample, engine_idx: int, version: int, stats: RoundStats, aborting: asyncio.Event
+        self,
+        sample: Sample,
+        engine_idx: int,
+        version: int,
+        cap: int | None,
+        stats: RoundStats,
+        aborting: asyncio.Event,
     ) -> bool:
         """Generate one segment of a sample; returns True if the engine failed."""
         cfg = self.config
@@ -299,7 +338,6 @@ class RolloutScheduler:
             return False
         if aborting.is_set():
             return False
-        cap = stats.segment_cap
         max_new = min(budget, cap) if cap is not None else budget
         sample.segments += 1
         sample.last_round = self._round

@@ -172,12 +172,34 @@ async def test_staleness_within_bound_of_one(engine):
 
 async def test_segment_cap_cuts_long_samples(engine):
     truncation = TruncationPolicy(mode="tokens", max_tokens=6)
-    scheduler = make_scheduler(AprilStrategy(over_sampling=2.0), [engine], truncation=truncation)
+    scheduler = make_scheduler(AprilStrategy(over_sampling=2.0), [engine], staleness=8, truncation=truncation)
     ledger = Ledger()
-    await run_rounds(scheduler, [0, 1, 2], ledger)
-    assert all(r.max_new_tokens <= 6 for r in engine.requests)
+    sizes = []
+    for v in range(6):
+        await run_rounds(scheduler, [v], ledger)
+        sizes.append(len(scheduler.buffer))
+    # Far too low a cap: the first round fills the buffer, then backpressure stops its growth.
+    target = scheduler.strategy.launch_target(scheduler.config.batch_size)
+    assert max(sizes[1:]) <= sizes[0] + target, sizes
+    # Capped launches ask for at most 6 tokens; only a group cut earlier in the SAME round may
+    # continue uncapped (when the round would otherwise open fresh prompts to reach N).
+    rids = {r.rid for r in engine.requests}
+    for r in engine.requests:
+        if r.max_new_tokens > 6:
+            rnd, gid, s, seg, _ = r.rid.split(".")
+            assert f"{rnd}.{gid}.{s}.{int(seg) - 1}." in rids, r.rid
+    assert sum(r.max_new_tokens <= 6 for r in engine.requests) > len(engine.requests) / 2
     assert any(s.segments > 1 for g in ledger.trained for s in g.samples), "no sample was resumed after a cut"
     assert_conserved(scheduler, ledger)
+
+
+async def test_segment_cap_never_below_what_the_staleness_bound_allows(engine):
+    # With maxStaleness 2 a sample gets 3 rounds; a 6-token cap could never finish a 48-token one.
+    truncation = TruncationPolicy(mode="tokens", max_tokens=6)
+    scheduler = make_scheduler(AprilStrategy(over_sampling=2.0), [engine], staleness=2, truncation=truncation)
+    await run_rounds(scheduler, [0, 1], Ledger())
+    first_segments = [r for r in engine.requests if r.rid.endswith(".1.")]
+    assert max(r.max_new_tokens for r in first_segments) == 16  # ceil(48 / 3), not 6
 
 
 async def test_dynamic_sampling_drops_uniform_groups(engine):

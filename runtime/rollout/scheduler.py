@@ -212,15 +212,16 @@ class RolloutScheduler:
         async def top_up() -> None:
             # Groups cut by the segment cap count against the launch target. When the target is
             # spent and fewer than N groups can still finish, fresh prompts replace the cut ones
-            # (that is what truncation is for) — unless the buffer already holds a round's worth:
-            # then the round continues its own cut groups without the cap, so a cap set too low
-            # cannot grow the buffer without bound (backpressure).
+            # (that is what truncation is for) — unless the buffer with this round's cuts already
+            # holds a round's worth: then the round continues its own cut groups without the cap,
+            # so a cap set far too low can neither grow the buffer without bound nor stall the
+            # round (backpressure).
             while len(accepted) + len(tasks) < cfg.batch_size or len(accepted) + len(tasks) + len(to_buffer) < target:
                 engine_idx = await self._pick_engine(stats)
                 over_target = len(accepted) + len(tasks) + len(to_buffer) >= target
                 if retry:
                     launch(retry.pop(0), engine_idx)
-                elif to_buffer and over_target and len(self.buffer) >= target:
+                elif to_buffer and over_target and len(self.buffer) + len(to_buffer) >= target:
                     launch(to_buffer.pop(0), engine_idx, capped=False)
                 else:
                     launch(self._next_group(policy_version, stats), engine_idx)

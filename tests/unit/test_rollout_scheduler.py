@@ -193,6 +193,18 @@ async def test_segment_cap_cuts_long_samples(engine):
     assert_conserved(scheduler, ledger)
 
 
+async def test_round_finishes_even_when_the_cap_cuts_every_sample(engine):
+    import asyncio
+
+    truncation = TruncationPolicy(mode="tokens", max_tokens=1)
+    scheduler = make_scheduler(AprilStrategy(over_sampling=1.5), [engine], staleness=100, truncation=truncation)
+    ledger = Ledger()
+    for v in range(3):
+        await asyncio.wait_for(run_rounds(scheduler, [v], ledger), timeout=120)
+    assert len(scheduler.buffer) <= 2 * scheduler.strategy.launch_target(scheduler.config.batch_size)
+    assert_conserved(scheduler, ledger)
+
+
 async def test_segment_cap_never_below_what_the_staleness_bound_allows(engine):
     # With maxStaleness 2 a sample gets 3 rounds; a 6-token cap could never finish a 48-token one.
     truncation = TruncationPolicy(mode="tokens", max_tokens=6)

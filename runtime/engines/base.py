@@ -67,6 +67,10 @@ class EngineError(RuntimeError):
     """An engine could not serve a request; the message names the endpoint and what to do."""
 
 
+class InvalidRequestError(EngineError):
+    """The request itself is unservable (empty prompt, longer than the context); retrying will not help."""
+
+
 class Engine(abc.ABC):
     """Async inference engine. Implementations must be safe to call from one event loop."""
 

@@ -31,16 +31,13 @@ from rljob.runtime.engines.base import (
     FinishReason,
     GenerateRequest,
     GenerateResult,
+    InvalidRequestError,
     WeightUpdate,
 )
 from rljob.runtime.engines.kv_batch import KVBatch
 from rljob.runtime.engines.sampling import SamplingParams, sample_tokens
 
 log = logging.getLogger(__name__)
-
-
-class InvalidRequestError(EngineError):
-    """The request itself is unservable (empty prompt, longer than the context); retrying will not help."""
 
 
 @dataclass

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rljob.runtime.engines.base import Engine, EngineError, GenerateRequest
+from rljob.runtime.engines.base import Engine, EngineError, GenerateRequest, InvalidRequestError
 from rljob.runtime.rollout.buffer import PartialBuffer
 from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
 from rljob.runtime.rollout.strategy import Strategy
@@ -357,6 +357,10 @@ class RolloutScheduler:
         )
         try:
             result = await self.engines[engine_idx].generate(request)
+        except InvalidRequestError as err:
+            # No engine can serve it (e.g. prompt + maxResponseLength beyond the model's context):
+            # retrying would loop forever, so stop with the engine's message.
+            raise InvalidRequestError(f"{err} (check spec.rollout.maxResponseLength against the model)") from None
         except EngineError as err:
             # The sample keeps everything it had; the group is relaunched on a healthy engine.
             log.warning("engine %s failed on %s: %s", self.engines[engine_idx].name, request.rid, err)

@@ -64,7 +64,8 @@ def job_spec(prom_url: str, mode: str) -> dict[str, Any]:
             "rolloutBatchSize": 4,
             "samplesPerPrompt": 4,
             "maxResponseLength": 48,
-            "partial": {"overSampling": 1.5, "maxStaleness": 4, "truncation": {"mode": "tokens", "maxTokens": START_CAP}},
+            # maxStaleness 23 keeps the segment-cap floor (48 / 24 = 2 tokens) below the starting cap.
+            "partial": {"overSampling": 1.5, "maxStaleness": 23, "truncation": {"mode": "tokens", "maxTokens": START_CAP}},
         },
         "trainer": {"steps": 400, "microBatchSize": 16, "vendor": "cpu", "gpusPerReplica": 0},
         "checkpoint": {"everySteps": 1000},

@@ -222,3 +222,14 @@ async def test_dynamic_sampling_drops_uniform_groups(engine):
         assert max(g.rewards()) != min(g.rewards())
     assert result.stats.dropped_groups >= 0
     assert result.stats.wasted_tokens == 0 or result.stats.dropped_groups > 0
+
+
+async def test_unservable_request_fails_fast_instead_of_retrying(engine):
+    import asyncio
+
+    from rljob.runtime.engines.base import InvalidRequestError
+
+    scheduler = make_scheduler(Strategy(), [engine])
+    scheduler.config.max_response_length = 10_000  # beyond the tiny model's 512-token context
+    with pytest.raises(InvalidRequestError, match="maxResponseLength"):
+        await asyncio.wait_for(scheduler.run_round(0), timeout=30)

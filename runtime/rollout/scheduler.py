@@ -84,8 +84,9 @@ class RoundStats:
     strategy: str
     rollout_seconds: float = 0.0
     tokens_generated: int = 0  # every generate call, aborted ones included
-    launched_samples: int = 0  # samples that got a generate call this round
+    launched_samples: int = 0  # distinct samples that got a generate call this round
     partial_samples: int = 0  # launched samples that ended the round unfinished
+    truncated_keys: set[tuple[str, int]] = field(default_factory=set, repr=False)  # cut or partial
     segment_cut_samples: int = 0  # partial because of the segment cap
     cap_hit_samples: int = 0  # finished with `length` at max_response_length
     resumed_samples: int = 0  # launched with a non-empty partial response
@@ -109,8 +110,9 @@ class RoundStats:
 
     @property
     def truncation_rate(self) -> float:
-        """Share of launched samples that ended the round partial."""
-        return self.partial_samples / self.launched_samples if self.launched_samples else 0.0
+        """Share of launched samples the round truncated: ended partial, or cut by the segment cap
+        (even if the round then let the sample finish, see backpressure in run_round)."""
+        return len(self.truncated_keys) / self.launched_samples if self.launched_samples else 0.0
 
     @property
     def fork_off_policy_ratio(self) -> float:
@@ -257,9 +259,9 @@ class RolloutScheduler:
         for group in retry:  # engine failures after collection: nothing lost, resumed next round
             to_buffer.append(group)
         for group in sorted(to_buffer, key=lambda g: g.prompt_index):
-            stats.partial_samples += sum(
-                1 for s in group.samples if s.last_round == self._round and not s.status.finished
-            )
+            partial = [s for s in group.samples if s.last_round == self._round and not s.status.finished]
+            stats.partial_samples += len(partial)
+            stats.truncated_keys.update((s.group_id, s.index) for s in partial)
             self.buffer.push(group)
         stats.buffered_groups = len(to_buffer)
         stats.buffer_groups_after = len(self.buffer)
@@ -341,8 +343,9 @@ class RolloutScheduler:
             return False
         max_new = min(budget, cap) if cap is not None else budget
         sample.segments += 1
+        if sample.last_round != self._round:
+            stats.launched_samples += 1
         sample.last_round = self._round
-        stats.launched_samples += 1
         if sample.response_length:
             stats.resumed_samples += 1
             stats.resumed_prefix_tokens += sample.response_length
@@ -379,6 +382,7 @@ class RolloutScheduler:
         elif result.finish_reason == "length":
             sample.status = SampleStatus.ABORTED  # cut by the segment cap
             stats.segment_cut_samples += 1
+            stats.truncated_keys.add((sample.group_id, sample.index))
             return False
         else:
             sample.status = SampleStatus.ABORTED

@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -33,12 +32,13 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-
 from rljob.operator.api.load import load_rljob
 from rljob.operator.builders.meta import JobRef
 from rljob.operator.builders.trainer import checkpoint_claim_name
+
 from tests.cluster.kube import KubeCluster, wait_until
 from tests.helpers.processes import free_port
+from tests.helpers.processes import stop as stop_processes
 from tests.unit.test_chart import CHART, EXAMPLES, Yaml12Loader, helm_binary
 
 pytestmark = pytest.mark.cluster
@@ -221,13 +221,8 @@ class ChartOperator:
             return False
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        if self.proc is not None:
+            stop_processes([self.proc])
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -24,8 +24,9 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
-
 from rljob.operator import crdgen
+
+from tests.helpers.processes import stop as stop_processes
 
 pytestmark = pytest.mark.cluster
 
@@ -89,12 +90,8 @@ class OperatorProcess:
             self.proc.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.proc is not None:
+            stop_processes([self.proc])
 
     def metrics(self) -> str:
         return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text

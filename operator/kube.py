@@ -129,13 +129,19 @@ class Kube:
         path = collection_path(api_version, kind, namespace)
         return self.request("GET", path, query={"labelSelector": selector}).get("items", [])
 
-    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
-        """Delete one object (background propagation); False when it was already gone."""
+    def delete(self, api_version: str, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
+        """Delete one object (background propagation); False when it was already gone.
+
+        With `uid`, only that incarnation is deleted: a newer object of the same name is kept (False).
+        """
         path = f"{collection_path(api_version, kind, namespace)}/{name}"
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
         try:
-            self.request("DELETE", path, body={"propagationPolicy": "Background"})
+            self.request("DELETE", path, body=body)
         except KubeError as err:
-            if err.status == 404:
+            if err.status == 404 or (uid and err.status == 409):
                 return False
             raise
         return True

@@ -133,11 +133,13 @@ def _ready_inference_pods(kube: Kube, job: JobRef) -> dict[str, str]:
     return ready
 
 
-def restart_trainer_group(kube: Kube, job: JobRef) -> int:
-    """Delete every trainer pod; the StatefulSet recreates them and they resume from the checkpoint."""
-    selector = selector_string({LABEL_JOB: job.name, LABEL_ROLE: ROLE_TRAINER})
-    pods = kube.list("v1", "Pod", job.namespace, selector)
-    return sum(kube.delete("v1", "Pod", job.namespace, p["metadata"]["name"]) for p in pods)
+def restart_trainer_group(kube: Kube, job: JobRef, peers: Iterable[PodObs]) -> int:
+    """Delete the failed pods' healthy peers; the StatefulSet recreates them from the checkpoint.
+
+    Each delete is preconditioned on the uid seen when deciding, so a pod the StatefulSet has
+    recreated meanwhile under the same name is left alone.
+    """
+    return sum(kube.delete("v1", "Pod", job.namespace, p.name, uid=p.uid) for p in peers)
 
 
 def reconcile(kube: Kube, namespace: str, name: str) -> None:
@@ -216,8 +218,8 @@ def _sync_once(
         RESTARTS.labels(namespace, name, "rollout").inc(new_restarts.rollout - prev.restarts.rollout)
     # Act after the decision is durable: a crash here re-runs the action, never double-counts it.
     if decision.restart_trainer:
-        deleted = restart_trainer_group(kube, job)
-        log.info("restarted trainer group of %s/%s (%d pods deleted)", namespace, name, deleted)
+        deleted = restart_trainer_group(kube, job, decision.restart_peers)
+        log.info("restarted trainer group of %s/%s (%d healthy peers deleted)", namespace, name, deleted)
     running = obs.trainer is not None and obs.trainer.replicas > 0
     if obs.trainer is None or running != decision.active:
         apply_children(kube, body, spec, active=decision.active)

@@ -113,6 +113,10 @@ class Decision:
     status: RLJobStatus
     active: bool
     restart_trainer: bool = False
+    # Healthy peers of the failed trainer pods: deleted so the whole group restarts together. The
+    # failed pods themselves need nothing: kubelet restarts their container, or the StatefulSet
+    # replaces a Failed pod, so deleting them could kill an already-fresh replacement.
+    restart_peers: list[PodObs] = field(default_factory=list)
     events: list[EventRecord] = field(default_factory=list)
 
 
@@ -231,6 +235,7 @@ def compute_status(
     outcome = prev.outcome
     restarts = prev.restarts.model_copy(deep=True)
     restart_trainer = False
+    restart_peers: list[PodObs] = []
     was_active = not spec.suspend and outcome is None
     lost_now: list[PodObs] = []
 
@@ -258,6 +263,10 @@ def compute_status(
                 restarts.trainer += 1
                 restarts.last_trainer_restart_time = now
                 restart_trainer = True
+                failed_ordinals = {p.ordinal for p, _ in failed}
+                restart_peers = [
+                    p for p in obs.trainer_pods if not p.deleting and p.ordinal not in failed_ordinals
+                ]
                 events.append(
                     EventRecord(
                         "Warning",
@@ -400,7 +409,9 @@ def compute_status(
         effective_knobs=_knobs(spec, prev.effective_knobs),
         metrics=prev.metrics,
     )
-    return Decision(status=status, active=active, restart_trainer=restart_trainer, events=events)
+    return Decision(
+        status=status, active=active, restart_trainer=restart_trainer, restart_peers=restart_peers, events=events
+    )
 
 
 def operator_patch(prev: RLJobStatus, new: RLJobStatus) -> dict[str, Any]:

@@ -51,7 +51,12 @@ REPO = Path(__file__).resolve().parents[2]
 NAME = "tuned"
 START_CAP = 2
 BAND = (0.15, 0.25)
-MAX_ADJUSTMENTS = 10  # the bound on the number of changes needed to enter the band
+# The bound on the changes needed to enter the band: 2 -> ~46 tokens takes 6 full maxStep (8-token)
+# moves, then the steps shrink in proportion to the distance from the band, and the per-round rate of
+# a 16-sample batch is noisy (0.0-0.5 round to round), so a few corrections near the band are normal.
+# An oscillating or diverging loop needs far more (it never stays in the band at all).
+MAX_ADJUSTMENTS = 16
+MAX_ROUNDS = 300
 
 
 def job_spec(prom_url: str, mode: str) -> dict[str, Any]:
@@ -201,7 +206,7 @@ def test_autotune_loop_recommend_apply_and_prometheus_outage(
     rounds = (value(prom, "rljob_steps_total") or 0) - steps_at_apply
     # Bounded: at most MAX_ADJUSTMENTS bounded steps. Rounds of this tiny job last ~0.3 s while every
     # adjustment waits a cooldown (4 s) plus settle rounds, so up to ~25 rounds pass per adjustment.
-    assert st["autotune"]["adjustments"] <= MAX_ADJUSTMENTS and rounds <= MAX_ADJUSTMENTS * 25, (st["autotune"], rounds)
+    assert st["autotune"]["adjustments"] <= MAX_ADJUSTMENTS and rounds <= MAX_ROUNDS, (st["autotune"], rounds)
     assert st["effectiveKnobs"]["truncation"]["value"] > START_CAP
     assert knob(prom, "segment_cap_tokens") == st["effectiveKnobs"]["truncation"]["value"]
     assert "KnobsAdjusted" in events(kube_cluster, namespace, NAME)

@@ -149,6 +149,15 @@ def test_trainer_failure_restarts_group_until_backoff_limit() -> None:
     assert d2.status.phase == "Failed" and not d2.active and d2.status.completion_time == T0
 
 
+def test_group_restart_deletes_only_the_failed_pods_healthy_peers() -> None:
+    status = _run(_spec(), RLJobStatus(), _obs()).status
+    failed = pod_observation(_pod(phase="Failed", uid="old-0", ordinal=0))
+    replacement = pod_observation(_pod(uid="new-0", ordinal=0))  # the StatefulSet was quicker than us
+    peer = pod_observation(_pod(uid="peer-1", ordinal=1))
+    d = _run(_spec(), status, _obs(trainer_pods=[failed, replacement, peer]))
+    assert d.restart_trainer and [p.uid for p in d.restart_peers] == ["peer-1"]
+
+
 def test_pods_being_deleted_by_a_restart_are_not_failures() -> None:
     status = _run(_spec(), RLJobStatus(), _obs()).status
     dying = _pod(uid="t1", state={"terminated": {"exitCode": 143, "reason": "Error"}})

@@ -1,8 +1,9 @@
 """In-process PyTorch continuous-batching engine over Hugging Face causal-LM classes.
 
-One background asyncio task runs the decode loop. Each iteration (one "step") drops finished rows,
-prefills the requests admitted from the waiting queue in one forward, merges them into the running
-batch, and decodes one token for every running sequence in one forward. The torch work of a step runs
+One background asyncio task runs the decode loop. Each iteration (one "step") frees the KV slots of
+finished sequences, prefills the requests admitted from the waiting queue (a few forwards over prompts
+of similar length) into free slots of the preallocated KV cache (slot_cache.py), and decodes one token
+for every running sequence in one forward. The torch work of a step runs
 in a worker thread (``asyncio.to_thread``), so the event loop stays free to accept requests and aborts
 while a step computes; weight updates take the same lock as a step, so they land between steps.
 
@@ -20,6 +21,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
@@ -34,10 +36,11 @@ from rljob.runtime.engines.base import (
     InvalidRequestError,
     WeightUpdate,
 )
-from rljob.runtime.engines.kv_batch import KVBatch
 from rljob.runtime.engines.sampling import SamplingParams, sample_tokens
+from rljob.runtime.engines.slot_cache import SlotKVCache
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -67,6 +70,7 @@ class _Sequence:
     output_logprobs: list[float] = field(default_factory=list)
     abort_requested: bool = False
     finish_reason: FinishReason | None = None
+    slot: int | None = None  # its row in the KV cache once prefilled
 
     @property
     def sampling(self) -> SamplingParams:
@@ -81,6 +85,26 @@ class _Sequence:
             self.finish_reason = "stop"
         elif len(self.output_ids) >= self.request.max_new_tokens:
             self.finish_reason = "length"
+
+
+def prefill_chunks(items: list[T], length: Callable[[T], int], max_padding: float = 0.25) -> list[list[T]]:
+    """Split a prefill into forwards of similar lengths: shortest first, each chunk's padded size
+    (rows x longest) at most ``1 + max_padding`` times its real tokens.
+
+    One left-padded forward over everything would pad a 5-token prompt to the width of a resumed
+    200-token sample; real engines prefill ragged batches without padding at all.
+    """
+    chunks: list[list[T]] = []
+    real = 0
+    for item in sorted(items, key=length):
+        n = length(item)
+        if chunks and (len(chunks[-1]) + 1) * n <= (1 + max_padding) * (real + n):
+            chunks[-1].append(item)
+            real += n
+        else:
+            chunks.append([item])
+            real = n
+    return chunks
 
 
 def _load_model(source: PreTrainedModel | str | Path, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
@@ -131,7 +155,7 @@ class EmbeddedEngine(Engine):
         self._generator: torch.Generator | None = None
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
-        self._batch: KVBatch | None = None  # rows aligned with self._running
+        self._cache: SlotKVCache | None = None  # allocated on the first prefill
         self._wake = asyncio.Event()
         self._step_lock = asyncio.Lock()
         self._paused = False
@@ -179,7 +203,7 @@ class EmbeddedEngine(Engine):
         # Sequences aborted while running finish only at the loop's next iteration, which will not come.
         for seq in self._running:
             self._finish(seq, seq.finish_reason or "abort")
-        self._running, self._batch = [], None
+        self._running, self._cache = [], None
 
     # ----------------------------------------------------------------- requests
 
@@ -364,39 +388,39 @@ class EmbeddedEngine(Engine):
         for seq in self._running:
             if not seq.future.done():
                 seq.future.set_exception(error)
-        self._running, self._batch = [], None
+        self._running, self._cache = [], None
 
     # ----------------------------------------------------------------- torch work (worker thread)
 
     def _step(self, admitted: list[_Sequence]) -> int:
-        """Drop finished rows, prefill ``admitted``, decode one token for all; returns tokens produced."""
+        """Free finished rows, prefill ``admitted``, decode one token for all; returns tokens produced."""
         with torch.inference_mode():
             self._compact()
             produced = 0
             if admitted:
                 produced += self._prefill(admitted)
-            live = [s for s in self._running if s.finish_reason is None and not s.abort_requested]
-            if live:
+            if any(s.finish_reason is None and not s.abort_requested for s in self._running):
                 produced += self._decode()
             return produced
 
+    def _kv(self) -> SlotKVCache:
+        if self._cache is None:
+            self._cache = SlotKVCache(self.model.config, self.max_batch_size, self._device, self._dtype)
+        return self._cache
+
     def _compact(self) -> None:
-        """Remove rows of sequences that finished (by stop/length/abort) since the last step."""
-        rows = [i for i, s in enumerate(self._running) if s.finish_reason is None]
-        if len(rows) == len(self._running):
-            return
-        # Admitted sequences are appended to _running before _step but have no rows yet.
-        in_batch = self._batch.size if self._batch is not None else 0
-        batch_rows = [i for i in rows if i < in_batch]
-        if self._batch is not None:
-            if batch_rows:
-                self._batch.select(batch_rows)
-            else:
-                self._batch = None
-        self._running = [self._running[i] for i in rows]
+        """Release the slots of sequences that finished (by stop/length/abort) since the last step."""
+        kept: list[_Sequence] = []
+        for seq in self._running:
+            if seq.finish_reason is None:
+                kept.append(seq)
+            elif seq.slot is not None:
+                self._kv().release(seq.slot)
+                seq.slot = None
+        self._running = kept
 
     def _forward(
-        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
+        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache | SlotKVCache
     ) -> torch.Tensor:
         out = self.model(
             input_ids=input_ids,
@@ -409,7 +433,15 @@ class EmbeddedEngine(Engine):
         return out.logits[:, -1, :]
 
     def _prefill(self, seqs: list[_Sequence]) -> int:
-        """One left-padded forward over the new prompts; samples each one's first token."""
+        """Prefill the admitted sequences in length buckets; samples each one's first token."""
+        kv = self._kv()
+        kv.reserve(max(len(s.request.input_ids) + s.request.max_new_tokens for s in seqs))
+        for chunk in prefill_chunks(seqs, lambda s: len(s.request.input_ids)):
+            self._prefill_chunk(chunk, kv)
+        return len(seqs)
+
+    def _prefill_chunk(self, seqs: list[_Sequence], kv: SlotKVCache) -> None:
+        """One left-padded forward over prompts of similar length, copied into fresh KV slots."""
         width = max(len(s.request.input_ids) for s in seqs)
         ids = torch.zeros((len(seqs), width), dtype=torch.long, device=self._device)
         mask = torch.zeros((len(seqs), width), dtype=torch.long, device=self._device)
@@ -418,34 +450,27 @@ class EmbeddedEngine(Engine):
             ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             mask[row, width - len(prompt) :] = 1
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        logits = self._forward(ids, mask, positions, cache)
+        prefill = DynamicCache(config=self.model.config)
+        logits = self._forward(ids, mask, positions, prefill)
         tokens, logprobs = sample_tokens(logits, [s.sampling for s in seqs], self._generator)
         for seq, tok, lp in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True):
             seq.take(int(tok), float(lp))
-        new = KVBatch(cache=cache, attention_mask=mask, positions=mask.sum(dim=1), next_tokens=tokens)
-        new.zero_padding()
-        if self._batch is None:
-            self._batch = new
-        else:
-            self._batch.merge(new)
+            seq.slot = kv.allocate()
+        kv.admit([s.slot for s in seqs if s.slot is not None], prefill, mask, tokens)
         self.stats.prefill_steps += 1
         self.stats.prefill_tokens += int(mask.sum())
-        return len(seqs)
 
     def _decode(self) -> int:
-        """One forward over every running row; rows already finished are computed but ignored."""
-        batch = self._batch
-        assert batch is not None and batch.size == len(self._running)
-        mask = batch.extend_mask()
-        logits = self._forward(batch.next_tokens.unsqueeze(1), mask, batch.positions.unsqueeze(1), batch.cache)
-        tokens, logprobs = sample_tokens(logits, [s.sampling for s in self._running], self._generator)
-        batch.next_tokens = tokens
-        batch.positions = batch.positions + 1
-        produced = 0
-        for seq, tok, lp in zip(self._running, tokens.tolist(), logprobs.tolist(), strict=True):
-            if seq.finish_reason is None:
-                seq.take(int(tok), float(lp))
-                produced += 1
+        """One forward over the slot rows; free and finished rows are computed but ignored."""
+        kv = self._kv()
+        ids, positions, mask = kv.decode_inputs()
+        logits = self._forward(ids, mask, positions, kv)
+        live = [s for s in self._running if s.finish_reason is None and s.slot is not None]
+        slots = [s.slot for s in live if s.slot is not None]
+        rows = torch.tensor(slots, dtype=torch.long, device=self._device)
+        tokens, logprobs = sample_tokens(logits.index_select(0, rows), [s.sampling for s in live], self._generator)
+        kv.advance(slots, tokens)
+        for seq, tok, lp in zip(live, tokens.tolist(), logprobs.tolist(), strict=True):
+            seq.take(int(tok), float(lp))
         self.stats.decode_steps += 1
-        return produced
+        return len(live)

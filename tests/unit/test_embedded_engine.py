@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rljob.runtime.engines.base import EngineError, GenerateRequest, WeightUpdate
-from rljob.runtime.engines.embedded import EmbeddedEngine, InvalidRequestError
+from rljob.runtime.engines.embedded import EmbeddedEngine, InvalidRequestError, prefill_chunks
 from rljob.runtime.engines.sampling import SamplingParams, sample_tokens
 from tests.helpers.tiny_model import build_tiny_model, save_tiny_model
 
@@ -59,6 +59,28 @@ async def test_batched_decoding_matches_decoding_alone() -> None:
         assert b.finish_reason == "length"
     assert batched.stats.prefill_steps >= 2  # admission really happened in several waves
 
+
+
+async def test_kv_slots_survive_wraparound_and_growth() -> None:
+    """Long, staggered sequences: the KV cursor wraps several times and the capacity grows mid-flight."""
+    model = build_tiny_model(0)
+    budgets = [30, 60, 25, 200, 240, 230]  # the later, longer requests need a wider cache
+    alone = EmbeddedEngine(model, max_batch_size=1)
+    batched = EmbeddedEngine(model, max_batch_size=3)
+    try:
+        solo = [await alone.generate(greedy(f"a{i}", p, n)) for i, (p, n) in enumerate(zip(PROMPTS, budgets))]
+        together = await asyncio.gather(
+            *(batched.generate(greedy(f"b{i}", p, n)) for i, (p, n) in enumerate(zip(PROMPTS, budgets)))
+        )
+        kv = batched._cache
+        assert kv is not None and kv.wraps >= 1, "the KV cursor never wrapped: the test lost its point"
+    finally:
+        await alone.close()
+        await batched.close()
+    for s, b, n in zip(solo, together, budgets, strict=True):
+        assert b.output_ids == s.output_ids and len(b.output_ids) == n
+        assert b.output_logprobs == pytest.approx(s.output_logprobs, abs=1e-4)
+    assert batched.stats.prefill_steps >= 2  # the long requests joined a running batch
 
 async def test_logprobs_are_log_softmax_of_logits_over_temperature(engine: EmbeddedEngine) -> None:
     prompt = [3, 1, 4, 1, 5]
@@ -216,3 +238,15 @@ def test_sampling_truncation_and_log_prob_base() -> None:
     assert logprobs[0].item() == pytest.approx(torch.log_softmax(logits[0] / 0.5, -1)[0].item())
     free = [SamplingParams(temperature=1.0)] * 64
     assert len(set(sample_tokens(logits, free, gen)[0].tolist())) > 1
+
+
+def test_prefill_chunks_bound_padding_and_keep_every_item() -> None:
+    lengths = [5, 200, 7, 6, 180, 40, 5, 190]
+    chunks = prefill_chunks(list(range(len(lengths))), lambda i: lengths[i])
+    assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
+    for chunk in chunks:
+        real = sum(lengths[i] for i in chunk)
+        assert len(chunk) * max(lengths[i] for i in chunk) <= 1.25 * real
+    # Short prompts share one forward instead of being padded to the 200-token resumed sample.
+    assert [lengths[i] for i in chunks[0]] == [5, 5, 6, 7]
+    assert len(chunks) == 3

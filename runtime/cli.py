@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console, Group
 from rich.live import Live
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -217,10 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except RLJobConfigError as err:
-        console.print(f"[red]invalid RLJob[/]\n{err}")
+        # Unwrapped, so paths and field names can be copied; escaped, so `[0]` is not read as markup.
+        console.print(f"[red]invalid RLJob[/]\n{escape(str(err))}", soft_wrap=True)
         return 2
     except EngineError as err:
-        console.print(f"[red]engine error[/]: {err}")
+        console.print(f"[red]engine error[/]: {escape(str(err))}", soft_wrap=True)
         return 3
     except KeyboardInterrupt:
         console.print("interrupted; the last checkpoint is kept, run the same command to resume")

@@ -21,7 +21,7 @@ import heapq
 import itertools
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rljob.runtime.engines.base import (
     Engine,

@@ -19,7 +19,6 @@ import copy
 import os
 import re
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from kubernetes import client as k8s
@@ -37,8 +35,7 @@ from rljob.operator.builders.meta import JobRef
 from rljob.operator.builders.trainer import checkpoint_claim_name
 
 from tests.cluster.kube import KubeCluster, wait_until
-from tests.helpers.processes import free_port
-from tests.helpers.processes import stop as stop_processes
+from tests.helpers.operator_process import OperatorProcess
 from tests.unit.test_chart import CHART, EXAMPLES, Yaml12Loader, helm_binary
 
 pytestmark = pytest.mark.cluster
@@ -191,46 +188,17 @@ def operator_args(release: Release, namespace: str, liveness_port: int, metrics_
     return [*args, "--metrics-addr=127.0.0.1"]
 
 
-class ChartOperator:
-    """`python -m rljob.operator` authenticated as the chart's ServiceAccount."""
+class ChartOperator(OperatorProcess):
+    """The operator with the chart Deployment's args, authenticated as the chart's ServiceAccount."""
 
     def __init__(self, kube_cluster: KubeCluster, release: Release, namespace: str, workdir: Path) -> None:
         sa = next(o for o in release.manifest() if o["kind"] == "ServiceAccount")["metadata"]["name"]
         token = service_account_token(kube_cluster, release.namespace, sa)
-        self.kubeconfig = token_kubeconfig(kube_cluster, token, workdir / "operator.kubeconfig")
-        self.log_path = workdir / "operator.log"
-        self.liveness_port, self.metrics_port = free_port(), free_port()
-        self.args = operator_args(release, namespace, self.liveness_port, self.metrics_port)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, wait: bool = True) -> None:
-        """Start the process; with `wait`, until its liveness endpoint answers."""
+        kubeconfig = token_kubeconfig(kube_cluster, token, workdir / "operator.kubeconfig")
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-        env["KUBECONFIG"] = str(self.kubeconfig)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rljob.operator", *self.args],
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True,
-            )
-        if wait:
-            wait_until(self._alive, 60, "operator liveness endpoint")
-
-    def _alive(self) -> bool:
-        assert self.proc is not None and self.proc.poll() is None, f"operator exited:\n{self.log_tail()}"
-        try:
-            return httpx.get(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_processes([self.proc])
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def log_tail(self, lines: int = 80) -> str:
-        return "\n".join(self.log_text().splitlines()[-lines:])
+        env["KUBECONFIG"] = str(kubeconfig)
+        super().__init__(lambda liveness, metrics: operator_args(release, namespace, liveness, metrics),
+                         workdir / "operator.log", env)
 
     def forbidden_lines(self) -> list[str]:
         """Log lines reporting an RBAC denial (a bare "403" also matches timestamps and uids)."""

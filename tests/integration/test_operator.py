@@ -8,30 +8,23 @@ execute, so crashes and completions are simulated by patching pod status through
 from __future__ import annotations
 
 import copy
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
 import pytest
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 from rljob.operator import crdgen
 
-from tests.helpers.processes import stop as stop_processes
+from tests.helpers.operator_process import OperatorProcess
 
 pytestmark = pytest.mark.cluster
 
 GROUP, VERSION, PLURAL = "rljob.io", "v1alpha1", "rljobs"
-REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
@@ -47,57 +40,15 @@ def wait_for(check: Callable[[], T | None], what: str, timeout: float = 60.0, in
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class OperatorProcess:
-    """`python -m rljob.operator` watching one namespace, with metrics and liveness on loopback."""
-
-    def __init__(self, namespace: str, log_path: Path) -> None:
-        self.namespace = namespace
-        self.log_path = log_path
-        self.metrics_port = free_port()
-        self.liveness_port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "rljob.operator", "-n", self.namespace,
-                "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
-                "--metrics-port", str(self.metrics_port), "--metrics-addr", "127.0.0.1",
-                "--resync-seconds", "2",
-            ],
-            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ), cwd=REPO, start_new_session=True,
-        )
-        wait_for(self._alive, "operator liveness endpoint", timeout=60)
-
-    def _alive(self) -> bool:
-        assert self.proc is not None and self.proc.poll() is None, f"operator exited:\n{self.log_tail()}"
-        try:
-            return httpx.get(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, as a crashed or evicted operator."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_processes([self.proc])
-
-    def metrics(self) -> str:
-        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
-
-    def log_tail(self, lines: int = 60) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+def namespaced_operator(namespace: str, log_path: Path) -> OperatorProcess:
+    """The operator watching only `namespace`, with the admin kubeconfig of the test cluster."""
+    return OperatorProcess(
+        lambda liveness, metrics: [
+            "-n", namespace, "--liveness", f"http://127.0.0.1:{liveness}/healthz",
+            "--metrics-port", str(metrics), "--metrics-addr", "127.0.0.1", "--resync-seconds", "2",
+        ],
+        log_path,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +72,7 @@ def api(kube_cluster: Any, crd: None) -> k8s.CustomObjectsApi:
 
 @pytest.fixture
 def operator(namespace: str, crd: None, tmp_path: Path) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(namespace, tmp_path / "operator.log")
+    op = namespaced_operator(namespace, tmp_path / "operator.log")
     op.start()
     yield op
     op.stop()

@@ -189,8 +189,8 @@ def load_calibration(path: Path = CALIBRATION_FILE) -> Calibration:
 def load_scenario(path: str | Path) -> Scenario:
     """Parse and check a scenario YAML against the calibration's GPU, model and dataset names."""
     p = Path(path)
-    if not p.exists() and (SCENARIO_DIR / p).exists():
-        p = SCENARIO_DIR / p
+    if not p.exists():  # a bundled scenario, by file name or by name without `.yaml`
+        p = next((c for c in (SCENARIO_DIR / p, SCENARIO_DIR / f"{p}.yaml") if c.exists()), p)
     try:
         raw = yaml.safe_load(p.read_text())
     except OSError as err:

@@ -7,6 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from rljob.runtime.cli import main
@@ -109,3 +110,14 @@ def test_rljob_simulate_names_the_bad_field(tmp_path: Path, capsys):
     assert main(["simulate", str(path), "--output", str(tmp_path / "out")]) == 2
     out = capsys.readouterr().out
     assert "gpu 'tpu9'" in out and "h100" in out
+
+
+def test_bundled_scenarios_load_by_name_with_or_without_suffix() -> None:
+    from rljob.runtime.sim.scenario import SCENARIO_DIR, ScenarioError, load_scenario
+
+    bundled = sorted(SCENARIO_DIR.glob("*.yaml"))
+    assert bundled
+    for path in bundled:
+        assert load_scenario(path.stem).name == load_scenario(path.name).name == path.stem
+    with pytest.raises(ScenarioError, match="give a path or a name"):
+        load_scenario("no-such-scenario")

@@ -1,14 +1,19 @@
 """The "arith-chain" task: a verifiable prompt whose answer length has a long tail.
 
 A prompt `n%d=` asks for n mod d by repeated subtraction. The response writes every
-intermediate value, zero-padded to three digits so each step is a local, digit-wise
-computation a tiny model can learn, then the final answer:
+intermediate value, zero-padded to three digits, each followed by `-d` while d still fits,
+then the final answer:
 
     prompt   "23%7="
-    response "016 009 002 #### 2"   (then EOS)
+    response "016-7 009-7 002 #### 2"   (then EOS)
+
+Repeating the divisor keeps every operand of a step at a fixed distance behind it, so each
+step is a local, digit-wise computation a tiny model learns in a few hundred updates; with the
+divisor only in the prompt it would first have to learn to find it there, which took a tiny
+model thousands of updates.
 
 The number of steps k = n // d is drawn from a truncated power law P(k) ∝ k^-alpha on
-1..max_steps, so most responses are short (~10-30 tokens) and a few are long (~160 tokens):
+1..max_steps, so most responses are short (~10-40 tokens) and a few are long (~180 tokens):
 exactly the tail that stalls a synchronous rollout. Errors compound per step, so long chains
 are also the hard ones. Every problem is a pure function of (seed, index).
 """
@@ -39,7 +44,7 @@ class ArithChainTask:
     """Deterministic generator of arith-chain problems."""
 
     seed: int = 0
-    max_steps: int = 40
+    max_steps: int = 30
     alpha: float = 1.0
     min_divisor: int = 2
     max_divisor: int = 9
@@ -76,6 +81,6 @@ class ArithChainTask:
 def solve(n: int, divisor: int) -> str:
     """The reference response for `n%divisor=`: the subtraction chain, then `#### remainder`."""
     values = list(range(n - divisor, -1, -divisor))
-    chain = " ".join(f"{v:03d}" for v in values)
+    chain = " ".join(f"{v:03d}-{divisor}" if v >= divisor else f"{v:03d}" for v in values)
     answer = f"{ANSWER_MARKER} {n % divisor}"
     return f"{chain} {answer}" if chain else answer

@@ -80,7 +80,8 @@ def test_arith_chain_is_deterministic_and_self_consistent() -> None:
 
 
 def test_arith_chain_solution_format() -> None:
-    assert solve(23, 7) == "016 009 002 #### 2"
+    assert solve(23, 7) == "016-7 009-7 002 #### 2"
+    assert solve(14, 7) == "007-7 000 #### 0"
     assert solve(5, 7) == "#### 5"
 
 

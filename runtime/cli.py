@@ -36,18 +36,23 @@ Run an RLJob on this machine: the APRIL partial-rollout loop with the embedded P
 Each step runs one rollout round, one optimizer step and one weight sync. The run resumes from the
 newest checkpoint in spec.checkpoint.dir unless --fresh is given. At the end a report folder with
 plots (reward, rollout tokens/s, truncation rate, off-policy ratio, length distribution) is written
-to --output.
+to --output. With spec.evaluation.everySteps > 0 the policy is also scored on held-out prompts before
+the first step, every N steps and after the last (the "held-out" column; eval.jsonl): under partial
+rollouts that is the learning curve to read, because a training batch's reward moves with its mix
+of short fresh and long resumed groups.
 """
 
 
 def _step_table(rows: deque[StepRecord]) -> Table:
     table = Table(title="steps", expand=False, header_style="bold")
-    for col in ("step", "reward", "tok/s", "trunc", "off-pol", "stale", "buffer", "len μ", "rollout s", "train s"):
+    for col in ("step", "reward", "held-out", "tok/s", "trunc", "off-pol", "stale", "buffer", "len μ", "rollout s",
+                "train s"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(
             str(r.step),
             f"{r.reward_mean:.3f}",
+            "" if r.eval_reward is None else f"{r.eval_reward:.3f}",
             f"{r.rollout_tokens_per_s:.0f}",
             f"{r.truncation_rate:.2f}",
             f"{r.off_policy_token_ratio:.2f}",
@@ -126,6 +131,7 @@ async def _run(args: argparse.Namespace) -> int:
             console.print(
                 f"step {rec.step}: reward {rec.reward_mean:.3f} tok/s {rec.rollout_tokens_per_s:.0f} "
                 f"trunc {rec.truncation_rate:.2f} off-policy {rec.off_policy_token_ratio:.2f} buffer {rec.buffer_groups}"
+                + ("" if rec.eval_reward is None else f" held-out reward {rec.eval_reward:.3f}")
             )
 
     if args.live:
@@ -144,12 +150,14 @@ async def _run(args: argparse.Namespace) -> int:
     from rljob.runtime.metrics import read_jsonl
 
     records = read_jsonl(runner.metrics.jsonl_path) if runner.metrics.jsonl_path else []
-    written = write_report(output / "report", records, comparison)
-    _print_summary(summary, records, output / "report", written)
+    eval_path = runner.metrics.eval_jsonl_path
+    evals = read_jsonl(eval_path) if eval_path is not None and eval_path.exists() else []
+    written = write_report(output / "report", records, comparison, evals)
+    _print_summary(summary, records, evals, output / "report", written)
     return 0
 
 
-def _print_summary(summary, records, report_dir: Path, written: list[Path]) -> None:  # type: ignore[no-untyped-def]
+def _print_summary(summary, records, evals, report_dir: Path, written: list[Path]) -> None:  # type: ignore[no-untyped-def]
     from rljob.runtime.report import reward_gain
 
     table = Table(title="run summary", show_header=False)
@@ -159,6 +167,11 @@ def _print_summary(summary, records, report_dir: Path, written: list[Path]) -> N
     if records:
         first, last = reward_gain(records)
         table.add_row("reward, first → last steps", f"{first:.3f} → {last:.3f}")
+    if evals:
+        table.add_row(
+            f"held-out reward ({evals[-1]['prompts']} prompts)",
+            f"{evals[0]['reward_mean']:.3f} (step {evals[0]['step']}) → {evals[-1]['reward_mean']:.3f} (step {evals[-1]['step']})",
+        )
     table.add_row("report", str(report_dir))
     console.print(table)
     console.print("plots: " + ", ".join(p.name for p in written if p.suffix == ".png"))

@@ -15,6 +15,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from rljob.runtime.evaluation import EvalResult
+
 METRIC_PREFIX = "rljob_"
 
 
@@ -57,6 +59,7 @@ class StepRecord:
     length_p99: float = 0.0
     length_max: int = 0
     reward_mean: float = 0.0
+    eval_reward: float | None = None  # held-out evaluation after this step, when one ran
     entropy: float = 0.0
     kl: float = 0.0
     clip_fraction: float = 0.0
@@ -98,6 +101,7 @@ class RuntimeMetrics:
         self.buffer = gauge("buffer_groups", "Groups waiting in the partial-rollout buffer.")
         self.length = gauge("response_length_tokens", "Response length of trained samples.", ("stat",))
         self.reward = gauge("reward_mean", "Mean reward of the trained batch.")
+        self.eval_reward = gauge("eval_reward_mean", "Mean reward on the held-out evaluation set, last evaluation.")
         self.entropy = gauge("policy_entropy", "Mean token entropy of the policy on the trained batch.")
         self.kl = gauge("kl", "Approximate KL between the new and the rollout policy.")
         self.clip = gauge("clip_fraction", "Share of tokens whose ratio was clipped.")
@@ -130,6 +134,20 @@ class RuntimeMetrics:
     def set_knobs(self, knobs: dict[str, float]) -> None:
         for name, value in knobs.items():
             self.knob.labels(name).set(value)
+
+    @property
+    def eval_jsonl_path(self) -> Path | None:
+        """Evaluation results, one JSON line each, beside the step records."""
+        return self.jsonl_path.with_name("eval.jsonl") if self.jsonl_path is not None else None
+
+    def record_eval(self, result: EvalResult) -> None:
+        """Publish one held-out evaluation (the initial one has no step record)."""
+        with self._lock:
+            self.eval_reward.set(result.reward_mean)
+            if self.eval_jsonl_path is not None:
+                self.eval_jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+                with self.eval_jsonl_path.open("a") as f:
+                    f.write(json.dumps(result.to_dict(), sort_keys=True) + "\n")
 
     def record(self, rec: StepRecord) -> None:
         """Publish one step to Prometheus and append it to the JSON-lines file."""

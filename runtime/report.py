@@ -27,11 +27,16 @@ def _moving_average(values: list[float], window: int = 5) -> list[float]:
     return out
 
 
-def _line_plot(path: Path, steps: list[int], values: list[float], ylabel: str) -> None:
+def _line_plot(
+    path: Path, steps: list[int], values: list[float], ylabel: str, overlay: list[dict[str, Any]] | None = None
+) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(steps, values, marker="o", markersize=3, linewidth=1, alpha=0.6, label="per step")
     if len(values) >= 5:
         ax.plot(steps, _moving_average(values), linewidth=2, label="moving average (5)")
+    if overlay:
+        ax.plot([e["step"] for e in overlay], [e["reward_mean"] for e in overlay], marker="s", linewidth=2,
+                color="black", label=f"held-out evaluation ({overlay[0]['prompts']} prompts)")
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
@@ -88,15 +93,19 @@ def reward_gain(records: list[dict[str, Any]], window: int = 5) -> tuple[float, 
 
 
 def write_report(
-    out_dir: Path, records: list[dict[str, Any]], comparison: dict[str, Any] | None = None
+    out_dir: Path,
+    records: list[dict[str, Any]],
+    comparison: dict[str, Any] | None = None,
+    evals: list[dict[str, Any]] | None = None,
 ) -> list[Path]:
-    """Write plots and summary files for the step records; returns the files written."""
+    """Write plots and summary files for the step records (and held-out evaluations); returns the files."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     if records:
         steps = [int(r["step"]) for r in records]
         for name, key, label in PLOTS:
-            _line_plot(out_dir / name, steps, [float(r[key]) for r in records], label)
+            overlay = evals if key == "reward_mean" else None
+            _line_plot(out_dir / name, steps, [float(r[key]) for r in records], label, overlay)
             written.append(out_dir / name)
         _length_plot(out_dir / "length_distribution.png", records)
         written.append(out_dir / "length_distribution.png")
@@ -110,6 +119,14 @@ def write_report(
             mean_truncation_rate=sum(r["truncation_rate"] for r in records) / len(records),
             mean_off_policy_token_ratio=sum(r["off_policy_token_ratio"] for r in records) / len(records),
             final_policy_version=records[-1]["policy_version"],
+        )
+    if evals:
+        summary.update(
+            eval_reward_first=evals[0]["reward_mean"],
+            eval_reward_first_step=evals[0]["step"],
+            eval_reward_last=evals[-1]["reward_mean"],
+            eval_reward_last_step=evals[-1]["step"],
+            eval_prompts=evals[-1]["prompts"],
         )
     if comparison:
         summary["comparison"] = comparison

@@ -21,6 +21,7 @@ from rljob.operator.status_reporter import StatusReporter
 from rljob.runtime.batch_stats import summarize_batch
 from rljob.runtime.checkpoint import CheckpointManager, rng_state, set_rng_state
 from rljob.runtime.engines.base import Engine, WeightUpdate
+from rljob.runtime.evaluation import EvalPrompt, EvalResult, evaluate_held_out
 from rljob.runtime.knobs import KnobSource, apply_knobs
 from rljob.runtime.metrics import RuntimeMetrics, StepRecord
 from rljob.runtime.rollout.sample import Group, Sample
@@ -196,13 +197,15 @@ class JobRunner:
         # In a trainer pod (RLJOB_STATUS_REPORT=1) progress goes into the RLJob's status.
         self.status_reporter = StatusReporter.from_env()
         self.stop_requested = False
+        self.eval_prompts: list[EvalPrompt] = []
+        self.evals: list[EvalResult] = []  # this run's held-out evaluations, in order
 
     # ------------------------------------------------------------------ setup
 
     async def setup(self, on_status: Callable[[str], None] = lambda _msg: None) -> None:
         """Load the policy, the data, the engines and the trainer; resume from a checkpoint."""
         from rljob.runtime.engines.factory import build_engines
-        from rljob.runtime.tasks.dataset import PromptStream
+        from rljob.runtime.tasks.dataset import PromptStream, held_out_records
         from rljob.runtime.tasks.policy import load_policy
         from rljob.runtime.tasks.reward import build_reward
         from rljob.runtime.trainer import Trainer
@@ -215,8 +218,18 @@ class JobRunner:
         reward_fn = build_reward(spec.reward)
         decode = self.tokenizer.decode
 
+        def score_ids(response_ids: list[int], answer: str) -> float:
+            return reward_fn(decode(response_ids), answer)
+
         def score(sample: Sample) -> float:
-            return reward_fn(decode(sample.response_ids), sample.answer)
+            return score_ids(sample.response_ids, sample.answer)
+
+        self._score_ids = score_ids
+        if spec.evaluation.every_steps:
+            self.eval_prompts = [
+                EvalPrompt(self.tokenizer.encode_prompt(text), answer)
+                for text, answer in held_out_records(spec.data, spec.evaluation)
+            ]
 
         on_status("starting the engines")
         self.engines = build_engines(spec.rollout, model)
@@ -275,6 +288,8 @@ class JobRunner:
         first = self.step + 1
         records = []
         self._stop_on_sigterm()
+        if self.eval_prompts and self.step == 0:
+            await self.evaluate()  # the starting point of the learning curve
         while self.step < self.total_steps and not self.stop_requested:
             records.append(await self.run_step())
             on_step(records[-1])
@@ -326,6 +341,10 @@ class JobRunner:
             self._ceiling(),
             sync_failures,
         )
+        every = self.spec.evaluation.every_steps
+        if self.eval_prompts and (self.step % every == 0 or self.step == self.total_steps):
+            result = await self.evaluate()
+            record.eval_reward = result.reward_mean if result is not None else None
         self.metrics.record(record)
         for listener in self.step_listeners:
             listener(record)
@@ -334,6 +353,27 @@ class JobRunner:
         if self.status_reporter is not None:
             self.status_reporter.report(step=self.step, policy_version=self.version, metrics=status_metrics(record))
         return record
+
+    async def evaluate(self) -> EvalResult | None:
+        """Score the served policy on the held-out prompts (engines idle between rounds)."""
+        r = self.spec.rollout
+        temperature = self.spec.evaluation.temperature
+        result = await evaluate_held_out(
+            self.engines,
+            self.eval_prompts,
+            self._score_ids,
+            step=self.step,
+            policy_version=self.version,
+            temperature=r.temperature if temperature is None else temperature,
+            max_new_tokens=r.max_response_length,
+            stop_token_ids=[self.tokenizer.eos_token_id],
+        )
+        if result is not None:
+            self.evals.append(result)
+            self.metrics.record_eval(result)
+            log.info("held-out evaluation at step %d: reward %.3f on %d prompts (%.1f s)",
+                     result.step, result.reward_mean, result.prompts, result.seconds)
+        return result
 
     def save_checkpoint(self) -> Path:
         """Write a checkpoint of the current step and tell the RLJob status about it."""

@@ -467,8 +467,41 @@ class AutotuneSpec(ApiModel):
     )
 
 
+_HELD_OUT_REQUIRED = "evaluation.jsonl is required when evaluation is on and the training data is data.jsonl"
+
+
+class EvaluationSpec(ApiModel):
+    """Periodic evaluation on held-out prompts.
+
+    Training-batch reward is a poor learning curve under partial rollouts: a round's batch mixes fresh
+    groups that finished early (short, easy) with resumed ones (long, hard), so its reward moves with
+    the length mix. A fixed held-out set sampled the same way every time is the curve to watch.
+    """
+
+    every_steps: int = Field(
+        default=0, ge=0, description="Evaluate before the first step, every N steps and after the last; 0: off."
+    )
+    prompts: int = Field(
+        default=128, gt=0, le=100_000,
+        description="Held-out prompts per evaluation: synthetic problems after the training ones, or the first "
+        "records of evaluation.jsonl.",
+    )
+    jsonl: str | None = Field(
+        default=None, description="Held-out {prompt, answer} JSONL file; required when the training data is data.jsonl."
+    )
+    temperature: float | None = Field(default=None, ge=0, description="Sampling temperature; default rollout.temperature.")
+
+
 class RLJobSpec(ApiModel):
     """Everything one RL job needs; the same spec runs locally and on a cluster."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            "!has(self.evaluation) || !has(self.evaluation.everySteps) || self.evaluation.everySteps == 0 "
+            "|| has(self.data.synthetic) || has(self.evaluation.jsonl)",
+            _HELD_OUT_REQUIRED,
+        )
+    )
 
     model: ModelSpec = Field(json_schema_extra=IMMUTABLE)
     data: DataSpec = Field(json_schema_extra=IMMUTABLE)
@@ -479,9 +512,16 @@ class RLJobSpec(ApiModel):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     autotune: AutotuneSpec = Field(default_factory=AutotuneSpec)
+    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     suspend: bool = False
     active_deadline_seconds: int | None = Field(default=None, gt=0)
     backoff_limit: int = Field(default=3, ge=0)
+
+    @model_validator(mode="after")
+    def _held_out_set(self) -> RLJobSpec:
+        if self.evaluation.every_steps and self.data.jsonl is not None and self.evaluation.jsonl is None:
+            raise ValueError(_HELD_OUT_REQUIRED)
+        return self
 
 
 class ObjectMeta(ApiModel):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rljob.operator.api.spec import DataSpec
+from rljob.operator.api.spec import DataSpec, EvaluationSpec
 from rljob.runtime.tasks.synthetic import ArithChainTask
 from rljob.runtime.tasks.tokenizer import TaskTokenizer
 
@@ -59,9 +59,19 @@ def load_jsonl_records(path: str | Path, prompt_key: str = "prompt", answer_key:
     return records
 
 
-def synthetic_records(num_prompts: int, seed: int) -> list[tuple[str, str]]:
-    """(prompt, answer) pairs of the first num_prompts arith-chain problems."""
-    return [(p.prompt, p.answer) for p in ArithChainTask(seed=seed).problems(num_prompts)]
+def synthetic_records(num_prompts: int, seed: int, start: int = 0) -> list[tuple[str, str]]:
+    """(prompt, answer) pairs of arith-chain problems start..start+num_prompts-1."""
+    return [(p.prompt, p.answer) for p in ArithChainTask(seed=seed).problems(num_prompts, start=start)]
+
+
+def held_out_records(data: DataSpec, evaluation: EvaluationSpec) -> list[tuple[str, str]]:
+    """The evaluation set: the first `prompts` records of evaluation.jsonl, or the synthetic problems
+    right after the training ones (same task and seed, never served for training)."""
+    if evaluation.jsonl is not None:
+        return load_jsonl_records(evaluation.jsonl, data.prompt_key, data.answer_key)[: evaluation.prompts]
+    if data.synthetic is None:
+        raise ValueError("evaluation.jsonl: required when the training data is data.jsonl")
+    return synthetic_records(evaluation.prompts, data.synthetic.seed, start=data.synthetic.num_prompts)
 
 
 class PromptStream:

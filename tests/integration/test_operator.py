@@ -267,6 +267,8 @@ INVALID: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("duplicate pool", lambda j: j["spec"]["rollout"]["pools"].append({"name": "nv", "vendor": "amd"}), "spec.rollout.pools[2]"),
     ("tokens without cap", lambda j: j["spec"]["rollout"].update(partial={"truncation": {"mode": "tokens"}}), "spec.rollout.partial.truncation"),
     ("negative deadline", lambda j: j["spec"].update(activeDeadlineSeconds=-5), "spec.activeDeadlineSeconds"),
+    ("evaluation without held-out set", lambda j: j["spec"].update(data={"jsonl": "/data/train.jsonl"},
+                                                                     evaluation={"everySteps": 5}), "evaluation.jsonl"),
 ]
 
 

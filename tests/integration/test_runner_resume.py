@@ -132,6 +132,32 @@ async def test_metrics_jsonl_and_prometheus(tmp_path: Path, model_dir: Path):
     assert len(list((tmp_path / "ckpt").glob("step-*"))) == 2  # keep=2
 
 
+async def test_held_out_evaluation_curve(tmp_path: Path, model_dir: Path):
+    import httpx
+
+    from rljob.runtime.report import write_report
+    from rljob.runtime.tasks.synthetic import ArithChainTask
+
+    doc = job_doc(model_dir, tmp_path / "ckpt", steps=3, every=3)
+    doc["spec"]["evaluation"] = {"everySteps": 2, "prompts": 8}
+    runner = JobRunner(parse_rljob(doc), RunOptions(output_dir=tmp_path / "out"))
+    await runner.setup()
+    # Held out: the synthetic problems right after the 256 training ones.
+    held_out = ArithChainTask(seed=3).problems(8, start=256)
+    assert [p.answer for p in runner.eval_prompts] == [p.answer for p in held_out]
+    port = runner.metrics.serve("127.0.0.1", 0)
+    await runner.run()
+    evals = read_jsonl(tmp_path / "out" / "eval.jsonl")
+    assert [(e["step"], e["policy_version"], e["prompts"]) for e in evals] == [(0, 0, 8), (2, 2, 8), (3, 3, 8)]
+    assert all(0.0 <= e["reward_mean"] <= 1.0 and e["length_mean"] > 0 for e in evals)
+    records = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert [r["eval_reward"] for r in records] == [None, evals[1]["reward_mean"], evals[2]["reward_mean"]]
+    assert f"rljob_eval_reward_mean {evals[-1]['reward_mean']}" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    write_report(tmp_path / "report", records, None, evals)
+    summary = (tmp_path / "report" / "summary.json").read_text()
+    assert '"eval_reward_first_step": 0' in summary and '"eval_reward_last_step": 3' in summary
+
+
 def test_cli_run_then_resume(tmp_path: Path, model_dir: Path):
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job_doc(model_dir, tmp_path / "ckpt", steps=2, every=1)))

@@ -57,6 +57,16 @@ def test_unknown_field_says_so():
         parse_rljob(doc, "job.yaml")
 
 
+def test_evaluation_on_jsonl_data_needs_a_held_out_file():
+    doc = quickstart()
+    doc["spec"]["data"] = {"jsonl": "train.jsonl"}
+    doc["spec"]["evaluation"] = {"everySteps": 5}
+    with pytest.raises(RLJobConfigError, match="spec: evaluation.jsonl is required"):
+        parse_rljob(doc, "job.yaml")
+    doc["spec"]["evaluation"]["jsonl"] = "held-out.jsonl"
+    assert parse_rljob(doc, "job.yaml").spec.evaluation.jsonl == "held-out.jsonl"
+
+
 def test_two_model_sources_rejected():
     doc = quickstart()
     doc["spec"]["model"]["path"] = "/models/x"

@@ -100,6 +100,9 @@ def _strip_null_branch(node: dict[str, Any]) -> dict[str, Any]:
 
 def to_structural(node: dict[str, Any], required: bool = True) -> dict[str, Any]:
     """Convert an inlined pydantic JSON schema node to a structural OpenAPI v3 schema node."""
+    # `X | None = None` means "absent unless set": it must never be defaulted to {} below, or the
+    # API server would set it on every object (and break exactly-one-of rules such as data's).
+    nullable = any(b.get("type") == "null" for b in node.get("anyOf", []))
     node = _strip_null_branch(node)
     out: dict[str, Any] = {}
     for key, value in node.items():
@@ -126,6 +129,7 @@ def to_structural(node: dict[str, Any], required: bool = True) -> dict[str, Any]
             out["x-kubernetes-preserve-unknown-fields"] = True
     if (
         not required
+        and not nullable
         and out.get("type") == "object"
         and "properties" in out
         and "default" not in out

@@ -280,6 +280,11 @@ def test_invalid_rljobs_are_rejected_naming_the_field(namespace: str, api: k8s.C
             api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, doc)
         assert info.value.status == 422, (what, info.value.body)
         assert field in info.value.body, (what, field, info.value.body)
+    # The valid neighbours of the cross-field rules are accepted (no default sneaks `data.synthetic` in).
+    doc = rljob("jsonl-data")
+    doc["spec"].update(data={"jsonl": "/data/train.jsonl"}, evaluation={"everySteps": 5, "jsonl": "/data/eval.jsonl"})
+    created = api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, doc)
+    assert "synthetic" not in created["spec"]["data"] and created["spec"]["evaluation"]["prompts"] == 128
     # Names the operator cannot derive Service names from.
     with pytest.raises(ApiException) as info:
         api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("9-starts-with-digit"))

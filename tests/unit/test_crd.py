@@ -100,3 +100,11 @@ def test_crd_yaml_is_loadable_and_small() -> None:
     text = crdgen.CRD_PATH.read_text()
     assert yaml.safe_load(text)["metadata"]["name"] == "rljobs.rljob.io"
     assert len(text) < 262_144, "client-side kubectl apply fails above the annotation size limit"
+
+
+def test_optional_objects_are_not_defaulted_into_existence() -> None:
+    """`X | None = None` fields stay absent: a `default: {}` would set `data.synthetic` on every RLJob,
+    and a JSONL job would then break the exactly-one-of rule on the API server."""
+    data = _root()["properties"]["spec"]["properties"]["data"]
+    assert "default" not in data["properties"]["synthetic"]
+    assert data["properties"]["jsonl"]["type"] == "string"

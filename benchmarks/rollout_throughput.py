@@ -41,6 +41,12 @@ def machine() -> str:
             f"Python {platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads), no GPU")
 
 
+def _display_path(path: Path) -> str:
+    """Repository-relative when inside the repository, so the JSON does not carry a home directory."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
 async def run(args: argparse.Namespace) -> dict:
     job = load_rljob(args.job)
     with tempfile.TemporaryDirectory() as tmp:
@@ -61,7 +67,8 @@ async def run(args: argparse.Namespace) -> dict:
     r = job.spec.rollout
     return {
         "benchmark": "rollout_throughput",
-        "job": str(Path(args.job)),
+        "job": _display_path(Path(args.job)),
+        "policy": f"{job.spec.model.builtin or job.spec.model.path} as loaded (the warmed-up policy, before any RL step)",
         "task": "arith-chain (long-tailed answer lengths)",
         "rollout_batch_size": r.rollout_batch_size,
         "samples_per_prompt": r.samples_per_prompt,

@@ -3,7 +3,8 @@
 Used by `rljob run --compare-rounds` (the quickstart shows APRIL's speed-up in the same run) and
 by benchmarks/rollout_throughput.py. Every strategy gets its own engine built from the same
 weights and seed, its own prompt stream with the same seed, and its rounds are interleaved with
-the other strategies' so machine noise hits all of them alike. No training happens here.
+the other strategies' so machine noise hits all of them alike. No training happens here, but each
+round is followed by a weight sync, so policy versions (and the off-policy ratio) advance as in training.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from rljob.runtime.batch_stats import summarize_batch
-from rljob.runtime.engines.base import Engine, GenerateRequest
+from rljob.runtime.engines.base import Engine, GenerateRequest, WeightUpdate
 from rljob.runtime.rollout.scheduler import RolloutScheduler, RoundResult
 
 EngineFactory = Callable[[], Engine]
@@ -87,18 +90,26 @@ async def compare_rollouts(
     schedulers: dict[str, RolloutScheduler],
     rounds: int,
     warmup_rounds: int = 1,
-    version: int = 0,
     on_round: Callable[[str, int, RoundResult], None] = lambda _s, _i, _r: None,
+    weights: torch.nn.Module | None = None,
 ) -> dict[str, StrategyResult]:
     """Run `rounds` measured rounds per scheduler, interleaved; warm-up rounds are not counted
-    (they also fill APRIL's buffer, which is its steady state)."""
+    (they also fill APRIL's buffer, which is its steady state).
+
+    With `weights`, every round is followed by a weight sync of those (unchanged) weights under the
+    next policy version, outside the measured rollout time: the version cadence of training, so the
+    off-policy ratio is the one a training run with these strategies would see.
+    """
     results = {name: StrategyResult(strategy=name) for name in schedulers}
     for i in range(warmup_rounds + rounds):
         for name, scheduler in schedulers.items():
-            result = await scheduler.run_round(version)
+            result = await scheduler.run_round(i)
             on_round(name, i, result)
             if i >= warmup_rounds:
-                results[name].add(result, version)
+                results[name].add(result, i)
+            if weights is not None:
+                update = WeightUpdate(version=i + 1, module=weights)
+                await asyncio.gather(*(e.update_weights(update) for e in scheduler.engines))
     return results
 
 

@@ -31,7 +31,8 @@ def _line_plot(
     path: Path, steps: list[int], values: list[float], ylabel: str, overlay: list[dict[str, Any]] | None = None
 ) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, values, marker="o", markersize=3, linewidth=1, alpha=0.6, label="per step")
+    per_step = "trained batch, per step" if overlay else "per step"
+    ax.plot(steps, values, marker="o", markersize=3, linewidth=1, alpha=0.6, label=per_step)
     if len(values) >= 5:
         ax.plot(steps, _moving_average(values), linewidth=2, label="moving average (5)")
     if overlay:

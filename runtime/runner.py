@@ -449,7 +449,9 @@ async def compare_strategies(
     engines.append(ceiling_engine)
     await asyncio.gather(*(e.start() for e in engines))
     try:
-        results = await compare_rollouts(schedulers, rounds, warmup_rounds=warmup_rounds, on_round=on_round)
+        results = await compare_rollouts(
+            schedulers, rounds, warmup_rounds=warmup_rounds, on_round=on_round, weights=model
+        )
         prompt = runner.prompts.records[0][0]
         # One engine measured, scaled by the engine count: engines share nothing but the CPU.
         ceiling = spec.rollout.embedded.num_engines * await measure_ceiling(

@@ -244,9 +244,13 @@ def test_two_vendor_job_becomes_ready_on_the_right_nodes_and_is_garbage_collecte
     pools = {p["name"]: p["desired"] for p in get(api, namespace, "mixed")["status"]["rollout"]["pools"]}
     assert pools == {"nv": 4, "mi": 2}
 
-    metrics = operator.metrics()
-    assert 'rljob_jobs{phase="Running"} 1.0' in metrics
-    assert "rljob_reconcile_duration_seconds_count" in metrics
+    # The phase gauge follows the status the operator writes; a scale-up may flip the phase for a
+    # sync or two (new replicas not ready yet), so wait for it to settle rather than read it once.
+    def phase_lines() -> list[str]:
+        return [line for line in operator.metrics().splitlines() if line.startswith("rljob_jobs{")]
+
+    wait_for(lambda: 'rljob_jobs{phase="Running"} 1.0' in phase_lines(), "rljob_jobs Running gauge", timeout=30)
+    assert "rljob_reconcile_duration_seconds_count" in operator.metrics()
     assert "Created" in events(kube_cluster, namespace, "mixed")
 
     api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "mixed")

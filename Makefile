@@ -35,7 +35,7 @@ unit: install
 	$(BIN)/python -m pytest tests/unit -q
 
 test: install cluster-build
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 benchmark: install
 	$(BIN)/python benchmarks/rollout_throughput.py

@@ -45,15 +45,16 @@ def sample_tokens(
 
     See the module docstring for which distribution the log-probs refer to.
     """
-    logits = logits.float()
-    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=logits.device)
+    # At least float32 (bf16/fp16 logits lose the log-prob tails); a float64 model keeps float64.
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=logits.device)
     greedy = temps < GREEDY_TEMPERATURE
     scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(-1)
     logprobs = torch.log_softmax(scaled, dim=-1)
     tokens = scaled.argmax(dim=-1)
     if not bool(greedy.all()):
         probs = logprobs.exp()
-        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=logits.device)
+        top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=logits.device)
         top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=logits.device)
         if bool((top_p < 1.0).any() or (top_k > 0).any()):
             probs = _truncate_top_k_top_p(probs, top_k, top_p)

@@ -140,8 +140,20 @@ def knob(prom: PrometheusServer, name: str) -> float | None:
     return value(prom, f'rljob_knob{{knob="{name}"}}')
 
 
+@pytest.fixture(scope="module")
+def builtin_policy_cached() -> None:
+    """Warm up (or load) the cached tiny-arith policy before the runtime process is timed.
+
+    On a fresh machine the first `rljob run` of the builtin policy trains it first (minutes, far more
+    on a loaded machine); that is a cached build step, not part of the autotune loop under test.
+    """
+    from rljob.runtime.tasks.policy import builtin_policy
+
+    builtin_policy(progress=False)
+
+
 @pytest.fixture
-def runtime(namespace: str, tmp_path: Path) -> Iterator[tuple[RuntimeProcess, Path]]:
+def runtime(namespace: str, tmp_path: Path, builtin_policy_cached: None) -> Iterator[tuple[RuntimeProcess, Path]]:
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump({"apiVersion": f"{GROUP}/{VERSION}", "kind": "RLJob",
                                         "metadata": {"name": NAME}, "spec": job_spec("http://127.0.0.1:9", "Off")}))

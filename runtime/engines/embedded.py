@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from rljob.runtime.engines.base import (
     Engine,
@@ -109,13 +109,15 @@ def prefill_chunks(items: list[T], length: Callable[[T], int], max_padding: floa
 
 def _load_model(source: PreTrainedModel | str | Path, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
     if isinstance(source, PreTrainedModel):
-        model = source
-    else:
-        path = Path(source)
-        if not (path / "config.json").is_file():
-            raise EngineError(f"model directory {path} has no config.json; pass a save_pretrained() directory")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    return model.to(device=device).eval()
+        return source.to(device=device).eval()
+    # The trainer's loader: same architecture checks, same attention implementation.
+    from rljob.runtime.models.loading import load_causal_lm
+    from rljob.runtime.models.source import ModelSourceError
+
+    try:
+        return load_causal_lm(source, field="model directory", dtype=dtype, device=device)
+    except ModelSourceError as exc:
+        raise EngineError(str(exc)) from None
 
 
 class EmbeddedEngine(Engine):

@@ -16,9 +16,14 @@ def build_engines(spec: RolloutSpec, model: PreTrainedModel, seed: int = 0) -> l
     if spec.engine == "embedded":
         from rljob.runtime.engines.embedded import EmbeddedEngine
 
+        from rljob.runtime.models.loading import torch_dtype
+
         e = spec.embedded
+        dtype = torch_dtype(e.dtype)
         return [
-            EmbeddedEngine(copy.deepcopy(model), max_batch_size=e.max_batch_size, seed=seed + i, device=e.device)
+            EmbeddedEngine(
+                copy.deepcopy(model).to(dtype), max_batch_size=e.max_batch_size, seed=seed + i, device=e.device, dtype=dtype
+            )
             for i in range(e.num_engines)
         ]
     from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine

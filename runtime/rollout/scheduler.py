@@ -301,7 +301,13 @@ class RolloutScheduler:
         self._group_counter += 1
         gid = f"g{self._group_counter}"
         samples = [
-            Sample(group_id=gid, index=i, prompt_ids=list(prompt.prompt_ids), answer=prompt.answer)
+            Sample(
+                group_id=gid,
+                index=i,
+                prompt_ids=list(prompt.prompt_ids),
+                answer=prompt.answer,
+                metadata=dict(getattr(prompt, "metadata", {})),
+            )
             for i in range(self.config.samples_per_prompt)
         ]
         return Group(group_id=gid, prompt_text=prompt.text, samples=samples, prompt_index=prompt.index)

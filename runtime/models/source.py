@@ -14,10 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rljob.operator.api.spec import ModelSpec
+from rljob.runtime.models.errors import ModelSourceError
 
-
-class ModelSourceError(ValueError):
-    """A job's model cannot be found or used; the message names the field and what to do."""
+__all__ = ["ModelSourceError", "hub_cache_dir", "resolve_hub_model", "resolve_model_dir"]
 
 
 def hub_cache_dir(env: Mapping[str, str] | None = None) -> Path:

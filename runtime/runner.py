@@ -84,6 +84,7 @@ def rollout_config(job: RLJob, stop_token_ids: list[int]) -> RolloutConfig:
         top_p=r.top_p,
         max_staleness=r.partial.max_staleness,
         stop_token_ids=stop_token_ids,
+        stop=list(r.stop),
         drain_timeout_s=r.sglang.drain_timeout_seconds,
     )
 
@@ -237,7 +238,7 @@ class JobRunner:
             ]
 
         on_status("starting the engines")
-        self.engines = build_engines(spec.rollout, model)
+        self.engines = build_engines(spec.rollout, model, detokenize=self.tokenizer.decode)
         await asyncio.gather(*(e.start() for e in self.engines))
         self.scheduler = RolloutScheduler(
             self.engines,
@@ -372,6 +373,7 @@ class JobRunner:
             temperature=r.temperature if temperature is None else temperature,
             max_new_tokens=r.max_response_length,
             stop_token_ids=self.policy.stop_token_ids,
+            stop=list(self.spec.rollout.stop),
         )
         if result is not None:
             self.evals.append(result)
@@ -439,7 +441,7 @@ async def compare_strategies(
     engines: list[Engine] = []
     schedulers = {}
     for name in strategies:
-        engine_set = build_engines(spec.rollout, model, seed=spec.trainer.seed)
+        engine_set = build_engines(spec.rollout, model, seed=spec.trainer.seed, detokenize=runner.tokenizer.decode)
         engines += engine_set
         schedulers[name] = RolloutScheduler(
             engine_set,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 from transformers import PreTrainedModel
 
@@ -10,9 +11,12 @@ from rljob.operator.api.spec import RolloutSpec
 from rljob.runtime.engines.base import Engine
 
 
-def build_engines(spec: RolloutSpec, model: PreTrainedModel, seed: int = 0) -> list[Engine]:
+def build_engines(
+    spec: RolloutSpec, model: PreTrainedModel, seed: int = 0, detokenize: Callable[[list[int]], str] | None = None
+) -> list[Engine]:
     """Embedded engines get their own copy of the policy (a weight sync must really copy weights);
-    `sglang` gives one client for the router and workers of the spec."""
+    `sglang` gives one client for the router and workers of the spec. `detokenize` lets embedded
+    engines honour stop strings."""
     if spec.engine == "embedded":
         from rljob.runtime.engines.embedded import EmbeddedEngine
 
@@ -22,7 +26,8 @@ def build_engines(spec: RolloutSpec, model: PreTrainedModel, seed: int = 0) -> l
         dtype = torch_dtype(e.dtype)
         return [
             EmbeddedEngine(
-                copy.deepcopy(model).to(dtype), max_batch_size=e.max_batch_size, seed=seed + i, device=e.device, dtype=dtype
+                copy.deepcopy(model).to(dtype), max_batch_size=e.max_batch_size, seed=seed + i, device=e.device,
+                dtype=dtype, detokenize=detokenize,
             )
             for i in range(e.num_engines)
         ]

@@ -268,6 +268,7 @@ class SGLangEngine(Engine):
                 "top_p": request.top_p,
                 "top_k": request.top_k,
                 "stop_token_ids": request.stop_token_ids,
+                **({"stop": request.stop} if request.stop else {}),
                 "skip_special_tokens": False,
                 "spaces_between_special_tokens": False,
                 "no_stop_trim": True,

@@ -56,6 +56,7 @@ class RolloutConfig:
     top_p: float = 1.0
     max_staleness: int = 2
     stop_token_ids: list[int] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)  # stop strings
     drain_timeout_s: float = 30.0
     reabort_interval_s: float = 3.0
     engine_retry_max_s: float = 30.0
@@ -363,6 +364,7 @@ class RolloutScheduler:
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             stop_token_ids=list(cfg.stop_token_ids),
+            stop=list(cfg.stop),
         )
         try:
             result = await self.engines[engine_idx].generate(request)

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rljob.operator.api.spec import DataSpec, ModelSpec
-from rljob.runtime.engines.base import GenerateRequest
+from rljob.runtime.engines.base import GenerateRequest, InvalidRequestError
 from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.models.loading import load_causal_lm, stop_token_ids
 from rljob.runtime.models.source import ModelSourceError, resolve_model_dir
@@ -182,3 +182,25 @@ def test_loaded_folder_equals_what_transformers_loads(tiny_hf_models: dict[str, 
     theirs = AutoModelForCausalLM.from_pretrained(tiny_hf_models["llama"])
     assert ours.state_dict().keys() == theirs.state_dict().keys()
     assert all(torch.equal(a, theirs.state_dict()[k]) for k, a in ours.state_dict().items())
+
+
+async def test_stop_strings_end_a_response_where_the_text_first_contains_one(tiny_hf_models: dict[str, Path]) -> None:
+    folder = tiny_hf_models["qwen3"]
+    model, tokenizer = load_causal_lm(folder), load_tokenizer(folder)
+    engine = EmbeddedEngine(model, max_batch_size=2, detokenize=tokenizer.decode)
+    plain = EmbeddedEngine(model, max_batch_size=2)
+    try:
+        free = await plain.generate(GenerateRequest("free", PROMPTS[0], 40, temperature=0.0))
+        text = tokenizer.decode(free.output_ids)
+        # Cut the greedy continuation after its 10th token: the stop string is its text there.
+        stop = tokenizer.decode(free.output_ids[8:10]).strip() or tokenizer.decode(free.output_ids[:10])
+        first = min(n for n in range(1, len(free.output_ids) + 1) if stop in tokenizer.decode(free.output_ids[:n]))
+        stopped = await engine.generate(GenerateRequest("stopped", PROMPTS[0], 40, temperature=0.0, stop=[stop]))
+        with pytest.raises(InvalidRequestError, match="no tokenizer"):
+            await plain.generate(GenerateRequest("no-tok", PROMPTS[0], 5, stop=[stop]))
+    finally:
+        await engine.close()
+        await plain.close()
+    assert stop in text
+    assert stopped.finish_reason == "stop"
+    assert stopped.output_ids == free.output_ids[:first]  # ends on the token completing the stop string

@@ -90,14 +90,20 @@ class _Sequence:
     def _hit_stop_string(self, detokenize: Detokenize) -> bool:
         """Whether the response text now contains a stop string (SGLang keeps it in the output).
 
-        Checked after every token, so a match always involves the newest token: decoding a short tail
-        suffices (every token is at least one character, one more covers a split multi-byte character).
+        Checked after every token, so a match always ends in the newest token and a tail of text one
+        character longer than the longest stop string suffices. Tokens may decode to nothing (special
+        tokens) or to part of a character, so the tail grows until it is long enough.
         """
         stops = self.request.stop
         if not stops:
             return False
-        tail = detokenize(self.output_ids[-(max(map(len, stops)) + 1) :])
-        return any(s in tail for s in stops)
+        need = max(map(len, stops))
+        window = need + 1
+        while True:
+            tail = detokenize(self.output_ids[-window:])
+            if len(tail) > need or window >= len(self.output_ids):
+                return any(s in tail for s in stops)
+            window *= 2
 
 
 def prefill_chunks(items: list[T], length: Callable[[T], int], max_padding: float = 0.25) -> list[list[T]]:

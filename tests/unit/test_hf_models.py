@@ -206,3 +206,19 @@ async def test_stop_strings_end_a_response_where_the_text_first_contains_one(tin
     assert stop in text
     assert stopped.finish_reason == "stop"
     assert stopped.output_ids == free.output_ids[:first]  # ends on the token completing the stop string
+
+
+def test_stop_string_detection_looks_past_tokens_that_decode_to_nothing() -> None:
+    from rljob.runtime.engines.embedded import _Sequence
+
+    pieces = {1: "ab", 2: "", 3: "c", 4: "d"}  # 2 plays a special token: no text
+
+    def detokenize(ids: list[int]) -> str:
+        return "".join(pieces[i] for i in ids)
+
+    seq = _Sequence(GenerateRequest("s", [9], 10, stop=["abc"]), future=None)  # type: ignore[arg-type]
+    for token in (1, 2, 2, 2):
+        seq.take(token, 0.0, detokenize)
+        assert seq.finish_reason is None
+    seq.take(3, 0.0, detokenize)  # "ab" + "" * 3 + "c": the stop string spans five tokens
+    assert seq.finish_reason == "stop" and seq.output_ids == [1, 2, 2, 2, 3]

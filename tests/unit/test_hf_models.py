@@ -222,3 +222,19 @@ def test_stop_string_detection_looks_past_tokens_that_decode_to_nothing() -> Non
         assert seq.finish_reason is None
     seq.take(3, 0.0, detokenize)  # "ab" + "" * 3 + "c": the stop string spans five tokens
     assert seq.finish_reason == "stop" and seq.output_ids == [1, 2, 2, 2, 3]
+
+
+def test_data_spec_takes_exactly_one_source_and_held_out_parquet(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pydantic import ValidationError
+
+    from rljob.operator.api.spec import EvaluationSpec
+    from rljob.runtime.tasks.dataset import held_out_records
+
+    with pytest.raises(ValidationError, match="exactly one of synthetic, jsonl, parquet must be set"):
+        DataSpec(jsonl="a.jsonl", parquet="a.parquet")
+    path = tmp_path / "held-out.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": f"{i} + 1?", "answer": str(i + 1)} for i in range(5)]), path)
+    rows = held_out_records(DataSpec(jsonl="train.jsonl"), EvaluationSpec(every_steps=1, prompts=3, parquet=str(path)))
+    assert [(r.prompt, r.answer) for r in rows] == [("0 + 1?", "1"), ("1 + 1?", "2"), ("2 + 1?", "3")]

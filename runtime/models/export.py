@@ -9,7 +9,6 @@ so an interrupted export never leaves a folder that looks complete.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -23,8 +22,6 @@ from rljob.operator.api.spec import RLJob
 from rljob.runtime.checkpoint import CheckpointManager
 from rljob.runtime.models.errors import ExportError
 from rljob.runtime.models.loading import load_causal_lm
-
-log = logging.getLogger(__name__)
 
 EXPORT_INFO = "rljob_export.json"
 

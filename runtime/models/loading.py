@@ -9,7 +9,6 @@ cache layout, so they fail here with a clear message instead of generating garba
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -19,8 +18,6 @@ from rljob.runtime.models.source import ModelSourceError
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
-
-log = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 DTypeName = Literal["float32", "bfloat16"]

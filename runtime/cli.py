@@ -23,6 +23,7 @@ from rich.progress import (
 from rich.table import Table
 from rljob.operator.api import RLJobConfigError, load_rljob
 from rljob.runtime.engines.base import EngineError
+from rljob.runtime.models.errors import ExportError, ModelSourceError
 from rljob.runtime.metrics import StepRecord
 from rljob.runtime.sim.cli import add_simulate_arguments, run_simulate
 
@@ -187,6 +188,30 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from rljob.runtime.models.export import export_checkpoint
+
+    result = export_checkpoint(args.checkpoint, args.dir, dtype=args.dtype, force=args.force)
+    console.print(
+        f"[green]exported[/] {result.checkpoint} (step {result.step}, policy version {result.policy_version}) "
+        f"to [bold]{result.directory}[/] as {result.dtype} safetensors with config and tokenizer"
+    )
+    if not result.hf_tokenizer:
+        console.print("[yellow]note[/]: the builtin character tokenizer is rljob's own; transformers and SGLang "
+                      "load the weights and config, not that tokenizer")
+    return 0
+
+
+def _build_model(args: argparse.Namespace) -> int:
+    from rljob.runtime.models.tiny import TinyModelRecipe, build_tiny_model
+    from rljob.runtime.tasks.policy import TINY_ARCHITECTURES
+
+    folder = build_tiny_model(args.dir, TinyModelRecipe(family=TINY_ARCHITECTURES[args.name], seed=args.seed))
+    console.print(f"[green]built[/] {args.name} (random weights, locally trained tokenizer) at [bold]{folder}[/]; "
+                  f"use it with spec.model.path: {folder}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `rljob` argument parser (kept separate so tests and docs can inspect it)."""
     parser = argparse.ArgumentParser(
@@ -216,6 +241,29 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("job", help="path of the RLJob YAML file")
     validate.set_defaults(func=_validate)
 
+    export = sub.add_parser(
+        "export", help="write a training checkpoint as a Hugging Face model folder (transformers, SGLang)",
+        description="Write the policy of an rljob checkpoint as a Hugging Face model folder: safetensors "
+        "weights, config.json, generation_config.json and the tokenizer of the job's model.",
+    )
+    export.add_argument("checkpoint", help="a checkpoint folder (step-N), its state.pt, or a checkpoint dir (newest)")
+    export.add_argument("dir", help="output folder (must be empty or absent unless --force)")
+    export.add_argument("--dtype", choices=["float32", "bfloat16"], help="weight precision (default: as trained)")
+    export.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    export.set_defaults(func=_export)
+
+    model = sub.add_parser("model", help="model folders: build the tiny random architectures")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    build = model_sub.add_parser(
+        "build", help="write a tiny random Qwen3 / Llama 3 model folder (no download)",
+        description="Write the folder behind model.builtin tiny-qwen3 / tiny-llama: random weights, a "
+        "tokenizer trained locally with the tokenizers library, a chat template and generation config.",
+    )
+    build.add_argument("name", choices=["tiny-qwen3", "tiny-llama"])
+    build.add_argument("dir", help="output folder")
+    build.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
+    build.set_defaults(func=_build_model)
+
     simulate = sub.add_parser("simulate", help="simulate rollout strategies on a GPU cluster (virtual time)")
     add_simulate_arguments(simulate)
     simulate.set_defaults(func=run_simulate)
@@ -237,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     except EngineError as err:
         console.print(f"[red]engine error[/]: {escape(str(err))}", soft_wrap=True)
         return 3
+    except (ModelSourceError, ExportError) as err:
+        console.print(f"[red]error[/]: {escape(str(err))}", soft_wrap=True)
+        return 2
     except KeyboardInterrupt:
         console.print("interrupted; the last checkpoint is kept, run the same command to resume")
         return 130

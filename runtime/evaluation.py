@@ -51,6 +51,7 @@ async def evaluate_held_out(
     temperature: float,
     max_new_tokens: int,
     stop_token_ids: list[int],
+    stop: Sequence[str] = (),
 ) -> EvalResult | None:
     """Sample one response per prompt (spread over the engines) and average the reward; None on failure."""
     started = time.perf_counter()
@@ -61,6 +62,7 @@ async def evaluate_held_out(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             stop_token_ids=list(stop_token_ids),
+            stop=list(stop),
         )
         for i, p in enumerate(prompts)
     ]

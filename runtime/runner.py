@@ -84,6 +84,7 @@ def rollout_config(job: RLJob, stop_token_ids: list[int]) -> RolloutConfig:
         top_p=r.top_p,
         max_staleness=r.partial.max_staleness,
         stop_token_ids=stop_token_ids,
+        stop=list(r.stop),
         drain_timeout_s=r.sglang.drain_timeout_seconds,
     )
 
@@ -206,13 +207,17 @@ class JobRunner:
         """Load the policy, the data, the engines and the trainer; resume from a checkpoint."""
         from rljob.runtime.engines.factory import build_engines
         from rljob.runtime.tasks.dataset import PromptStream, held_out_records
-        from rljob.runtime.tasks.policy import load_policy
+        from rljob.runtime.models.loading import enable_gradient_checkpointing, torch_dtype
+        from rljob.runtime.tasks.policy import open_policy
         from rljob.runtime.tasks.reward import build_reward
         from rljob.runtime.trainer import Trainer
 
         spec = self.spec
         on_status("loading the policy")
-        model, self.tokenizer = load_policy(spec.model)
+        self.policy = open_policy(spec.model, dtype=torch_dtype(spec.trainer.dtype))
+        model, self.tokenizer = self.policy.model, self.policy.tokenizer
+        if spec.trainer.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
         self.trainer = Trainer(model, spec.algorithm, spec.trainer.micro_batch_size, spec.trainer.device)
         self.prompts = PromptStream.from_spec(spec.data, self.tokenizer)
         reward_fn = build_reward(spec.reward)
@@ -226,17 +231,18 @@ class JobRunner:
 
         self._score_ids = score_ids
         if spec.evaluation.every_steps:
+            render = self.prompts.renderer.render
             self.eval_prompts = [
-                EvalPrompt(self.tokenizer.encode_prompt(text), answer)
-                for text, answer in held_out_records(spec.data, spec.evaluation)
+                EvalPrompt(render(row.prompt, row.messages).ids, row.answer)
+                for row in held_out_records(spec.data, spec.evaluation)
             ]
 
         on_status("starting the engines")
-        self.engines = build_engines(spec.rollout, model)
+        self.engines = build_engines(spec.rollout, model, detokenize=self.tokenizer.decode)
         await asyncio.gather(*(e.start() for e in self.engines))
         self.scheduler = RolloutScheduler(
             self.engines,
-            rollout_config(self.job, [self.tokenizer.eos_token_id]),
+            rollout_config(self.job, self.policy.stop_token_ids),
             build_strategy(self.job, self.options.strategy),
             self.prompts,
             score,
@@ -366,7 +372,8 @@ class JobRunner:
             policy_version=self.version,
             temperature=r.temperature if temperature is None else temperature,
             max_new_tokens=r.max_response_length,
-            stop_token_ids=[self.tokenizer.eos_token_id],
+            stop_token_ids=self.policy.stop_token_ids,
+            stop=list(self.spec.rollout.stop),
         )
         if result is not None:
             self.evals.append(result)
@@ -434,11 +441,11 @@ async def compare_strategies(
     engines: list[Engine] = []
     schedulers = {}
     for name in strategies:
-        engine_set = build_engines(spec.rollout, model, seed=spec.trainer.seed)
+        engine_set = build_engines(spec.rollout, model, seed=spec.trainer.seed, detokenize=runner.tokenizer.decode)
         engines += engine_set
         schedulers[name] = RolloutScheduler(
             engine_set,
-            rollout_config(runner.job, [runner.tokenizer.eos_token_id]),
+            rollout_config(runner.job, runner.policy.stop_token_ids),
             build_strategy(runner.job, name),
             PromptStream.from_spec(spec.data, runner.tokenizer),
             runner.scheduler.score,
@@ -452,13 +459,14 @@ async def compare_strategies(
         results = await compare_rollouts(
             schedulers, rounds, warmup_rounds=warmup_rounds, on_round=on_round, weights=model
         )
-        prompt = runner.prompts.records[0][0]
+        first = runner.prompts.records[0]
+        prompt_ids = runner.prompts.renderer.render(first.prompt, first.messages).ids
         # One engine measured, scaled by the engine count: engines share nothing but the CPU.
         ceiling = spec.rollout.embedded.num_engines * await measure_ceiling(
             ceiling_engine,
             batch=spec.rollout.embedded.max_batch_size,
             tokens=max(8, spec.rollout.max_response_length // 2),
-            prompt_ids=runner.tokenizer.encode_prompt(prompt),
+            prompt_ids=prompt_ids,
         )
     finally:
         await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)

@@ -24,6 +24,8 @@ from torch import nn
 from rljob.operator.api.spec import AlgorithmSpec
 from rljob.runtime.algorithms.advantages import group_advantages
 from rljob.runtime.algorithms.losses import LossConfig, LossStats, loss_denominator, loss_mask, policy_loss
+from rljob.runtime.models.loading import is_checkpointing
+from rljob.runtime.models.precision import build_optimizer
 from rljob.runtime.rollout.sample import Group, Sample
 
 log = logging.getLogger(__name__)
@@ -126,11 +128,8 @@ class Trainer:
         self.config = LossConfig.from_spec(spec)
         self.micro_batch_size = micro_batch_size
         self.num_mini_batches = num_mini_batches
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=spec.learning_rate,
-            weight_decay=spec.weight_decay,
-        )
+        # bf16 parameters get fp32 master weights and fp32 AdamW state (models/precision.py).
+        self.optimizer = build_optimizer(self.model, spec.learning_rate, spec.weight_decay)
         self.ref_model: nn.Module | None = None
         if spec.kl_coef > 0:
             self.ref_model = copy.deepcopy(self.model).eval()
@@ -230,7 +229,9 @@ class Trainer:
         start = time.perf_counter()
         items, zero_groups = self._items(groups, policy_version)
         rewards = [r for g in groups for r in g.rewards()]
-        self.model.eval()  # no dropout: old and current log-probs must agree at ratio 1
+        # No dropout: old and current log-probs must agree at ratio 1. Transformers checkpoints layers only
+        # in train mode, which equals eval mode for the dropout-free models checkpointing accepts.
+        self.model.train(is_checkpointing(self.model))
         micro_batches = self._micro_batches(items) if items else []
         self._fill_reference_logps(micro_batches)
 

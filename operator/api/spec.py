@@ -62,15 +62,21 @@ class ModelSpec(ApiModel):
         )
     )
 
-    builtin: Literal["tiny-arith"] | None = Field(
+    builtin: Literal["tiny-arith", "tiny-qwen3", "tiny-llama"] | None = Field(
         default=None,
-        description="A tiny policy the project trains itself on CPU (supervised warm-up, cached on disk).",
+        description="tiny-arith: a tiny policy the project trains itself on CPU (supervised warm-up, cached on "
+        "disk); tiny-qwen3 / tiny-llama: a tiny randomly initialised Qwen3 / Llama 3 architecture with a locally "
+        "trained tokenizer and chat template, built into the cache on first use.",
     )
-    path: str | None = Field(default=None, description="Local Hugging Face checkpoint directory.")
+    path: str | None = Field(
+        default=None, description="Local Hugging Face model folder (config.json, safetensors, tokenizer)."
+    )
     hugging_face: str | None = Field(
-        default=None, description="Hugging Face Hub id, for example Qwen/Qwen3-4B (SGLang pods load it)."
+        default=None,
+        description="Hugging Face Hub id, for example Qwen/Qwen3-4B. The runtime resolves it offline in the local "
+        "Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub); SGLang pods load it.",
     )
-    revision: str | None = Field(default=None, description="Hub revision of huggingFace.")
+    revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit) of huggingFace.")
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> ModelSpec:
@@ -89,24 +95,40 @@ class SyntheticDataSpec(ApiModel):
 
 
 class DataSpec(ApiModel):
-    """Prompt source: the synthetic task or a JSONL file with `prompt` and `answer` fields."""
+    """Prompt source: the synthetic task, or a JSONL / Parquet file of rows with `prompt` text or chat
+    `messages`, an `answer`, and any extra fields (kept on the sample for the reward function)."""
 
     model_config = ConfigDict(
-        json_schema_extra=cel("has(self.synthetic) != has(self.jsonl)", "exactly one of synthetic, jsonl must be set")
+        json_schema_extra=cel(
+            "[has(self.synthetic), has(self.jsonl), has(self.parquet)].filter(x, x).size() == 1",
+            "exactly one of synthetic, jsonl, parquet must be set",
+        )
     )
 
     synthetic: SyntheticDataSpec | None = None
-    jsonl: str | None = Field(default=None, description="Path of a JSONL file of {prompt, answer} records.")
-    prompt_key: str = "prompt"
+    jsonl: str | None = Field(default=None, description="Path of a JSONL file, one row per line.")
+    parquet: str | None = Field(default=None, description="Path of a Parquet file, one row per record.")
+    prompt_key: str = Field(default="prompt", description="Column holding the prompt text.")
+    messages_key: str = Field(
+        default="messages", description="Column holding chat messages ([{role, content}]), used when present."
+    )
     answer_key: str = "answer"
+    system_prompt: str | None = Field(
+        default=None, description="System message put before each prompt (rows with their own system message keep it)."
+    )
     shuffle: bool = True
     seed: int = 0
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> DataSpec:
-        if (self.synthetic is None) == (self.jsonl is None):
-            raise ValueError("exactly one of synthetic, jsonl must be set")
+        if sum(x is not None for x in (self.synthetic, self.jsonl, self.parquet)) != 1:
+            raise ValueError("exactly one of synthetic, jsonl, parquet must be set")
         return self
+
+    @property
+    def file(self) -> str | None:
+        """The data file (jsonl or parquet), None for synthetic data."""
+        return self.jsonl or self.parquet
 
 
 class RewardSpec(ApiModel):
@@ -204,6 +226,7 @@ class EmbeddedEngineSpec(ApiModel):
     num_engines: int = Field(default=1, ge=1)
     max_batch_size: int = Field(default=64, ge=1, description="Sequences decoded together per step.")
     device: str = "cpu"
+    dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="Precision of the served weights.")
 
 
 class SGLangSpec(ApiModel):
@@ -292,6 +315,12 @@ class RolloutSpec(ApiModel):
         default=4, ge=1, description="Samples per group (G).", json_schema_extra=IMMUTABLE
     )
     max_response_length: int = Field(default=256, gt=0, description="Hard cap on response tokens.")
+    stop: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Stop strings: a response ends once its text contains one (kept in the response). The model's "
+        "stop token ids (tokenizer EOS and every eos_token_id of generation_config.json) always apply.",
+    )
     temperature: float = Field(default=1.0, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     partial: PartialRolloutSpec = Field(default_factory=PartialRolloutSpec)
@@ -325,6 +354,13 @@ class TrainerSpec(ApiModel):
     steps: int = Field(default=20, gt=0, description="Optimizer steps (one per rollout round).")
     micro_batch_size: int = Field(default=16, gt=0, description="Samples per forward/backward pass.")
     device: str = "cpu"
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32",
+        description="Precision of the model's parameters. bfloat16 keeps fp32 master weights and fp32 AdamW state.",
+    )
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute decoder-layer activations in backward (less memory, ~1.3x compute)."
+    )
     seed: int = 0
     replicas: int = Field(default=1, ge=1)
     image: str | None = None
@@ -467,7 +503,9 @@ class AutotuneSpec(ApiModel):
     )
 
 
-_HELD_OUT_REQUIRED = "evaluation.jsonl is required when evaluation is on and the training data is data.jsonl"
+_HELD_OUT_REQUIRED = (
+    "evaluation.jsonl or evaluation.parquet is required when evaluation is on and the training data is a file"
+)
 
 
 class EvaluationSpec(ApiModel):
@@ -487,9 +525,15 @@ class EvaluationSpec(ApiModel):
         "records of evaluation.jsonl.",
     )
     jsonl: str | None = Field(
-        default=None, description="Held-out {prompt, answer} JSONL file; required when the training data is data.jsonl."
+        default=None, description="Held-out JSONL file (rows like data's); required when the training data is a file."
     )
+    parquet: str | None = Field(default=None, description="Held-out Parquet file, instead of jsonl.")
     temperature: float | None = Field(default=None, ge=0, description="Sampling temperature; default rollout.temperature.")
+
+    @property
+    def file(self) -> str | None:
+        """The held-out file (jsonl or parquet), if any."""
+        return self.jsonl or self.parquet
 
 
 class RLJobSpec(ApiModel):
@@ -498,7 +542,7 @@ class RLJobSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=cel(
             "!has(self.evaluation) || !has(self.evaluation.everySteps) || self.evaluation.everySteps == 0 "
-            "|| has(self.data.synthetic) || has(self.evaluation.jsonl)",
+            "|| has(self.data.synthetic) || has(self.evaluation.jsonl) || has(self.evaluation.parquet)",
             _HELD_OUT_REQUIRED,
         )
     )
@@ -519,7 +563,7 @@ class RLJobSpec(ApiModel):
 
     @model_validator(mode="after")
     def _held_out_set(self) -> RLJobSpec:
-        if self.evaluation.every_steps and self.data.jsonl is not None and self.evaluation.jsonl is None:
+        if self.evaluation.every_steps and self.data.synthetic is None and self.evaluation.file is None:
             raise ValueError(_HELD_OUT_REQUIRED)
         return self
 

@@ -28,6 +28,7 @@ class GenerateRequest:
     top_p: float = 1.0
     stop_token_ids: list[int] = field(default_factory=list)
     top_k: int = -1  # -1 = off (SGLang convention)
+    stop: list[str] = field(default_factory=list)  # stop strings: finish once the response text contains one
 
 
 @dataclass

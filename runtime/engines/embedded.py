@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from rljob.runtime.engines.base import (
     Engine,
@@ -41,6 +41,7 @@ from rljob.runtime.engines.slot_cache import SlotKVCache
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Detokenize = Callable[[list[int]], str]
 
 
 @dataclass
@@ -77,14 +78,32 @@ class _Sequence:
         r = self.request
         return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
 
-    def take(self, token: int, logprob: float) -> None:
+    def take(self, token: int, logprob: float, detokenize: Detokenize | None = None) -> None:
         """Record one generated token and decide whether the sequence finished."""
         self.output_ids.append(token)
         self.output_logprobs.append(logprob)
-        if token in self.request.stop_token_ids:
+        if token in self.request.stop_token_ids or (detokenize is not None and self._hit_stop_string(detokenize)):
             self.finish_reason = "stop"
         elif len(self.output_ids) >= self.request.max_new_tokens:
             self.finish_reason = "length"
+
+    def _hit_stop_string(self, detokenize: Detokenize) -> bool:
+        """Whether the response text now contains a stop string (SGLang keeps it in the output).
+
+        Checked after every token, so a match always ends in the newest token and a tail of text one
+        character longer than the longest stop string suffices. Tokens may decode to nothing (special
+        tokens) or to part of a character, so the tail grows until it is long enough.
+        """
+        stops = self.request.stop
+        if not stops:
+            return False
+        need = max(map(len, stops))
+        window = need + 1
+        while True:
+            tail = detokenize(self.output_ids[-window:])
+            if len(tail) > need or window >= len(self.output_ids):
+                return any(s in tail for s in stops)
+            window *= 2
 
 
 def prefill_chunks(items: list[T], length: Callable[[T], int], max_padding: float = 0.25) -> list[list[T]]:
@@ -109,13 +128,15 @@ def prefill_chunks(items: list[T], length: Callable[[T], int], max_padding: floa
 
 def _load_model(source: PreTrainedModel | str | Path, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
     if isinstance(source, PreTrainedModel):
-        model = source
-    else:
-        path = Path(source)
-        if not (path / "config.json").is_file():
-            raise EngineError(f"model directory {path} has no config.json; pass a save_pretrained() directory")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    return model.to(device=device).eval()
+        return source.to(device=device).eval()
+    # The trainer's loader: same architecture checks, same attention implementation.
+    from rljob.runtime.models.loading import load_causal_lm
+    from rljob.runtime.models.source import ModelSourceError
+
+    try:
+        return load_causal_lm(source, field="model directory", dtype=dtype, device=device)
+    except ModelSourceError as exc:
+        raise EngineError(str(exc)) from None
 
 
 class EmbeddedEngine(Engine):
@@ -139,6 +160,7 @@ class EmbeddedEngine(Engine):
         dtype: torch.dtype = torch.float32,
         torch_threads: int | None = None,
         max_context_len: int | None = None,
+        detokenize: Detokenize | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -151,6 +173,7 @@ class EmbeddedEngine(Engine):
         self._seed = seed
         self._torch_threads = torch_threads
         self._max_context_len = max_context_len
+        self._detokenize = detokenize  # needed for stop strings only
         self._model: PreTrainedModel | None = None
         self._generator: torch.Generator | None = None
         self._waiting: deque[_Sequence] = deque()
@@ -233,6 +256,11 @@ class EmbeddedEngine(Engine):
                 f"request {request.rid!r}: {len(request.input_ids)} input tokens + max_new_tokens "
                 f"{request.max_new_tokens} exceed the context length {self.max_context_len}; "
                 "lower max_new_tokens or shorten the prompt"
+            )
+        if request.stop and self._detokenize is None:
+            raise InvalidRequestError(
+                f"request {request.rid!r} has stop strings but this engine has no tokenizer to detect them; "
+                "send stop_token_ids"
             )
         vocab = int(self.model.config.vocab_size)
         if min(request.input_ids) < 0 or max(request.input_ids) >= vocab:
@@ -454,7 +482,7 @@ class EmbeddedEngine(Engine):
         logits = self._forward(ids, mask, positions, prefill)
         tokens, logprobs = sample_tokens(logits, [s.sampling for s in seqs], self._generator)
         for seq, tok, lp in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True):
-            seq.take(int(tok), float(lp))
+            seq.take(int(tok), float(lp), self._detokenize)
             seq.slot = kv.allocate()
         kv.admit([s.slot for s in seqs if s.slot is not None], prefill, mask, tokens)
         self.stats.prefill_steps += 1
@@ -471,6 +499,6 @@ class EmbeddedEngine(Engine):
         tokens, logprobs = sample_tokens(logits.index_select(0, rows), [s.sampling for s in live], self._generator)
         kv.advance(slots, tokens)
         for seq, tok, lp in zip(live, tokens.tolist(), logprobs.tolist(), strict=True):
-            seq.take(int(tok), float(lp))
+            seq.take(int(tok), float(lp), self._detokenize)
         self.stats.decode_steps += 1
         return len(live)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 from transformers import PreTrainedModel
 
@@ -10,15 +11,24 @@ from rljob.operator.api.spec import RolloutSpec
 from rljob.runtime.engines.base import Engine
 
 
-def build_engines(spec: RolloutSpec, model: PreTrainedModel, seed: int = 0) -> list[Engine]:
+def build_engines(
+    spec: RolloutSpec, model: PreTrainedModel, seed: int = 0, detokenize: Callable[[list[int]], str] | None = None
+) -> list[Engine]:
     """Embedded engines get their own copy of the policy (a weight sync must really copy weights);
-    `sglang` gives one client for the router and workers of the spec."""
+    `sglang` gives one client for the router and workers of the spec. `detokenize` lets embedded
+    engines honour stop strings."""
     if spec.engine == "embedded":
         from rljob.runtime.engines.embedded import EmbeddedEngine
 
+        from rljob.runtime.models.loading import torch_dtype
+
         e = spec.embedded
+        dtype = torch_dtype(e.dtype)
         return [
-            EmbeddedEngine(copy.deepcopy(model), max_batch_size=e.max_batch_size, seed=seed + i, device=e.device)
+            EmbeddedEngine(
+                copy.deepcopy(model).to(dtype), max_batch_size=e.max_batch_size, seed=seed + i, device=e.device,
+                dtype=dtype, detokenize=detokenize,
+            )
             for i in range(e.num_engines)
         ]
     from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine

@@ -175,3 +175,25 @@ def parse_load(payload: Any) -> EngineLoad:
             if isinstance(payload.get(key), (dict, list)):
                 return parse_load(payload[key])
     raise ValueError(f"no request counts in load reply {str(payload)[:200]!r}")
+
+
+def error_message(payload: Any, fallback: str) -> str:
+    """The message of an SGLang error reply.
+
+    SGLang answers errors OpenAI-style, ``{"object": "error", "message": ..., "code": 400}``; the router
+    and older servers nest it as ``{"error": {"message": ...}}`` or send a bare string. ``fallback`` (the
+    raw body) is used when none of these shapes matches.
+    """
+    if isinstance(payload, dict):
+        if isinstance(payload.get("message"), str):
+            return payload["message"]
+        nested = payload.get("error")
+        if isinstance(nested, dict) and isinstance(nested.get("message"), str):
+            return nested["message"]
+        if isinstance(nested, str):
+            return nested
+        if isinstance(payload.get("detail"), str):  # FastAPI's own validation errors
+            return payload["detail"]
+    if isinstance(payload, str) and payload:
+        return payload
+    return fallback

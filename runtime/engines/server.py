@@ -268,8 +268,9 @@ class SGLangProtocolServer:
         return [tok.encode(t) for t in texts if t is not None], not isinstance(body.text, list)
 
     def _engine_request(self, rid: str, ids: list[int], sp: proto.SamplingParamsBody) -> GenerateRequest:
-        if sp.stop:
-            raise _JsonError(400, "stop strings are not supported by the CPU SGLang-protocol server; use stop_token_ids")
+        stops = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop or [])
+        if stops and self.options.tokenizer is None:
+            raise _JsonError(400, "stop strings need a tokenizer: start the server with --tokenizer-path, or use stop_token_ids")
         stop_ids = list(sp.stop_token_ids or [])
         if not sp.ignore_eos:
             stop_ids += self._eos_ids()
@@ -281,13 +282,14 @@ class SGLangProtocolServer:
             top_p=sp.top_p,
             top_k=sp.top_k,
             stop_token_ids=stop_ids,
+            stop=stops,
         )
 
     def _eos_ids(self) -> list[int]:
-        eos = getattr(self.engine.model.config, "eos_token_id", None)
-        if eos is None:
-            return []
-        return [int(e) for e in eos] if isinstance(eos, list) else [int(eos)]
+        """The model's stop tokens (config and generation config), as SGLang derives them."""
+        from rljob.runtime.models.loading import stop_token_ids
+
+        return stop_token_ids(self.engine.model, None)
 
     def _reply(
         self,
@@ -539,6 +541,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not (Path(args.model_path) / "config.json").is_file():
         raise SystemExit(f"--model-path {args.model_path}: no config.json there; pass a save_pretrained() directory")
+    tokenizer = _load_tokenizer(args.tokenizer_path)
     engine = EmbeddedEngine(
         args.model_path,
         max_batch_size=args.max_batch_size,
@@ -546,12 +549,13 @@ def main(argv: list[str] | None = None) -> None:
         weight_version=int(args.weight_version) if args.weight_version.isdigit() else 0,
         torch_threads=args.torch_threads,
         max_context_len=args.context_length,
+        detokenize=tokenizer.decode if tokenizer is not None else None,  # stop strings
     )
     options = ServerOptions(
         model_path=args.model_path,
         weight_version=args.weight_version,
         startup_delay_s=args.startup_delay,
-        tokenizer=_load_tokenizer(args.tokenizer_path),
+        tokenizer=tokenizer,
         legacy_abort_reply=args.fault_legacy_abort_reply,
         require_abort_rid=args.fault_require_abort_rid,
         ignore_first_aborts=args.fault_ignore_first_aborts,

@@ -14,7 +14,10 @@ Failure policy:
   worker is down;
 - a ``/generate`` whose worker died after an ``abort_all`` returns an abort result with no new tokens
   (the sample keeps what it had and resumes later); otherwise it is retried on a healthy worker and,
-  when retries run out, raises EngineError naming the URL.
+  when retries run out, raises EngineError naming the URL;
+- a 4xx reply to ``/generate`` (other than 408/429) is the server refusing the request itself, for
+  example prompt + ``max_new_tokens`` beyond the context length: it raises InvalidRequestError with the
+  server's message and is never retried, here or by the scheduler.
 """
 
 from __future__ import annotations
@@ -34,11 +37,15 @@ from rljob.runtime.engines.base import (
     EngineLoad,
     GenerateRequest,
     GenerateResult,
+    InvalidRequestError,
     WeightUpdate,
 )
-from rljob.runtime.engines.protocol import parse_generate_reply, parse_load
+from rljob.runtime.engines.protocol import error_message, parse_generate_reply, parse_load
 
 log = logging.getLogger(__name__)
+
+# 4xx replies that say "not now" rather than "never": the request may succeed on a retry or elsewhere.
+_TRANSIENT_4XX = frozenset({408, 429})
 
 
 @dataclass
@@ -261,6 +268,7 @@ class SGLangEngine(Engine):
                 "top_p": request.top_p,
                 "top_k": request.top_k,
                 "stop_token_ids": request.stop_token_ids,
+                **({"stop": request.stop} if request.stop else {}),
                 "skip_special_tokens": False,
                 "spaces_between_special_tokens": False,
                 "no_stop_trim": True,
@@ -327,6 +335,17 @@ class SGLangEngine(Engine):
     def _parse_generate(
         self, resp: httpx.Response, base: str, request: GenerateRequest, submitted_version: int
     ) -> GenerateResult:
+        if resp.status_code in _TRANSIENT_4XX:
+            raise EngineError(f"{base}/generate is overloaded for {request.rid}: HTTP {resp.status_code}: {resp.text[:300]}")
+        if 400 <= resp.status_code < 500:
+            # The server refused this request itself (e.g. prompt + max_new_tokens beyond the context
+            # length): every engine would, so it must never be relaunched elsewhere.
+            try:
+                payload: Any = resp.json()
+            except ValueError:
+                payload = None
+            message = error_message(payload, resp.text[:500])
+            raise InvalidRequestError(f"{base}/generate rejected {request.rid} (HTTP {resp.status_code}): {message}")
         if resp.status_code != 200:
             raise EngineError(f"{base}/generate rejected {request.rid}: HTTP {resp.status_code}: {resp.text[:300]}")
         try:

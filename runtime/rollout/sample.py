@@ -40,6 +40,7 @@ class Sample:
     segments: int = 0  # generate calls made for this sample
     last_round: int = -1  # round of the latest generate call (truncation rate, debugging)
     regenerations: int = 0  # times the staleness bound threw the response away
+    metadata: dict[str, Any] = field(default_factory=dict)  # the data row's extra fields, for reward functions
 
     @property
     def response_length(self) -> int:
@@ -85,6 +86,7 @@ class Sample:
             "segments": self.segments,
             "last_round": self.last_round,
             "regenerations": self.regenerations,
+            "metadata": dict(self.metadata),
         }
 
     @classmethod

@@ -56,6 +56,7 @@ class RolloutConfig:
     top_p: float = 1.0
     max_staleness: int = 2
     stop_token_ids: list[int] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)  # stop strings
     drain_timeout_s: float = 30.0
     reabort_interval_s: float = 3.0
     engine_retry_max_s: float = 30.0
@@ -301,7 +302,13 @@ class RolloutScheduler:
         self._group_counter += 1
         gid = f"g{self._group_counter}"
         samples = [
-            Sample(group_id=gid, index=i, prompt_ids=list(prompt.prompt_ids), answer=prompt.answer)
+            Sample(
+                group_id=gid,
+                index=i,
+                prompt_ids=list(prompt.prompt_ids),
+                answer=prompt.answer,
+                metadata=dict(getattr(prompt, "metadata", {})),
+            )
             for i in range(self.config.samples_per_prompt)
         ]
         return Group(group_id=gid, prompt_text=prompt.text, samples=samples, prompt_index=prompt.index)
@@ -357,6 +364,7 @@ class RolloutScheduler:
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             stop_token_ids=list(cfg.stop_token_ids),
+            stop=list(cfg.stop),
         )
         try:
             result = await self.engines[engine_idx].generate(request)

@@ -1,4 +1,5 @@
-"""The policy model: the built-in tiny-arith model (warmed up here, cached on disk) or a local checkpoint.
+"""The policy model: a builtin (tiny-arith warmed up here; tiny-qwen3 / tiny-llama random architectures),
+a local Hugging Face folder (`model.path`) or a hub id resolved in the local HF cache (`model.huggingFace`).
 
 `tiny-arith` is a ~0.6M-parameter Llama-architecture causal LM over the character tokenizer.
 The project warms it up itself by supervised training on arith-chain solutions, and stops as
@@ -284,39 +285,91 @@ def _save(directory: Path, model: PreTrainedModel, tokenizer: TaskTokenizer, rep
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _load_pretrained(directory: Path, device: str) -> PreTrainedModel:
-    from transformers import AutoModelForCausalLM
+def _load_pretrained(directory: Path, device: str, dtype: torch.dtype = torch.float32, field: str = "spec.model.path") -> PreTrainedModel:
+    from rljob.runtime.models.loading import load_causal_lm
 
-    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
-    return model.to(device).eval()
+    return load_causal_lm(directory, field=field, dtype=dtype, device=device)
 
 
 def builtin_policy(
     recipe: TinyArithRecipe = DEFAULT_RECIPE, progress: bool = True, device: str = "cpu"
 ) -> tuple[PreTrainedModel, TaskTokenizer]:
     """The built-in policy: loaded from the cache, or warmed up and cached on first use."""
+    directory = ensure_builtin_arith(recipe, progress)
+    return _load_pretrained(directory, device), load_tokenizer(directory)
+
+
+def ensure_builtin_arith(recipe: TinyArithRecipe = DEFAULT_RECIPE, progress: bool = True) -> Path:
+    """The cached tiny-arith folder, warmed up and written on first use."""
     directory = builtin_policy_dir(recipe)
     if not (directory / WARMUP_REPORT).exists():
         log.info("no cached tiny-arith policy at %s: warming one up (once, about 1-3 minutes on 2 cores)", directory)
         model, tokenizer, report = warm_up(recipe, progress=progress)
         _save(directory, model, tokenizer, report)
         log.info("tiny-arith warm-up: %s", {k: v for k, v in report.items() if k != "recipe"})
-    return _load_pretrained(directory, device), load_tokenizer(directory)
+    return directory
+
+
+TINY_ARCHITECTURES = {"tiny-qwen3": "qwen3", "tiny-llama": "llama"}
+
+
+def tiny_architecture_dir(name: str) -> Path:
+    """Cache folder of builtin tiny-qwen3 / tiny-llama (random weights, locally trained tokenizer)."""
+    from rljob.runtime.models.tiny import TinyModelRecipe
+
+    recipe = TinyModelRecipe(family=TINY_ARCHITECTURES[name])  # type: ignore[arg-type]
+    return cache_root() / "models" / f"{name}-{recipe.fingerprint()}"
+
+
+def ensure_tiny_architecture(name: str) -> Path:
+    """The cached tiny-qwen3 / tiny-llama folder, built on first use (a few seconds, nothing downloaded)."""
+    from rljob.runtime.models.tiny import RECIPE_FILE, TinyModelRecipe, build_tiny_model
+
+    directory = tiny_architecture_dir(name)
+    if not (directory / RECIPE_FILE).exists():
+        log.info("building the tiny random %s model folder at %s (once)", name, directory)
+        build_tiny_model(directory, TinyModelRecipe(family=TINY_ARCHITECTURES[name]))  # type: ignore[arg-type]
+    return directory
+
+
+@dataclass
+class Policy:
+    """A job's policy: the model, its tokenizer, the folder they came from and the tokens that end a response."""
+
+    model: PreTrainedModel
+    tokenizer: TaskTokenizer
+    directory: Path
+    stop_token_ids: list[int]
+
+
+def policy_dir(spec: ModelSpec, progress: bool = True) -> tuple[Path, str]:
+    """(model folder, spec field it came from) for any model source; builtins are built on first use."""
+    from rljob.runtime.models.source import resolve_model_dir
+
+    if spec.builtin == BUILTIN_NAME:
+        return ensure_builtin_arith(progress=progress), "spec.model.builtin"
+    if spec.builtin is not None:
+        return ensure_tiny_architecture(spec.builtin), "spec.model.builtin"
+    return resolve_model_dir(spec)
+
+
+def open_policy(
+    spec: ModelSpec, progress: bool = True, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> Policy:
+    """Model (in `dtype` on `device`), tokenizer and stop tokens of a job's `model` section.
+
+    `model.path` is a local folder; `model.huggingFace` is resolved offline in the Hugging Face cache;
+    errors name the field and say what to do.
+    """
+    from rljob.runtime.models.loading import stop_token_ids
+
+    directory, field = policy_dir(spec, progress)
+    model = _load_pretrained(directory, device, dtype, field)
+    tokenizer = load_tokenizer(directory)
+    return Policy(model, tokenizer, directory, stop_token_ids(model, tokenizer.eos_token_id))
 
 
 def load_policy(spec: ModelSpec, progress: bool = True, device: str = "cpu") -> tuple[PreTrainedModel, TaskTokenizer]:
-    """Model and tokenizer for a job's `model` section (builtin or a local checkpoint path)."""
-    if spec.builtin is not None:
-        return builtin_policy(progress=progress, device=device)
-    if spec.path is not None:
-        directory = Path(spec.path).expanduser()
-        if not (directory / "config.json").is_file():
-            raise ValueError(
-                f"model.path: {directory} is not a Hugging Face checkpoint (no config.json); "
-                "point it at a directory written by save_pretrained"
-            )
-        return _load_pretrained(directory, device), load_tokenizer(directory)
-    raise ValueError(
-        "model.huggingFace is loaded by the SGLang pods on a cluster; to run locally, download the "
-        "checkpoint and set model.path to its directory, or use model.builtin: tiny-arith"
-    )
+    """Model and tokenizer for a job's `model` section (see open_policy)."""
+    policy = open_policy(spec, progress=progress, device=device)
+    return policy.model, policy.tokenizer

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -135,6 +135,15 @@ class HFTokenizer:
 
     def encode_prompt(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=True))
+
+    @property
+    def has_chat_template(self) -> bool:
+        """True when the tokenizer carries a chat template (tokenizer_config.json or chat_template.jinja)."""
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+        """The conversation rendered by the chat template, ending with the assistant's generation prompt."""
+        return str(self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))

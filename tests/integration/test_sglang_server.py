@@ -190,6 +190,40 @@ async def test_info_loads_metrics_and_pause(served: Served) -> None:
         assert (await http.post("/generate", json={"text": "hi"})).status_code == 400  # no tokenizer
 
 
+async def test_context_overflow_is_an_invalid_request_carrying_the_servers_message(served: Served) -> None:
+    """An SGLang 400 (prompt + max_new_tokens beyond the context) is InvalidRequestError, never retried."""
+    from rljob.runtime.engines.base import InvalidRequestError
+    from rljob.runtime.rollout.scheduler import RolloutConfig, RolloutScheduler
+    from rljob.runtime.rollout.strategy import make_strategy
+    from rljob.runtime.tasks.dataset import PromptStream
+    from rljob.runtime.tasks.tokenizer import CharTokenizer
+
+    context = served.server.engine.max_context_len
+    finished_before = served.server.engine.stats.finished.total()  # /health_generate probes generate too
+    with pytest.raises(InvalidRequestError, match=rf"HTTP 400\): .*exceed the context length {context}"):
+        await served.client.generate(greedy("too-long", context))
+    assert served.server.engine.stats.finished.total() == finished_before  # refused before any generation
+    assert all(w.healthy for w in served.client.workers.values())  # a refusal is not a sick worker
+
+    # The scheduler stops the round with the message instead of relaunching the group forever.
+    config = RolloutConfig(batch_size=2, samples_per_prompt=2, max_response_length=context)
+    prompts = PromptStream([("12+3=", "15")], CharTokenizer())
+    scheduler = RolloutScheduler([served.client], config, make_strategy("sync"), prompts, score=lambda _s: 0.0)
+    with pytest.raises(InvalidRequestError, match="exceed the context length.*maxResponseLength"):
+        await asyncio.wait_for(scheduler.run_round(0), timeout=60)
+
+
+def test_error_messages_of_every_known_reply_shape() -> None:
+    from rljob.runtime.engines.protocol import error_message
+
+    sglang = {"object": "error", "message": "Requested token count exceeds the model's maximum context length",
+              "type": "BadRequestError", "param": None, "code": 400}
+    assert error_message(sglang, "raw").startswith("Requested token count exceeds")
+    assert error_message({"error": {"message": "too long", "code": 400}}, "raw") == "too long"
+    assert error_message({"error": "bad input"}, "raw") == "bad input"
+    assert error_message(None, "raw body") == "raw body"
+
+
 async def test_health_is_503_while_starting(model_dirs: tuple[Path, Path]) -> None:
     server = SGLangProtocolServer(EmbeddedEngine(model_dirs[0]), ServerOptions(startup_delay_s=1.0))
     url = await server.start(wait_ready=False)

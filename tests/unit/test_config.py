@@ -61,7 +61,7 @@ def test_evaluation_on_jsonl_data_needs_a_held_out_file():
     doc = quickstart()
     doc["spec"]["data"] = {"jsonl": "train.jsonl"}
     doc["spec"]["evaluation"] = {"everySteps": 5}
-    with pytest.raises(RLJobConfigError, match="spec: evaluation.jsonl is required"):
+    with pytest.raises(RLJobConfigError, match="spec: evaluation.jsonl or evaluation.parquet is required"):
         parse_rljob(doc, "job.yaml")
     doc["spec"]["evaluation"]["jsonl"] = "held-out.jsonl"
     assert parse_rljob(doc, "job.yaml").spec.evaluation.jsonl == "held-out.jsonl"

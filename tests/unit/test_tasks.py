@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rljob.operator.api.spec import DataSpec, RewardSpec
-from rljob.runtime.tasks.dataset import DataExhausted, PromptStream, load_jsonl_records
+from rljob.runtime.tasks.dataset import DataExhausted, DataRow, PromptStream, load_jsonl_records
 from rljob.runtime.tasks.reward import build_reward, extract_answer, math_answer_reward, normalize_answer
 from rljob.runtime.tasks.synthetic import ArithChainTask, solve
 from rljob.runtime.tasks.tokenizer import CharTokenizer, HFTokenizer, TaskTokenizer, load_tokenizer
@@ -179,7 +179,7 @@ def test_stream_refuses_a_cursor_from_another_dataset() -> None:
 
 def test_jsonl_records_with_custom_keys(tmp_path: Path) -> None:
     path = _write_jsonl(tmp_path / "d.jsonl", [{"question": "1%2=", "solution": 1}, {"question": "9%4=", "solution": "1"}])
-    assert load_jsonl_records(path, "question", "solution") == [("1%2=", "1"), ("9%4=", "1")]
+    assert load_jsonl_records(path, "question", "solution") == [DataRow(prompt="1%2=", answer="1"), DataRow(prompt="9%4=", answer="1")]
     stream = PromptStream.from_spec(DataSpec(jsonl=str(path), prompt_key="question", answer_key="solution"), CharTokenizer())
     assert {stream.next_prompt().text for _ in range(2)} == {"1%2=", "9%4="}
 
@@ -187,7 +187,7 @@ def test_jsonl_records_with_custom_keys(tmp_path: Path) -> None:
 def test_jsonl_errors_name_the_line_and_the_fix(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1", "answer": "1"}\n{"prompt": "2"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:2 needs keys 'prompt' and 'answer'"):
+    with pytest.raises(ValueError, match=r"bad.jsonl:2 needs 'answer' and 'prompt' or 'messages'"):
         load_jsonl_records(bad)
     broken = tmp_path / "broken.jsonl"
     broken.write_text("{not json\n")
@@ -220,13 +220,14 @@ def test_load_policy_from_a_local_checkpoint(tmp_path: Path) -> None:
     assert all(torch.equal(a, b) for a, b in zip(saved.state_dict().values(), model.state_dict().values()))
 
 
-def test_load_policy_errors_say_what_to_do(tmp_path: Path) -> None:
+def test_load_policy_errors_say_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from rljob.operator.api.spec import ModelSpec
     from rljob.runtime.tasks.policy import load_policy
 
     with pytest.raises(ValueError, match=r"model.path: .* \(no config.json\)"):
         load_policy(ModelSpec(path=str(tmp_path)))
-    with pytest.raises(ValueError, match="set model.path"):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ValueError, match="set spec.model.path to a local model folder"):
         load_policy(ModelSpec(hugging_face="Qwen/Qwen3-4B"))
 
 

@@ -1,0 +1,104 @@
+"""`rljob export`: a training checkpoint as a Hugging Face model folder that transformers and SGLang load.
+
+A checkpoint holds the policy's state dict and the job spec it was trained under; the spec says which
+model folder the run started from, which supplies the config, generation config and tokenizer. The
+trained weights are written as safetensors next to them, into a temporary sibling renamed into place,
+so an interrupted export never leaves a folder that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rljob.operator.api.spec import RLJob
+from rljob.runtime.checkpoint import CheckpointManager
+from rljob.runtime.models.errors import ExportError
+from rljob.runtime.models.loading import load_causal_lm
+
+EXPORT_INFO = "rljob_export.json"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What an export wrote."""
+
+    directory: Path
+    checkpoint: Path
+    step: int
+    policy_version: int
+    dtype: str
+    hf_tokenizer: bool  # False for the builtin character tokenizer, which only rljob reads
+
+
+def find_checkpoint(path: Path) -> Path:
+    """The checkpoint folder `path` names: a step-N folder, its state.pt, or a checkpoint dir (newest)."""
+    if path.is_file() and path.name == "state.pt":
+        return path.parent
+    if (path / "state.pt").is_file():
+        return path
+    latest = CheckpointManager(path).latest()
+    if latest is None:
+        raise ExportError(f"CHECKPOINT: {path} holds no checkpoint (no state.pt, no step-* folder with one)")
+    return latest
+
+
+def _model_state(state: dict[str, Any], checkpoint: Path) -> dict[str, torch.Tensor]:
+    try:
+        return state["trainer"]["model"]
+    except (KeyError, TypeError):
+        raise ExportError(f"CHECKPOINT: {checkpoint} is not an rljob training checkpoint (no trainer.model)") from None
+
+
+def export_checkpoint(checkpoint: str | Path, target: str | Path, dtype: str | None = None, force: bool = False) -> ExportResult:
+    """Write the policy of `checkpoint` as a Hugging Face model folder at `target`.
+
+    `dtype` (float32 / bfloat16) defaults to the precision the policy was trained in.
+    """
+    from rljob.runtime.models.loading import torch_dtype
+    from rljob.runtime.tasks.policy import policy_dir
+    from rljob.runtime.tasks.tokenizer import HFTokenizer, load_tokenizer
+
+    source = find_checkpoint(Path(checkpoint))
+    out = Path(target)
+    if out.exists() and any(out.iterdir()) and not force:
+        raise ExportError(f"DIR: {out} exists and is not empty; choose another folder or pass --force to replace it")
+    state = CheckpointManager(source.parent).load(source)
+    assert state is not None
+    weights = _model_state(state, source)
+    job = RLJob.model_validate(state["job"])
+    base, field = policy_dir(job.spec.model, progress=False)
+    trained = next(iter(weights.values())).dtype
+    out_dtype = torch_dtype(dtype) if dtype else trained
+    model = load_causal_lm(base, field=field, dtype=out_dtype)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise ExportError(
+            f"CHECKPOINT: {source} does not match the model of {field} ({base}): missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]}"
+        )
+    model.config.dtype = out_dtype  # recorded in config.json, read by SGLang's --dtype auto
+    tokenizer = load_tokenizer(base)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save(staging)
+        info = {"checkpoint": str(source), "step": state.get("step"), "policy_version": state.get("version"),
+                "job": job.metadata.name, "base_model": str(base)}
+        (staging / EXPORT_INFO).write_text(json.dumps(info, indent=2))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    name = str(out_dtype).removeprefix("torch.")
+    return ExportResult(out, source, int(state.get("step", 0)), int(state.get("version", 0)), name, isinstance(tokenizer, HFTokenizer))

@@ -1,0 +1,67 @@
+"""Where a job's model lives on disk: `model.path` as given, or `model.huggingFace` in the local HF cache.
+
+Nothing is downloaded: this runtime must behave the same on an air-gapped box, in CI and in a trainer
+pod, so a hub id is resolved offline in the Hugging Face cache (populate it beforehand with
+`hf download <id>` or mount a volume holding it). The cache is found the way `huggingface_hub` finds it
+(`HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`), read from the environment at
+call time so a job started with another `HF_HOME` sees its own cache.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from rljob.operator.api.spec import ModelSpec
+from rljob.runtime.models.errors import ModelSourceError
+
+__all__ = ["ModelSourceError", "hub_cache_dir", "resolve_hub_model", "resolve_model_dir"]
+
+
+def hub_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The Hugging Face hub cache directory that `env` (default: this process's environment) selects."""
+    env = os.environ if env is None else env
+    if env.get("HF_HUB_CACHE"):
+        return Path(env["HF_HUB_CACHE"]).expanduser()
+    home = Path(env["HF_HOME"]).expanduser() if env.get("HF_HOME") else Path.home() / ".cache" / "huggingface"
+    return home / "hub"
+
+
+def resolve_hub_model(repo_id: str, revision: str | None = None, cache_dir: Path | None = None) -> Path:
+    """The snapshot folder of `repo_id` at `revision` (branch, tag or commit; default main) in the cache.
+
+    Raises ModelSourceError naming `spec.model.huggingFace` and the cache searched when it is absent.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    cache = cache_dir or hub_cache_dir()
+    at = f" at revision {revision!r}" if revision else ""
+    try:
+        folder = snapshot_download(repo_id, revision=revision, cache_dir=str(cache), local_files_only=True)
+    except HFValidationError as exc:
+        raise ModelSourceError(f"spec.model.huggingFace: {repo_id!r} is not a valid hub id ({exc})") from None
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError) as exc:
+        raise ModelSourceError(
+            f"spec.model.huggingFace: {repo_id!r}{at} is not in the local Hugging Face cache {cache} "
+            f"({type(exc).__name__}). Models are never downloaded by the runtime: fetch it first "
+            f"(`hf download {repo_id}`{' --revision ' + revision if revision else ''}), point HF_HOME or "
+            "HF_HUB_CACHE at a cache that holds it, or set spec.model.path to a local model folder"
+        ) from None
+    return Path(folder)
+
+
+def resolve_model_dir(spec: ModelSpec, cache_dir: Path | None = None) -> tuple[Path, str]:
+    """(model folder, the spec field it came from) for a `path` or `huggingFace` model spec."""
+    if spec.path is not None:
+        directory = Path(spec.path).expanduser()
+        if not directory.is_dir():
+            raise ModelSourceError(
+                f"spec.model.path: {directory} does not exist; point it at a folder written by save_pretrained "
+                "(config.json, weights, tokenizer)"
+            )
+        return directory, "spec.model.path"
+    if spec.hugging_face is not None:
+        return resolve_hub_model(spec.hugging_face, spec.revision, cache_dir), "spec.model.huggingFace"
+    raise ModelSourceError("spec.model: builtin models are not folders; use load_policy for them")

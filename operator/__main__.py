@@ -3,12 +3,37 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import faulthandler
+import getpass
 import importlib
 import logging
 import os
+import random
 import signal
+import socket
+import string
 import sys
+
+
+def peering_identity() -> str:
+    """This operator's kopf identity, `<user>@<host>/<time>/<random>` as kopf builds it.
+
+    kopf derives it from `getpass.getuser()`, which raises `KeyError: 'getpwuid(): uid not found'`
+    when the process runs as a uid without a passwd entry and no USER/LOGNAME variable: exactly the
+    chart's pod (uid 65532 on a stock base image, or any uid an admission policy assigns). The uid
+    number stands in for the missing name. kopf's own `POD_ID` variable still wins when set.
+    """
+    pod = os.environ.get("POD_ID")
+    if pod:
+        return pod
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid-{os.getuid()}"
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d%H%M%S")
+    suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=3))
+    return f"{user}@{socket.gethostname()}/{now}/{suffix}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         liveness_endpoint=args.liveness or None,
+        identity=peering_identity(),
     )
     return 0
 

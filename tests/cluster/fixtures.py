@@ -5,6 +5,9 @@
 - `namespace` (function): a fresh namespace per test, deleted afterwards.
 - `prometheus_factory` (function): start Debian's Prometheus on loopback scraping given targets.
 - `cached_binary` (function): path of a cached tool such as helm or promtool, built if missing.
+- `real_cluster` (session): a second control plane with one real node (kubelet, containerd,
+  kube-proxy, CoreDNS) where pods really run; KUBECONFIG is left alone (use its kubeconfig).
+- `real_namespace` (function): a fresh namespace in `real_cluster`.
 
 Cluster tests fail, with the reason, when the binaries cannot be built; set RLJOB_SKIP_CLUSTER=1
 to skip them instead (for machines without Go).
@@ -22,6 +25,7 @@ import pytest
 from tests.cluster.binaries import BinariesUnavailable, binary_path, ensure_built
 from tests.cluster.kube import ClusterStartError, KubeCluster, start_cluster
 from tests.cluster.prometheus import PrometheusServer, render_config
+from tests.cluster.realnode import REAL_NODE_BINARIES, RealCluster, can_run_real_node, start_real_cluster, wait_clean
 
 PrometheusFactory = Callable[..., PrometheusServer]
 
@@ -122,3 +126,44 @@ def prometheus_factory(tmp_path: Path) -> Iterator[PrometheusFactory]:
     yield factory
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    """A control plane with the machine's one real node, for the whole session.
+
+    Another test run on this machine that holds the real node makes this wait, not fail. After the
+    session the node's teardown is checked: no cgroup, process or per-run state may be left.
+    """
+    if os.environ.get("RLJOB_SKIP_REAL_NODE") == "1":
+        pytest.skip("RLJOB_SKIP_REAL_NODE=1: real-node tests disabled")
+    reason = can_run_real_node()
+    if reason:
+        pytest.fail(f"{reason} (set RLJOB_SKIP_REAL_NODE=1 to skip)", pytrace=False)
+    _require_binaries(("localkube", "kwokstages", "kwok", "helm", *REAL_NODE_BINARIES))
+    state_dir = tmp_path_factory.mktemp("localkube-real")
+    try:
+        cluster = start_real_cluster(state_dir)
+    except (ClusterStartError, RuntimeError) as exc:
+        failure = f"real node did not start: {exc}"
+    else:
+        failure = ""
+    if failure:
+        pytest.fail(failure, pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+    left = wait_clean()
+    assert not left, f"the real node's teardown left {left}"
+
+
+@pytest.fixture
+def real_namespace(real_cluster: RealCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace in the real-node cluster, deleted afterwards (its pods with it)."""
+    prefix = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-") or "t"
+    name = real_cluster.cluster.create_namespace(prefix)
+    try:
+        yield name
+    finally:
+        real_cluster.cluster.delete_namespace(name)

@@ -25,6 +25,8 @@ from tests.cluster.binaries import LOCALKUBE_SH, binary_path
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 120.0
+# A real node stops its components, then kills its pods and removes their cgroups and state.
+STOP_GRACE_REAL_NODE_S = 90.0
 T = TypeVar("T")
 
 
@@ -55,6 +57,8 @@ class KubeCluster:
     server: str
     version: str
     process: subprocess.Popen[bytes]
+    # The supervisor's ready file (server, kubeconfig, version; realNode, containerdSocket).
+    info: dict = field(default_factory=dict)
     _api: k8s.ApiClient | None = field(default=None, repr=False)
 
     @property
@@ -121,9 +125,9 @@ class KubeCluster:
         )
         return name
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 20.0) -> None:
         """Stop the control plane (see stop_cluster)."""
-        stop_cluster(self.process, self.state_dir)
+        stop_cluster(self.process, self.state_dir, grace)
 
     def delete_namespace(self, name: str) -> None:
         """Delete a namespace without waiting for its finalization."""
@@ -136,8 +140,14 @@ def _log_tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def start_cluster(state_dir: Path, extra_args: tuple[str, ...] = ()) -> KubeCluster:
-    """Run `localkube.sh up --foreground` in its own process group and wait until it is ready."""
+def start_cluster(
+    state_dir: Path, extra_args: tuple[str, ...] = (), ready_timeout: float = READY_TIMEOUT_S
+) -> KubeCluster:
+    """Run `localkube.sh up --foreground` in its own process group and wait until it is ready.
+
+    With `--real-node` the wait does not count the time spent queueing for the machine's real-node
+    lock (another test run's real node), which the supervisor flags with a file in `state_dir`.
+    """
     state_dir.mkdir(parents=True, exist_ok=True)
     log_path = state_dir.parent / f"{state_dir.name}.log"
     env = {**os.environ, "LOCALKUBE_DIR": str(state_dir)}
@@ -158,12 +168,22 @@ def start_cluster(state_dir: Path, extra_args: tuple[str, ...] = ()) -> KubeClus
             start_new_session=True,
         )
     ready = state_dir / "ready"
+    waiting = state_dir / "waiting-for-real-node-lock"
     try:
-        wait_until(
-            lambda: ready.exists() or proc.poll() is not None,
-            READY_TIMEOUT_S,
-            "localkube ready file",
-        )
+        deadline = time.monotonic() + ready_timeout
+        queued = False
+        while not ready.exists() and proc.poll() is None:
+            if waiting.exists():
+                # Queued behind another run's real node: the supervisor waits (with its own
+                # timeout), and the startup budget begins once it holds the lock.
+                if not queued:
+                    log.warning("waiting for another real node on this machine to stop: %s",
+                                waiting.read_text(errors="replace").strip())
+                queued = True
+                deadline = time.monotonic() + ready_timeout
+            elif time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {ready_timeout:.0f} s waiting for localkube ready file")
+            time.sleep(0.25)
         if proc.poll() is not None:
             raise ClusterStartError(
                 f"localkube exited with {proc.returncode}:\n{_log_tail(log_path)}"
@@ -175,11 +195,12 @@ def start_cluster(state_dir: Path, extra_args: tuple[str, ...] = ()) -> KubeClus
             server=info["server"],
             version=info["version"],
             process=proc,
+            info=info,
         )
         with cluster.http() as http:
             wait_until(lambda: _readyz(http), 30, "/readyz")
     except (TimeoutError, ClusterStartError) as exc:
-        stop_cluster(proc, state_dir)
+        stop_cluster(proc, state_dir, STOP_GRACE_REAL_NODE_S if "--real-node" in extra_args else 20.0)
         raise ClusterStartError(
             f"{exc}\nsupervisor log {log_path}:\n{_log_tail(log_path)}\ncomponent logs: {state_dir / 'logs'}"
         ) from exc

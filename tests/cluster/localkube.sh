@@ -3,8 +3,11 @@
 #
 #   localkube.sh build                 build or reuse every binary (cached by version, outside the repo)
 #   localkube.sh up [--foreground] [localkube up flags, e.g. --nvidia-nodes 4 --amd-nodes 0]
+#   localkube.sh up --real-node [--real-node-images operator,runtime-thin]   plus one real node
 #   localkube.sh down | status | env   stop / report / print `export KUBECONFIG=...`
-#   localkube.sh path NAME             path of localkube|kwok|kwokstages|helm|promtool|prometheus
+#   localkube.sh images [NAME ...]     build or reuse the real node's images (tests/cluster/images.py)
+#   localkube.sh node-clean            remove what a killed real node left behind (waits for its lock)
+#   localkube.sh path NAME             path of a binary (localkube, kwok, helm, nodekube, coredns, ...)
 #   localkube.sh helm|promtool|prometheus   shorthand for `path NAME`
 #
 # Environment: RLJOB_CACHE (binary cache root, default ~/.cache/rljob), LOCALKUBE_DIR (state of
@@ -14,6 +17,11 @@ set -euo pipefail
 K8S_VERSION=v1.36.3
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0
+CNI_PLUGINS_VERSION=v1.9.1
+COREDNS_VERSION=v1.15.0
+# The real node (`up --real-node`): one per machine, so its state and lock are machine-wide.
+REAL_NODE_LOCK=/run/rljob-real-node.lock
+REAL_NODE_ROOT=/var/lib/rljob-real-node
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -26,13 +34,22 @@ note() { echo "localkube.sh: $*" >&2; }
 
 # Cache keys: a version, plus a hash of our own sources where we compile them, so an edit to the
 # supervisor or a go.mod bump rebuilds and everything else is reused.
-src_hash() { (cd "$1" && cat go.mod go.sum ./*.go) | sha256sum | cut -c1-12; }
+# src_hash DIR [EXTRA_GLOB]: go.mod, go.sum (when there is one), EXTRA_GLOB's files, then ./*.go.
+src_hash() { (cd "$1" && cat go.mod $([[ -f go.sum ]] && echo go.sum) ${2:-} ./*.go) | sha256sum | cut -c1-12; }
 localkube_dir() { echo "$BIN/localkube-$K8S_VERSION-$(src_hash "$HERE/localkube")"; }
+# kubelet + kube-proxy: the same module (go.mod, go.sum) as localkube, its own main package.
+nodekube_dir() {
+  echo "$BIN/nodekube-$K8S_VERSION-$( (cd "$HERE/localkube" && cat go.mod go.sum nodekube/*.go) | sha256sum | cut -c1-12)"
+}
 kwokstages_dir() { echo "$BIN/kwokstages-$KWOK_VERSION-$(src_hash "$HERE/kwokstages")"; }
 kwok_dir() { echo "$BIN/kwok-$KWOK_VERSION"; }
 helm_dir() { echo "$BIN/helm-$HELM_VERSION"; }
+cni_dir() { echo "$BIN/cni-plugins-$CNI_PLUGINS_VERSION"; }
+coredns_dir() { echo "$BIN/coredns-$COREDNS_VERSION-$(src_hash "$HERE/coredns")"; }
+pause_dir() { echo "$BIN/pause-$(src_hash "$HERE/pause")"; }
 # The Debian version is only known after download, so the newest extracted one is used.
-prometheus_dir() { find "$BIN" -maxdepth 1 -type d -name 'prometheus-*' 2>/dev/null | sort -V | tail -n 1; }
+deb_dir() { find "$BIN" -maxdepth 1 -type d -name "$1-[0-9]*" 2>/dev/null | sort -V | tail -n 1; }
+prometheus_dir() { deb_dir prometheus; }
 
 path_of() {
   case "$1" in
@@ -41,15 +58,33 @@ path_of() {
     kwok) echo "$(kwok_dir)/kwok" ;;
     helm) echo "$(helm_dir)/helm" ;;
     promtool | prometheus) local d; d="$(prometheus_dir)"; echo "${d:-$BIN/prometheus-MISSING}/usr/bin/$1" ;;
-    *) die "unknown binary '$1' (localkube|kwok|kwokstages|helm|promtool|prometheus)" ;;
+    nodekube) echo "$(nodekube_dir)/nodekube" ;;
+    cni-plugins) echo "$(cni_dir)" ;; # a folder: bridge, host-local, loopback, portmap
+    coredns) echo "$(coredns_dir)/coredns" ;;
+    pause) echo "$(pause_dir)/pause" ;;
+    containerd) local d; d="$(deb_dir containerd)"; echo "${d:-$BIN/containerd-MISSING}/usr/bin" ;; # a folder
+    runc) local d; d="$(deb_dir runc)"; echo "${d:-$BIN/runc-MISSING}/usr/sbin/runc" ;;
+    busybox) local d; d="$(deb_dir busybox-static)"; echo "${d:-$BIN/busybox-static-MISSING}/bin/busybox" ;;
+    *) die "unknown binary '$1' (${ALL[*]})" ;;
   esac
 }
 
-ALL=(localkube kwokstages kwok helm promtool prometheus)
+CONTROL_PLANE=(localkube kwokstages kwok helm promtool prometheus)
+REAL_NODE=(nodekube cni-plugins coredns pause containerd runc busybox)
+ALL=("${CONTROL_PLANE[@]}" "${REAL_NODE[@]}")
+
+present() {
+  local p; p="$(path_of "$1")"
+  case "$1" in
+    cni-plugins) [[ -x "$p/bridge" && -x "$p/host-local" && -x "$p/loopback" && -x "$p/portmap" ]] ;;
+    containerd) [[ -x "$p/containerd" && -x "$p/containerd-shim-runc-v2" && -x "$p/ctr" ]] ;;
+    *) [[ -x "$p" ]] ;;
+  esac
+}
 
 missing() {
   local name
-  for name in "${ALL[@]}"; do [[ -x "$(path_of "$name")" ]] || echo "$name"; done
+  for name in "${ALL[@]}"; do present "$name" || echo "$name"; done
 }
 
 go_env() {
@@ -62,8 +97,7 @@ go_env() {
 install_dir() { local final="$1"; rm -rf "$final.tmp"; mkdir -p "$final.tmp"; echo "$final.tmp"; }
 commit_dir() { rm -rf "$1"; mv "$1.tmp" "$1"; }
 
-build_localkube() {
-  local d tmp; d="$(localkube_dir)"; tmp="$(install_dir "$d")"
+k8s_ldflags() {
   local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
   local ld="-s -w"
   ld+=" -X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
@@ -71,7 +105,12 @@ build_localkube() {
   ld+=" -X k8s.io/component-base/version.gitTreeState=clean"
   ld+=" -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
   ld+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
-  (cd "$HERE/localkube" && go build -trimpath -ldflags "$ld" -o "$tmp/localkube" .)
+  echo "$ld"
+}
+
+build_localkube() {
+  local d tmp; d="$(localkube_dir)"; tmp="$(install_dir "$d")"
+  (cd "$HERE/localkube" && go build -trimpath -ldflags "$(k8s_ldflags)" -o "$tmp/localkube" .)
   commit_dir "$d"
 }
 
@@ -96,20 +135,52 @@ build_helm() {
   commit_dir "$d"
 }
 
-build_prometheus() {
-  command -v apt-get >/dev/null || die "apt-get not found: promtool/prometheus come from Debian's 'prometheus' package"
+# Extract a Debian package into $BIN/<package>-<version> (no system install, no maintainer scripts).
+build_deb() {
+  local pkg="$1"
+  command -v apt-get >/dev/null || die "apt-get not found: $pkg comes from Debian"
   local dl; dl="$(mktemp -d)"
-  if ! (cd "$dl" && apt-get download prometheus >/dev/null 2>&1); then
+  if ! (cd "$dl" && apt-get download "$pkg" >/dev/null 2>&1); then
     note "apt-get download failed; refreshing package lists"
     apt-get update -qq >/dev/null || die "apt-get update failed (needs root and the Debian mirror)"
-    (cd "$dl" && apt-get download prometheus) || die "could not download Debian package 'prometheus'"
+    (cd "$dl" && apt-get download "$pkg") || die "could not download Debian package '$pkg'"
   fi
   local deb ver d tmp
-  deb="$(ls "$dl"/prometheus_*.deb)"
+  deb="$(ls "$dl"/"${pkg}"_*.deb)"
   ver="$(dpkg-deb -f "$deb" Version)"
-  d="$BIN/prometheus-$ver"; tmp="$(install_dir "$d")"
+  d="$BIN/$pkg-${ver//:/_}"; tmp="$(install_dir "$d")"
   dpkg -x "$deb" "$tmp"
   rm -rf "$dl" "$tmp/usr/share/doc" "$tmp/usr/share/man"
+  commit_dir "$d"
+}
+
+build_prometheus() { build_deb prometheus; }
+
+build_nodekube() {
+  local d tmp; d="$(nodekube_dir)"; tmp="$(install_dir "$d")"
+  (cd "$HERE/localkube" && go build -trimpath -ldflags "$(k8s_ldflags)" -o "$tmp/nodekube" ./nodekube)
+  commit_dir "$d"
+}
+
+build_cni_plugins() {
+  local d tmp; d="$(cni_dir)"; tmp="$(install_dir "$d")"
+  local p
+  for p in main/bridge main/loopback ipam/host-local meta/portmap; do
+    GOFLAGS="-p=2" GOBIN="$tmp" go install -trimpath -ldflags "-s -w" \
+      "github.com/containernetworking/plugins/plugins/$p@$CNI_PLUGINS_VERSION"
+  done
+  commit_dir "$d"
+}
+
+build_coredns() {
+  local d tmp; d="$(coredns_dir)"; tmp="$(install_dir "$d")"
+  (cd "$HERE/coredns" && go build -trimpath -ldflags "-s -w" -o "$tmp/coredns" .)
+  commit_dir "$d"
+}
+
+build_pause() {
+  local d tmp; d="$(pause_dir)"; tmp="$(install_dir "$d")"
+  (cd "$HERE/pause" && go build -trimpath -ldflags "-s -w" -o "$tmp/pause" .)
   commit_dir "$d"
 }
 
@@ -146,6 +217,12 @@ cmd_build_missing() {
       kwok) go_env; build_kwok ;;
       helm) go_env; build_helm ;;
       promtool) build_prometheus ;;
+      nodekube) go_env; build_nodekube ;;
+      cni-plugins) go_env; build_cni_plugins ;;
+      coredns) go_env; build_coredns ;;
+      pause) go_env; build_pause ;;
+      containerd | runc) build_deb "$name" ;;
+      busybox) build_deb busybox-static ;;
     esac
     note "$name done in $((SECONDS - started)) s -> $(path_of "$name")"
   done
@@ -154,20 +231,50 @@ cmd_build_missing() {
 }
 
 require_built() {
-  local left; left="$(missing)"
-  [[ -z "$left" ]] || die "not built: $(echo $left); run: $0 build"
+  local name left=()
+  for name in "$@"; do present "$name" || left+=("$name"); done
+  ((${#left[@]} == 0)) || die "not built: ${left[*]}; run: $0 build"
+}
+
+# Images for the real node (tests/cluster/images.py, cached by input hash). Prints NAME ARCHIVE REF.
+cmd_images() {
+  command -v python3 >/dev/null || die "python3 is needed to build the real node's images"
+  (cd "$REPO" && python3 -m tests.cluster.images build "$@")
 }
 
 pid_alive() { [[ -f "$STATE/pid" ]] && kill -0 "$(cat "$STATE/pid")" 2>/dev/null; }
 
 cmd_up() {
-  local foreground=0 args=()
-  for a in "$@"; do
-    if [[ "$a" == --foreground ]]; then foreground=1; else args+=("$a"); fi
+  local foreground=0 real_node=0 images=() args=()
+  while (($#)); do
+    case "$1" in
+      --foreground) foreground=1 ;;
+      --real-node) real_node=1 ;;
+      --real-node-images) shift; IFS=, read -r -a images <<<"$1" ;;
+      --real-node-images=*) IFS=, read -r -a images <<<"${1#*=}" ;;
+      *) args+=("$1") ;;
+    esac
+    shift
   done
-  require_built
+  require_built "${CONTROL_PLANE[@]}"
   pid_alive && die "already running (pid $(cat "$STATE/pid")); run: $0 down"
   rm -rf "$STATE"; mkdir -p "$STATE"
+  if ((real_node)); then
+    require_built "${REAL_NODE[@]}"
+    local name archive ref
+    args+=(--real-node --real-node-root "$REAL_NODE_ROOT" --real-node-lock "$REAL_NODE_LOCK"
+      --nodekube "$(path_of nodekube)" --containerd-bin-dir "$(path_of containerd)"
+      --runc "$(path_of runc)" --cni-bin-dir "$(path_of cni-plugins)" --coredns "$(path_of coredns)")
+    while read -r name archive ref; do
+      if [[ "$name" == pause ]]; then
+        args+=(--pause-image "$ref" --pause-image-archive "$archive")
+      else
+        args+=(--real-node-image "$archive")
+      fi
+      echo "$name $ref" >>"$STATE/images"
+    done < <(cmd_images pause busybox "${images[@]}")
+    [[ -f "$STATE/images" ]] || die "could not build the real node's images"
+  fi
   "$(path_of kwokstages)" >"$STATE/kwok-stages.yaml"
   local etcd_dir="$STATE/etcd"
   # etcd on tmpfs when there is one: no disk I/O on the shared CI machine.
@@ -226,6 +333,8 @@ main() {
   local cmd="${1:-}"; shift || true
   case "$cmd" in
     build) cmd_build ;;
+    images) cmd_images "$@" ;;
+    node-clean) require_built localkube; "$(path_of localkube)" node-clean --real-node-root "$REAL_NODE_ROOT" --real-node-lock "$REAL_NODE_LOCK" ;;
     _build_missing) cmd_build_missing ;;
     up) cmd_up "$@" ;;
     down) cmd_down ;;
@@ -233,7 +342,7 @@ main() {
     env) cmd_env ;;
     path) [[ $# -eq 1 ]] || die "usage: $0 path NAME"; path_of "$1" ;;
     helm | promtool | prometheus | kwok) path_of "$cmd" ;;
-    *) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
   esac
 }
 

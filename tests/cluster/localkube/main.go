@@ -33,6 +33,7 @@ commands:
   kube-apiserver ...        the upstream kube-apiserver command
   kube-controller-manager   the upstream kube-controller-manager command
   kube-scheduler ...        the upstream kube-scheduler command
+  node-clean                remove what a killed real node left behind (takes the real-node lock)
   kubectl ...               the upstream kubectl command
   version                   print the Kubernetes version this binary was built from
 `
@@ -54,6 +55,8 @@ func main() {
 		runKubectl(args)
 	case "up":
 		os.Exit(runUp(args))
+	case "node-clean":
+		os.Exit(runNodeClean(args))
 	case "version", "--version":
 		fmt.Println(version.Get().GitVersion)
 	default:

@@ -29,16 +29,22 @@ type child struct {
 }
 
 func (s *supervisor) start(logDir, name, binary string, args ...string) error {
+	_, err := s.startCmd(logDir, name, exec.Command(binary, args...))
+	return err
+}
+
+// startCmd starts a prepared command (its Env and Dir may be set) as a supervised child and
+// returns its pid.
+func (s *supervisor) startCmd(logDir, name string, cmd *exec.Cmd) (int, error) {
 	logFile, err := os.Create(filepath.Join(logDir, name+".log"))
 	if err != nil {
-		return err
+		return 0, err
 	}
-	cmd := exec.Command(binary, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		_ = logFile.Close()
-		return fmt.Errorf("start %s: %w", name, err)
+		return 0, fmt.Errorf("start %s: %w", name, err)
 	}
 	c := &child{name: name, cmd: cmd, done: make(chan struct{})}
 	s.mu.Lock()
@@ -57,7 +63,7 @@ func (s *supervisor) start(logDir, name, binary string, args ...string) error {
 			s.exited <- name
 		}
 	}()
-	return nil
+	return cmd.Process.Pid, nil
 }
 
 // stopAll sends SIGTERM to the children in reverse start order, so clients stop before the

@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 
@@ -37,6 +38,7 @@ type upOptions struct {
 	taintGPUNodes  bool
 	exitWithParent bool
 	timeout        time.Duration
+	realNode       realNodeOptions
 }
 
 // readyInfo is written as JSON to <dir>/ready once the control plane serves and all nodes are
@@ -46,6 +48,9 @@ type readyInfo struct {
 	Kubeconfig string `json:"kubeconfig"`
 	PID        int    `json:"pid"`
 	Version    string `json:"version"`
+	// Set when a real node runs: its name and containerd's socket (for `ctr images import`).
+	RealNode         string `json:"realNode,omitempty"`
+	ContainerdSocket string `json:"containerdSocket,omitempty"`
 }
 
 func parseUpOptions(args []string) (upOptions, error) {
@@ -64,7 +69,11 @@ func parseUpOptions(args []string) (upOptions, error) {
 	fs.BoolVar(&o.taintGPUNodes, "taint-gpu-nodes", false, "taint GPU nodes <vendor>.com/gpu=present:NoSchedule, as GPU clusters usually are")
 	fs.BoolVar(&o.exitWithParent, "exit-with-parent", false, "shut down when the process that started this one dies (for test runners that may be killed)")
 	fs.DurationVar(&o.timeout, "timeout", 180*time.Second, "how long to wait for the control plane to become ready")
+	o.realNode.register(fs)
 	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if err := o.realNode.validate(); err != nil {
 		return o, err
 	}
 	if o.dir == "" || o.kwokBinary == "" || o.kwokConfig == "" {
@@ -98,10 +107,28 @@ func runUp(args []string) int {
 		go watchParent(os.Getppid(), signals)
 	}
 
-	sup := &supervisor{exited: make(chan string, 8)}
+	if o.realNode.enabled {
+		if err := os.MkdirAll(o.dir, 0o755); err != nil {
+			log.Print(err)
+			return 1
+		}
+		lock, err := acquireNodeLock(o.realNode.lockPath, o.realNode.lockTimeout, o.dir, signals)
+		if err != nil {
+			log.Print(err)
+			return 1
+		}
+		// Released last, after the node's teardown below.
+		defer lock.Close()
+	}
+
+	sup := &supervisor{exited: make(chan string, 16)}
 	var etcdClose func()
+	var node *realNode
 	defer func() {
 		sup.stopAll(15 * time.Second)
+		if node != nil {
+			node.stop()
+		}
 		if etcdClose != nil {
 			etcdClose()
 		}
@@ -111,7 +138,7 @@ func runUp(args []string) int {
 		log.Print("stopped")
 	}()
 
-	info, closeEtcd, err := start(o, sup, signals)
+	info, closeEtcd, err := start(o, sup, signals, &node)
 	etcdClose = closeEtcd
 	if err != nil {
 		log.Printf("startup failed: %v (component logs in %s)", err, filepath.Join(o.dir, "logs"))
@@ -146,8 +173,12 @@ func watchParent(parent int, signals chan<- os.Signal) {
 }
 
 // start runs every component in dependency order and returns once the cluster is usable.
-func start(o upOptions, sup *supervisor, signals <-chan os.Signal) (readyInfo, func(), error) {
-	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+func start(o upOptions, sup *supervisor, signals <-chan os.Signal, node **realNode) (readyInfo, func(), error) {
+	timeout := o.timeout
+	if o.realNode.enabled {
+		timeout += o.realNode.timeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	go func() {
 		// A signal during startup aborts the waits below; the caller then tears down.
@@ -185,24 +216,33 @@ func start(o upOptions, sup *supervisor, signals <-chan os.Signal) (readyInfo, f
 		return readyInfo{}, nil, err
 	}
 
+	var nodeArgs []string
+	if o.realNode.enabled {
+		n, args, err := prepareRealNode(o, pki)
+		if err != nil {
+			return readyInfo{}, nil, err
+		}
+		*node, nodeArgs = n, args
+	}
+
 	etcd, etcdURL, err := startEtcd(o.etcdDir, filepath.Join(logDir, "etcd.log"), etcdPort, peerPort)
 	if err != nil {
 		return readyInfo{}, nil, err
 	}
 	closeEtcd := etcd.Close
 
-	if err := sup.start(logDir, "kube-apiserver", self, "kube-apiserver",
-		"--etcd-servers="+etcdURL,
+	apiserverArgs := []string{"kube-apiserver",
+		"--etcd-servers=" + etcdURL,
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
 		fmt.Sprintf("--secure-port=%d", apiPort),
-		"--cert-dir="+filepath.Join(o.dir, "apiserver"),
-		"--tls-cert-file="+pki.ServingCert,
-		"--tls-private-key-file="+pki.ServingKey,
-		"--client-ca-file="+pki.CACert,
+		"--cert-dir=" + filepath.Join(o.dir, "apiserver"),
+		"--tls-cert-file=" + pki.ServingCert,
+		"--tls-private-key-file=" + pki.ServingKey,
+		"--client-ca-file=" + pki.CACert,
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-signing-key-file="+pki.SAKey,
-		"--service-account-key-file="+pki.SAPub,
+		"--service-account-signing-key-file=" + pki.SAKey,
+		"--service-account-key-file=" + pki.SAPub,
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--authorization-mode=RBAC",
 		"--allow-privileged=true",
@@ -211,7 +251,20 @@ func start(o upOptions, sup *supervisor, signals <-chan os.Signal) (readyInfo, f
 		// Priority-and-fairness costs CPU the 2-core CI machine does not have to spare.
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",
-	); err != nil {
+	}
+	// The real node's flags replace those of the same name above (--authorization-mode: a list
+	// flag, where a repeat would add to the list).
+	for _, arg := range nodeArgs {
+		name := strings.SplitN(arg, "=", 2)[0] + "="
+		kept := apiserverArgs[:0]
+		for _, a := range apiserverArgs {
+			if !strings.HasPrefix(a, name) {
+				kept = append(kept, a)
+			}
+		}
+		apiserverArgs = append(kept, arg)
+	}
+	if err := sup.start(logDir, "kube-apiserver", self, apiserverArgs...); err != nil {
 		return readyInfo{}, closeEtcd, err
 	}
 
@@ -294,11 +347,21 @@ func start(o upOptions, sup *supervisor, signals <-chan os.Signal) (readyInfo, f
 	}); err != nil {
 		return readyInfo{}, closeEtcd, err
 	}
+	info := readyInfo{Server: server, Kubeconfig: kubeconfig, PID: os.Getpid()}
+	if *node != nil {
+		started := time.Now()
+		if err := (*node).start(ctx, sup, cs, logDir, apiPort); err != nil {
+			return readyInfo{}, closeEtcd, fmt.Errorf("real node: %w", err)
+		}
+		log.Printf("real node %s Ready in %.1f s", o.realNode.name, time.Since(started).Seconds())
+		info.RealNode, info.ContainerdSocket = o.realNode.name, (*node).socket
+	}
 	v, err := cs.Discovery().ServerVersion()
 	if err != nil {
 		return readyInfo{}, closeEtcd, err
 	}
-	return readyInfo{Server: server, Kubeconfig: kubeconfig, PID: os.Getpid(), Version: v.GitVersion}, closeEtcd, nil
+	info.Version = v.GitVersion
+	return info, closeEtcd, nil
 }
 
 // waitFor polls cond until it holds, the context ends, or a supervised component exits.

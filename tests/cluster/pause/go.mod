@@ -1,0 +1,3 @@
+module rljob.local/pause
+
+go 1.26.0

@@ -1,6 +1,6 @@
 # rljob developer entry points. Every target installs what it needs, idempotently:
 #   make quickstart   train the tiny policy with APRIL on CPU and compare against sync rollouts
-#   make test         all tests (unit, integration with the local control plane and Prometheus)
+#   make test         all tests (unit, integration with the local control plane, its real node and Prometheus)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha1sum | cut -c1-12)
 export RLJOB_CACHE ?= $(HOME)/.cache/rljob
 
-.PHONY: install quickstart test unit cluster-build cluster-up cluster-down benchmark crds
+.PHONY: install quickstart test unit cluster-build cluster-images cluster-up cluster-down benchmark crds
 
 $(STAMP):
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ quickstart: install
 cluster-build:
 	tests/cluster/localkube.sh build
 
+# Images of the real-node tests (buildah, no registry), cached by a hash of their inputs.
+cluster-images: cluster-build
+	tests/cluster/localkube.sh images pause busybox base-python operator
+
 cluster-up: cluster-build
 	tests/cluster/localkube.sh up
 
@@ -34,7 +38,7 @@ cluster-down:
 unit: install
 	$(BIN)/python -m pytest tests/unit -q
 
-test: install cluster-build
+test: install cluster-build cluster-images
 	$(BIN)/python -m pytest -q --durations=25
 
 benchmark: install

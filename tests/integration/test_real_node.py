@@ -8,10 +8,16 @@ pod, and a pod talks to the apiserver with its service-account token and the clu
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
 
+from tests.cluster.binaries import LOCALKUBE_SH
+from tests.cluster.kube import wait_until
 from tests.cluster.realnode import RealCluster
 
 pytestmark = [pytest.mark.realnode, pytest.mark.cluster]
@@ -122,3 +128,29 @@ def test_kubelet_api_through_the_apiserver(real_cluster: RealCluster) -> None:
     node = real_cluster.cluster.core().read_node(real_cluster.node)
     assert node.metadata.labels["rljob.io/real-node"] == "true"
     assert {a.type: a.address for a in node.status.addresses}["InternalIP"] == "10.250.0.1"
+
+
+def test_a_second_real_node_waits_for_the_first(real_cluster: RealCluster, tmp_path: Path) -> None:
+    """One real node per machine: another `up --real-node` (say, a second CI run) queues on the
+    machine-wide lock and leaves the running node alone."""
+    state = tmp_path / "second"
+    state.mkdir()
+    log = tmp_path / "second.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(LOCALKUBE_SH), "up", "--foreground", "--exit-with-parent", "--real-node"],
+            env={**os.environ, "LOCALKUBE_DIR": str(state)},
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    waiting = state / "waiting-for-real-node-lock"
+    try:
+        wait_until(lambda: waiting.exists() or proc.poll() is not None, 120, "the second real node to queue")
+        assert proc.poll() is None, log.read_text()
+        assert f"dir={real_cluster.cluster.state_dir}" in waiting.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert not (state / "ready").exists()
+    node = real_cluster.cluster.core().read_node(real_cluster.node)
+    assert {c.type: c.status for c in node.status.conditions}["Ready"] == "True"

@@ -118,7 +118,7 @@ def ensure_tools() -> None:
     """buildah and debootstrap come from Debian; install them once (needs root and the mirror)."""
     if shutil.which("buildah") and shutil.which("debootstrap"):
         return
-    cmd = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "buildah", "debootstrap"]
+    cmd = ["apt-get", "install", "-y", "-qq", "-o", "DPkg::Lock::Timeout=300", "--no-install-recommends", "buildah", "debootstrap"]
     if subprocess.run(cmd, capture_output=True, check=False).returncode != 0:
         _run(["apt-get", "update", "-qq"])
         _run(cmd)

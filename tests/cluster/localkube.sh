@@ -184,14 +184,29 @@ build_pause() {
   commit_dir "$d"
 }
 
-ensure_time() {
-  [[ -x /usr/bin/time ]] && return
-  note "installing GNU time (Debian package 'time') to measure the cold build"
-  apt-get install -y -qq time >/dev/null 2>&1 || { apt-get update -qq >/dev/null && apt-get install -y -qq time >/dev/null; }
+# Host tools from Debian, installed once when missing (needs root and the mirror): GNU time measures
+# the cold build; kube-proxy on the real node programs Services with iptables and flushes UDP
+# conntrack entries. Checked on every build, also when every binary is cached, because a restored
+# cache on a new machine brings no system packages.
+HOST_TOOLS=("/usr/bin/time:time" "iptables:iptables" "iptables-restore:iptables" "conntrack:conntrack")
+
+ensure_host_tools() {
+  local entry cmd pkg pkgs=()
+  for entry in "${HOST_TOOLS[@]}"; do
+    cmd="${entry%%:*}"; pkg="${entry##*:}"
+    command -v "$cmd" >/dev/null 2>&1 || pkgs+=("$pkg")
+  done
+  ((${#pkgs[@]} == 0)) && return 0
+  command -v apt-get >/dev/null || die "missing host tools (${pkgs[*]}) and no apt-get to install them"
+  note "installing Debian packages: ${pkgs[*]}"
+  apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends "${pkgs[@]}" >/dev/null 2>&1 ||
+    { apt-get update -qq >/dev/null && apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends "${pkgs[@]}" >/dev/null; } ||
+    die "could not install ${pkgs[*]} (needs root and Debian's mirror)"
 }
 
 cmd_build() {
   mkdir -p "$BIN"
+  ensure_host_tools
   local todo; todo="$(missing)"
   [[ -z "$todo" ]] && { note "all binaries cached under $BIN"; return 0; }
   # Serialise concurrent builds (CI step and a pytest fixture, two checkouts) on the shared cache.
@@ -201,7 +216,6 @@ cmd_build() {
   [[ -z "$todo" ]] && { note "all binaries cached under $BIN"; return 0; }
   rm -rf "$BIN"/*.tmp # left by interrupted builds; safe to drop while holding the lock
   note "building: $(echo $todo)"
-  ensure_time
   /usr/bin/time -v "$0" _build_missing
 }
 

@@ -218,7 +218,16 @@ class JobRunner:
         model, self.tokenizer = self.policy.model, self.policy.tokenizer
         if spec.trainer.gradient_checkpointing:
             enable_gradient_checkpointing(model)
-        self.trainer = Trainer(model, spec.algorithm, spec.trainer.micro_batch_size, spec.trainer.device)
+        self.trainer = Trainer(
+            model,
+            spec.algorithm,
+            spec.trainer.micro_batch_size,
+            spec.trainer.device,
+            temperature=spec.rollout.temperature,  # log-probs of the distribution the engines sample
+            total_steps=spec.trainer.steps,
+            logprob_chunk_tokens=spec.trainer.logprob_chunk_tokens,
+            seed=spec.trainer.seed,
+        )
         self.prompts = PromptStream.from_spec(spec.data, self.tokenizer)
         reward_fn = build_reward(spec.reward)
         decode = self.tokenizer.decode

@@ -7,8 +7,9 @@ policy-gradient loss on one micro-batch of prompt + response sequences:
 - naive: what the trainer did before issue 11: `model(ids).logits` over every position
   (prompt included), the response positions gathered into a float32 [B, R, V] tensor, a full
   log-softmax and entropy, all kept alive by autograd until the backward pass;
-- chunked: `Trainer._token_stats`: the decoder body, the response positions only, logits in
-  checkpointed chunks of `--chunk` tokens (runtime/algorithms/logprobs.py).
+- chunked/<n>: `Trainer._token_stats`: the decoder body, the response positions only, logits in
+  checkpointed chunks of n tokens (runtime/algorithms/logprobs.py); peak memory is bounded by the
+  chunk (a few [n, V] float32 tensors), whatever the micro-batch.
 
 Each variant runs in its own process (a fresh allocator) and reports its peak memory growth over
 the set-up (CPU: peak RSS from getrusage minus the RSS before the step; CUDA: max_memory_allocated
@@ -42,7 +43,7 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+def _build(args: argparse.Namespace, chunk: int) -> tuple[Any, Any, Any]:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from rljob.operator.api.spec import AlgorithmSpec
@@ -55,7 +56,7 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     )
     model = Qwen2ForCausalLM(config).eval()
     trainer = Trainer(model, AlgorithmSpec(), micro_batch_size=args.batch, device=args.device,
-                      temperature=0.8, logprob_chunk_tokens=args.chunk)
+                      temperature=0.8, logprob_chunk_tokens=chunk)
     gen = torch.Generator().manual_seed(1)
     items = []
     for i in range(args.batch):
@@ -91,9 +92,9 @@ def _step(variant: str, trainer: Any, mb: Any, model: Any) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def _run_variant(variant: str, args: argparse.Namespace, queue: Any) -> None:
+def _run_variant(variant: str, chunk: int, args: argparse.Namespace, queue: Any) -> None:
     torch.set_num_threads(args.threads)
-    trainer, mb, model = _build(args)
+    trainer, mb, model = _build(args, chunk)
     cuda = args.device.startswith("cuda")
     _step(variant, trainer, mb, model)  # warm-up: allocator pools, kernels
     if cuda:
@@ -113,7 +114,8 @@ def _run_variant(variant: str, args: argparse.Namespace, queue: Any) -> None:
         peak = torch.cuda.max_memory_allocated() - before
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-    queue.put({"variant": variant, "peak_bytes": int(peak), "step_seconds": statistics.median(times),
+    name = variant if variant == "naive" else f"chunked/{chunk}"
+    queue.put({"variant": name, "chunk_tokens": None if variant == "naive" else chunk, "peak_bytes": int(peak), "step_seconds": statistics.median(times),
                "step_seconds_all": times})
 
 
@@ -123,20 +125,21 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="samples per micro-batch")
     parser.add_argument("--prompt", type=int, default=64, help="prompt tokens per sample")
     parser.add_argument("--response", type=int, default=256, help="response tokens of the longest sample")
-    parser.add_argument("--chunk", type=int, default=1024, help="trainer.logprobChunkTokens")
+    parser.add_argument("--chunk", type=int, nargs="+", default=[1024, 256],
+                        help="trainer.logprobChunkTokens values to run the chunked variant with")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 
     ctx = mp.get_context("spawn")
     rows = []
-    for variant in ("naive", "chunked"):
+    for variant, chunk in [("naive", 0)] + [("chunked", c) for c in args.chunk]:
         queue = ctx.Queue()
-        proc = ctx.Process(target=_run_variant, args=(variant, args, queue))
+        proc = ctx.Process(target=_run_variant, args=(variant, chunk, args, queue))
         proc.start()
         rows.append(queue.get())
         proc.join()
-    naive, chunked = rows
+    naive, chunked = rows[0], rows[1]
     machine = {
         "device": args.device,
         "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or platform.machine(),
@@ -150,19 +153,20 @@ def main() -> None:
         "micro_batch": args.batch,
         "prompt_tokens": args.prompt,
         "max_response_tokens": args.response,
-        "chunk_tokens": args.chunk,
         "machine": machine,
         "rows": rows,
+        # Against the first chunk size (the default, 1024).
         "peak_memory_ratio_naive_over_chunked": naive["peak_bytes"] / max(chunked["peak_bytes"], 1),
         "step_time_ratio_chunked_over_naive": chunked["step_seconds"] / naive["step_seconds"],
+        "note": "CPU peak = getrusage max RSS (warm-up step included) minus RSS before the timed steps",
     }
     print(f"trainer log-prob memory, vocab {VOCAB:,}, micro-batch {args.batch} x ({args.prompt} + <= {args.response}) "
           f"tokens, {machine['device_name']} ({args.device})")
-    print(f"{'variant':<10}{'peak memory (MiB)':>20}{'step (s, median)':>20}")
+    print(f"{'variant':<16}{'peak memory (MiB)':>20}{'step (s, median)':>20}")
     for row in rows:
-        print(f"{row['variant']:<10}{row['peak_bytes'] / 2**20:>20.0f}{row['step_seconds']:>20.3f}")
-    print(f"naive / chunked peak memory: {result['peak_memory_ratio_naive_over_chunked']:.1f}x; "
-          f"chunked / naive step time: {result['step_time_ratio_chunked_over_naive']:.2f}x")
+        print(f"{row['variant']:<16}{row['peak_bytes'] / 2**20:>20.0f}{row['step_seconds']:>20.3f}")
+    print(f"naive / {chunked['variant']} peak memory: {result['peak_memory_ratio_naive_over_chunked']:.1f}x; "
+          f"step time: {result['step_time_ratio_chunked_over_naive']:.2f}x")
     suffix = "" if args.device == "cpu" else f"_{args.device.split(':')[0]}"
     out = OUT_DIR / f"trainer_memory{suffix}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from rljob.runtime.engines.base import Engine, EngineError, GenerateRequest
 
@@ -24,6 +25,8 @@ class EvalPrompt:
 
     prompt_ids: list[int]
     answer: str
+    text: str = ""  # the prompt text (reward input)
+    metadata: dict[str, Any] = field(default_factory=dict)  # the data row's extra fields (reward input)
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class EvalResult:
 async def evaluate_held_out(
     engines: Sequence[Engine],
     prompts: Sequence[EvalPrompt],
-    score: Callable[[list[int], str], float],
+    score: Callable[[Sequence[EvalPrompt], Sequence[list[int]]], Awaitable[list[float]]],
     *,
     step: int,
     policy_version: int,
@@ -53,7 +56,10 @@ async def evaluate_held_out(
     stop_token_ids: list[int],
     stop: Sequence[str] = (),
 ) -> EvalResult | None:
-    """Sample one response per prompt (spread over the engines) and average the reward; None on failure."""
+    """Sample one response per prompt (spread over the engines) and average the reward; None on failure.
+
+    `score(prompts, response_ids)` returns the rewards of all responses (the job's reward, batched).
+    """
     started = time.perf_counter()
     requests = [
         GenerateRequest(
@@ -77,7 +83,7 @@ async def evaluate_held_out(
         log.warning("held-out evaluation at step %d skipped: %s", step, errors[0])
         return None
     results = [r for r in results if not isinstance(r, BaseException)]
-    rewards = [score(r.output_ids, p.answer) for r, p in zip(results, prompts, strict=True)]
+    rewards = await score(prompts, [r.output_ids for r in results])
     return EvalResult(
         step=step,
         policy_version=policy_version,

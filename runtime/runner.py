@@ -11,7 +11,7 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -206,10 +206,10 @@ class JobRunner:
     async def setup(self, on_status: Callable[[str], None] = lambda _msg: None) -> None:
         """Load the policy, the data, the engines and the trainer; resume from a checkpoint."""
         from rljob.runtime.engines.factory import build_engines
-        from rljob.runtime.tasks.dataset import PromptStream, held_out_records
         from rljob.runtime.models.loading import enable_gradient_checkpointing, torch_dtype
+        from rljob.runtime.tasks.dataset import PromptStream, held_out_records
         from rljob.runtime.tasks.policy import open_policy
-        from rljob.runtime.tasks.reward import build_reward
+        from rljob.runtime.tasks.reward import RewardInput, build_reward, sample_reward_inputs
         from rljob.runtime.trainer import Trainer
 
         spec = self.spec
@@ -218,23 +218,38 @@ class JobRunner:
         model, self.tokenizer = self.policy.model, self.policy.tokenizer
         if spec.trainer.gradient_checkpointing:
             enable_gradient_checkpointing(model)
-        self.trainer = Trainer(model, spec.algorithm, spec.trainer.micro_batch_size, spec.trainer.device)
+        self.trainer = Trainer(
+            model,
+            spec.algorithm,
+            spec.trainer.micro_batch_size,
+            spec.trainer.device,
+            temperature=spec.rollout.temperature,  # log-probs of the distribution the engines sample
+            total_steps=spec.trainer.steps,
+            logprob_chunk_tokens=spec.trainer.logprob_chunk_tokens,
+            seed=spec.trainer.seed,
+        )
         self.prompts = PromptStream.from_spec(spec.data, self.tokenizer)
-        reward_fn = build_reward(spec.reward)
+        # Loaded here, before any engine starts: a bad reward.function fails the job at once.
+        reward = build_reward(spec.reward, spec.rollout.max_response_length)
         decode = self.tokenizer.decode
 
-        def score_ids(response_ids: list[int], answer: str) -> float:
-            return reward_fn(decode(response_ids), answer)
+        async def score_group(group: Group, samples: list[Sample]) -> list[float]:
+            return await reward.score(sample_reward_inputs(group, samples, decode))
 
-        def score(sample: Sample) -> float:
-            return score_ids(sample.response_ids, sample.answer)
+        async def score_eval(prompts: Sequence[EvalPrompt], outputs: Sequence[list[int]]) -> list[float]:
+            return await reward.score([
+                RewardInput(prompt=p.text, response=decode(ids), answer=p.answer, metadata=p.metadata,
+                            response_length=len(ids))
+                for p, ids in zip(prompts, outputs, strict=True)
+            ])
 
-        self._score_ids = score_ids
+        self._score_eval = score_eval
         if spec.evaluation.every_steps:
             render = self.prompts.renderer.render
             self.eval_prompts = [
-                EvalPrompt(render(row.prompt, row.messages).ids, row.answer)
+                EvalPrompt(rendered.ids, row.answer, rendered.text, dict(row.metadata))
                 for row in held_out_records(spec.data, spec.evaluation)
+                for rendered in [render(row.prompt, row.messages)]
             ]
 
         on_status("starting the engines")
@@ -245,9 +260,10 @@ class JobRunner:
             rollout_config(self.job, self.policy.stop_token_ids),
             build_strategy(self.job, self.options.strategy),
             self.prompts,
-            score,
+            None,
             truncation=build_truncation(self.job),
             group_filter=dynamic_sampling_keep if spec.algorithm.effective_dynamic_sampling else None,
+            scorer=score_group,
         )
         resume = spec.checkpoint.resume if self.options.resume is None else self.options.resume
         if resume:
@@ -367,7 +383,7 @@ class JobRunner:
         result = await evaluate_held_out(
             self.engines,
             self.eval_prompts,
-            self._score_ids,
+            self._score_eval,
             step=self.step,
             policy_version=self.version,
             temperature=r.temperature if temperature is None else temperature,
@@ -451,6 +467,7 @@ async def compare_strategies(
             runner.scheduler.score,
             truncation=build_truncation(runner.job),
             group_filter=runner.scheduler.group_filter,
+            scorer=runner.scheduler.scorer,
         )
     ceiling_engine = build_engines(spec.rollout, model, seed=spec.trainer.seed)[0]
     engines.append(ceiling_engine)

@@ -1,9 +1,20 @@
-"""One RL training step on a batch of finished groups: advantages, clipped loss, AdamW.
+"""One RL training step on a batch of finished groups: advantages, PPO mini-batches, clipped loss, AdamW.
 
 The rollout loop calls `Trainer.train_step(groups, policy_version)` once per round, where
 `policy_version` is the version of the weights the engines hold now (the trainer's current
 weights). Tokens whose per-token version is older are off-policy; the algorithm spec decides
 whether they are kept, masked, or importance-corrected (see algorithms/losses.py).
+
+PPO as published: the round's samples are split into `ppoMiniBatches` mini-batches (a seeded
+shuffle, so no mini-batch is all short or all long answers) and each is one optimizer update,
+repeated for `ppoEpochs` passes. The old-policy log-probs are those of the weights at the start of
+the step, computed once before the first update, so from the second update on the ratio
+π/π_old moves and the clip (clipLow/clipHigh) acts. The first mini-batch's own forward pass is the
+old policy, so its ratio is exactly 1 and no extra pass is spent on it.
+
+Log-probs are taken at the rollout temperature (softmax(logits / T)), the distribution the
+engines sampled from, and only over response positions, in chunks (algorithms/logprobs.py): the
+float32 [batch, length, vocab] tensor is never built.
 
 Sequences are right-padded, so causal attention never looks at padding and no attention mask
 or position ids are needed. The model runs in eval mode (no dropout) so that the log-probs the
@@ -14,8 +25,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -23,12 +35,29 @@ from torch import nn
 
 from rljob.operator.api.spec import AlgorithmSpec
 from rljob.runtime.algorithms.advantages import group_advantages
+from rljob.runtime.algorithms.logprobs import chunked_logprobs, logprobs_from_logits
 from rljob.runtime.algorithms.losses import LossConfig, LossStats, loss_denominator, loss_mask, policy_loss
+from rljob.runtime.algorithms.lr_schedule import lr_multiplier
 from rljob.runtime.models.loading import is_checkpointing
 from rljob.runtime.models.precision import build_optimizer
-from rljob.runtime.rollout.sample import Group, Sample
+from rljob.runtime.rollout.sample import Group
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class UpdateStats:
+    """One optimizer update of a step: which mini-batch, and how far the policy had moved from π_old."""
+
+    epoch: int
+    mini_batch: int
+    samples: int
+    loss_tokens: int
+    ratio_min: float  # over loss tokens; exactly 1.0 for the step's first update
+    ratio_max: float
+    clip_frac: float
+    approx_kl: float
+    grad_norm: float
 
 
 @dataclass
@@ -55,6 +84,8 @@ class TrainMetrics:
     zero_advantage_groups: int
     optimizer_steps: int
     seconds: float
+    learning_rate: float = 0.0
+    updates: list[UpdateStats] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +100,8 @@ class _TrainItem:
     rollout_logp: list[float]
     stale: list[bool]
     advantage: float
+    old_logp: torch.Tensor | None = None  # π_old of the step, filled before (or by) the first update
+    ref_logp: torch.Tensor | None = None
 
     @property
     def response_length(self) -> int:
@@ -84,7 +117,8 @@ class _MicroBatch:
     stale_mask: torch.Tensor  # [B, R]
     rollout_logp: torch.Tensor  # [B, R]
     advantages: torch.Tensor  # [B]
-    old_logp: torch.Tensor | None = None
+    items: list[_TrainItem]
+    old_logp: torch.Tensor | None = None  # [B, R]; None while π_old is still this pass's own value
     ref_logp: torch.Tensor | None = None
 
 
@@ -102,12 +136,25 @@ def _check_group(group: Group) -> None:
             )
 
 
-def _fully_stale(sample: Sample, policy_version: int) -> bool:
-    return sample.response_length > 0 and all(v < policy_version for v in sample.versions)
+def _separable_head(model: nn.Module) -> tuple[nn.Linear | None, nn.Module | None]:
+    """(output projection, decoder body) of a Hugging Face causal LM whose logits are exactly
+    head(body(ids).last_hidden_state), or (None, None) when the model does more (logit scaling or
+    soft-capping) or exposes neither; such a model is run whole (Trainer._token_stats)."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    get_body = getattr(model, "get_decoder", None)
+    if not callable(get_head) or not callable(get_body):
+        return None, None
+    config = getattr(model, "config", None)
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None) not in (None, 1, 1.0):
+        return None, None
+    head, body = get_head(), get_body()
+    if not isinstance(head, nn.Linear) or body is None or body is model:
+        return None, None
+    return head, body
 
 
 class Trainer:
-    """GRPO/DAPO trainer for a Hugging Face causal LM (anything returning `.logits`)."""
+    """GRPO/DAPO trainer with PPO mini-batches for a Hugging Face causal LM (or anything returning `.logits`)."""
 
     def __init__(
         self,
@@ -115,19 +162,34 @@ class Trainer:
         spec: AlgorithmSpec,
         micro_batch_size: int = 16,
         device: str | torch.device = "cpu",
-        num_mini_batches: int = 1,
+        num_mini_batches: int | None = None,
+        *,
+        temperature: float = 1.0,
+        total_steps: int | None = None,
+        logprob_chunk_tokens: int = 1024,
+        seed: int = 0,
     ) -> None:
-        """num_mini_batches > 1 splits each step's samples into that many optimizer updates
-        (PPO-style); the old log-probs stay fixed at the step start, so ratios then move and the
-        clip becomes active. With 1 the old log-probs equal the current ones (ratio 1)."""
-        if micro_batch_size < 1 or num_mini_batches < 1:
+        """num_mini_batches overrides spec.ppoMiniBatches (optimizer updates per step and epoch);
+        temperature is the rollout temperature the log-probs are taken at; total_steps is the run's
+        length, needed by a cosine learning-rate decay."""
+        mini_batches = spec.ppo_mini_batches if num_mini_batches is None else num_mini_batches
+        if micro_batch_size < 1 or mini_batches < 1:
             raise ValueError("micro_batch_size and num_mini_batches must be >= 1")
+        if temperature <= 0:
+            raise ValueError(f"rollout.temperature must be > 0 for training, got {temperature}")
+        if spec.lr_schedule.decay == "cosine" and not total_steps:
+            raise ValueError("algorithm.lrSchedule.decay cosine needs trainer.steps (total_steps)")
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.spec = spec
         self.config = LossConfig.from_spec(spec)
         self.micro_batch_size = micro_batch_size
-        self.num_mini_batches = num_mini_batches
+        self.num_mini_batches = mini_batches
+        self.epochs = spec.ppo_epochs
+        self.temperature = temperature
+        self.total_steps = total_steps
+        self.logprob_chunk_tokens = logprob_chunk_tokens
+        self.seed = seed
         # bf16 parameters get fp32 master weights and fp32 AdamW state (models/precision.py).
         self.optimizer = build_optimizer(self.model, spec.learning_rate, spec.weight_decay)
         self.ref_model: nn.Module | None = None
@@ -136,17 +198,30 @@ class Trainer:
             self.ref_model.requires_grad_(False)
         self.steps_done = 0
 
+    def learning_rate(self, step: int) -> float:
+        """The rate of 0-based training step `step` under algorithm.lrSchedule."""
+        sched = self.spec.lr_schedule
+        return self.spec.learning_rate * lr_multiplier(
+            step,
+            total_steps=self.total_steps,
+            warmup_steps=sched.warmup_steps,
+            decay=sched.decay,
+            min_ratio=sched.min_lr_ratio,
+        )
+
     # ------------------------------------------------------------------------------------------
     # batch construction
 
     def _items(self, groups: list[Group], policy_version: int) -> tuple[list[_TrainItem], int]:
         items: list[_TrainItem] = []
         zero_groups = 0
-        masking = self.config.off_policy_mode == "mask"
         for group in groups:
             _check_group(group)
-            include = [not (masking and _fully_stale(s, policy_version)) for s in group.samples]
-            advantages = group_advantages(group.rewards(), include)
+            # Every sample's reward is in the baseline, under mask mode too (as slime's
+            # --mask-offpolicy-in-partial-rollout): a resumed group whose other samples finished
+            # rounds ago still gives its fresh straggler a real advantage; only the loss of stale
+            # tokens is masked (losses.loss_mask).
+            advantages = group_advantages(group.rewards())
             zero_groups += all(a == 0.0 for a in advantages)
             for sample, advantage in zip(group.samples, advantages):
                 if sample.response_length == 0:
@@ -172,6 +247,10 @@ class Trainer:
         response_mask = torch.zeros(batch, resp_len)
         stale_mask = torch.zeros(batch, resp_len, dtype=torch.bool)
         rollout_logp = torch.zeros(batch, resp_len)
+        have_old = all(it.old_logp is not None for it in items)
+        have_ref = all(it.ref_logp is not None for it in items)
+        old_logp = torch.zeros(batch, resp_len) if have_old else None
+        ref_logp = torch.zeros(batch, resp_len) if have_ref else None
         for row, it in enumerate(items):
             n, p = it.response_length, it.prompt_length
             input_ids[row, : len(it.input_ids)] = torch.tensor(it.input_ids)
@@ -181,6 +260,10 @@ class Trainer:
             response_mask[row, :n] = 1.0
             stale_mask[row, :n] = torch.tensor(it.stale)
             rollout_logp[row, :n] = torch.tensor(it.rollout_logp)
+            if old_logp is not None:
+                old_logp[row, :n] = it.old_logp
+            if ref_logp is not None:
+                ref_logp[row, :n] = it.ref_logp
         dev = self.device
         return _MicroBatch(
             input_ids=input_ids.to(dev),
@@ -190,6 +273,9 @@ class Trainer:
             stale_mask=stale_mask.to(dev),
             rollout_logp=rollout_logp.to(dev),
             advantages=torch.tensor([it.advantage for it in items], device=dev),
+            items=items,
+            old_logp=old_logp.to(dev) if old_logp is not None else None,
+            ref_logp=ref_logp.to(dev) if ref_logp is not None else None,
         )
 
     def _micro_batches(self, items: list[_TrainItem]) -> list[_MicroBatch]:
@@ -198,99 +284,121 @@ class Trainer:
         size = self.micro_batch_size
         return [self._collate(ordered[i : i + size]) for i in range(0, len(ordered), size)]
 
+    def _mini_batches(self, items: list[_TrainItem], epoch: int) -> list[list[_TrainItem]]:
+        """This epoch's split of the step's samples into optimizer updates (seeded shuffle)."""
+        order = list(range(len(items)))
+        random.Random(f"{self.seed}:{self.steps_done}:{epoch}").shuffle(order)
+        count = max(1, min(self.num_mini_batches, len(items)))
+        # Near-equal sizes: the first len % count mini-batches get one sample more.
+        base, extra = divmod(len(items), count)
+        minis, at = [], 0
+        for m in range(count):
+            size = base + (1 if m < extra else 0)
+            minis.append([items[i] for i in order[at : at + size]])
+            at += size
+        return minis
+
     # ------------------------------------------------------------------------------------------
     # forward passes
 
-    def _response_logits(self, model: nn.Module, mb: _MicroBatch) -> torch.Tensor:
-        logits = model(input_ids=mb.input_ids).logits  # [B, T, V]
-        index = mb.positions.unsqueeze(-1).expand(-1, -1, logits.size(-1))
-        return torch.gather(logits, 1, index).float()  # [B, R, V]
-
-    @staticmethod
-    def _token_logp(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logp_all = torch.log_softmax(logits, dim=-1)
-        logp = torch.gather(logp_all, -1, targets.unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-        return logp, entropy
+    def _token_stats(self, model: nn.Module, mb: _MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-prob, entropy) [B, R] of the response tokens at the rollout temperature; 0 on padding."""
+        mask = mb.response_mask.bool()
+        targets = mb.targets[mask]
+        head, body = _separable_head(model)
+        if head is not None and body is not None:
+            hidden = body(input_ids=mb.input_ids).last_hidden_state  # [B, T, H]
+            index = mb.positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1))
+            response_hidden = torch.gather(hidden, 1, index)[mask]  # [N, H]: response positions only
+            logp, entropy = chunked_logprobs(
+                response_hidden,
+                head.weight,
+                targets,
+                bias=head.bias,
+                temperature=self.temperature,
+                chunk_tokens=self.logprob_chunk_tokens,
+            )
+        else:  # a model whose head cannot be separated: its own logits, reduced in chunks
+            logits = model(input_ids=mb.input_ids).logits
+            index = mb.positions.unsqueeze(-1).expand(-1, -1, logits.size(-1))
+            logp, entropy = logprobs_from_logits(
+                torch.gather(logits, 1, index)[mask], targets, temperature=self.temperature,
+                chunk_tokens=self.logprob_chunk_tokens,
+            )
+        zeros = torch.zeros(mask.shape, dtype=torch.float32, device=logp.device)
+        return zeros.masked_scatter(mask, logp), zeros.masked_scatter(mask, entropy)
 
     @torch.no_grad()
-    def _fill_reference_logps(self, micro_batches: list[_MicroBatch]) -> None:
-        for mb in micro_batches:
-            if self.num_mini_batches > 1:
-                mb.old_logp = self._token_logp(self._response_logits(self.model, mb), mb.targets)[0]
+    def _fill_logps(self, items: list[_TrainItem], *, old: bool) -> None:
+        """Old-policy (and reference-model) log-probs of `items`, before any update of the step."""
+        for mb in self._micro_batches(items):
+            lengths = [it.response_length for it in mb.items]
+            if old:
+                logp = self._token_stats(self.model, mb)[0]
+                for row, (it, n) in enumerate(zip(mb.items, lengths)):
+                    it.old_logp = logp[row, :n].cpu()
             if self.ref_model is not None:
-                mb.ref_logp = self._token_logp(self._response_logits(self.ref_model, mb), mb.targets)[0]
+                ref = self._token_stats(self.ref_model, mb)[0]
+                for row, (it, n) in enumerate(zip(mb.items, lengths)):
+                    it.ref_logp = ref[row, :n].cpu()
 
     # ------------------------------------------------------------------------------------------
     # the step
 
     def train_step(self, groups: list[Group], policy_version: int) -> TrainMetrics:
-        """Train once on finished groups whose tokens carry per-token policy versions."""
+        """Train on finished groups whose tokens carry per-token policy versions: ppoEpochs passes of
+        ppoMiniBatches optimizer updates, all against the log-probs of the step-start policy."""
         start = time.perf_counter()
         items, zero_groups = self._items(groups, policy_version)
         rewards = [r for g in groups for r in g.rewards()]
         # No dropout: old and current log-probs must agree at ratio 1. Transformers checkpoints layers only
         # in train mode, which equals eval mode for the dropout-free models checkpointing accepts.
         self.model.train(is_checkpointing(self.model))
-        micro_batches = self._micro_batches(items) if items else []
-        self._fill_reference_logps(micro_batches)
+        lr = self.learning_rate(self.steps_done)
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = lr
 
+        schedule = [self._mini_batches(items, epoch) for epoch in range(self.epochs)] if items else []
+        # π_old for every sample the first update does not see, computed before that update; the
+        # first update's own forward pass provides the rest (same weights, ratio exactly 1).
+        first = {id(it) for it in schedule[0][0]} if schedule else set()
+        later = [it for it in items if id(it) not in first]
+        if later:
+            self._fill_logps(later, old=True)
+        if self.ref_model is not None and schedule:
+            self._fill_logps([it for it in items if id(it) in first], old=False)
+
+        # Token statistics (entropy, counts, off-policy shares) are those of the first pass, where
+        # every sample is seen once; loss, clip and KL figures cover every update.
         stats = LossStats()
-        grad_norms: list[float] = []
-        chunks = max(1, min(self.num_mini_batches, len(micro_batches)))
-        per_chunk = -(-len(micro_batches) // chunks) if micro_batches else 0
-        for c in range(chunks):
-            mini = micro_batches[c * per_chunk : (c + 1) * per_chunk]
-            if not mini:
-                continue
-            denominator = sum(
-                loss_denominator(loss_mask(mb.response_mask, mb.stale_mask, self.config.off_policy_mode), self.config.aggregation)
-                for mb in mini
-            )
-            trainable = denominator > 0
-            self.optimizer.zero_grad(set_to_none=True)
-            for mb in mini:
-                with torch.set_grad_enabled(trainable):
-                    logits = self._response_logits(self.model, mb)
-                    logp, entropy = self._token_logp(logits, mb.targets)
-                    # One update per step: the old policy IS the current one, so its log-probs are
-                    # this pass's values without grad (saves a forward pass over the batch).
-                    old_logp = mb.old_logp if mb.old_logp is not None else logp.detach()
-                    loss, mb_stats = policy_loss(
-                        logp=logp,
-                        old_logp=old_logp,
-                        rollout_logp=mb.rollout_logp,
-                        advantages=mb.advantages,
-                        response_mask=mb.response_mask,
-                        stale_mask=mb.stale_mask,
-                        config=self.config,
-                        entropy=entropy if self.config.entropy_coef > 0 else entropy.detach(),
-                        ref_logp=mb.ref_logp,
-                        denominator=denominator,
-                    )
-                    if trainable:
-                        loss.backward()
-                stats = stats + mb_stats
-            if not trainable:
-                continue  # every token masked: AdamW must not decay the weights or coast on momentum
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.max_grad_norm)
-            grad_norms.append(float(norm))
-            self.optimizer.step()
+        all_stats = LossStats()
+        updates: list[UpdateStats] = []
+        for epoch, minis in enumerate(schedule):
+            for index, mini in enumerate(minis):
+                update = self._update(mini, epoch, index)
+                if update is not None:
+                    all_stats = all_stats + update[0]
+                    if epoch == 0:
+                        stats = stats + update[0]
+                    updates.append(update[1])
         self.optimizer.zero_grad(set_to_none=True)
         self.steps_done += 1
 
         summary = stats.summary()
-        # pg_loss/loss are sums of globally-normalised parts: average over the optimizer updates.
-        updates = max(len(grad_norms), 1)
+        trained = [u for u in updates if u.grad_norm >= 0]
+        n_updates = max(len(trained), 1)
+        loss_tokens = max(sum(u.loss_tokens for u in updates), 1)
         metrics = TrainMetrics(
             policy_version=policy_version,
-            loss=summary["loss"] / updates,
-            pg_loss=summary["pg_loss"] / updates,
+            # pg_loss/loss are sums of per-update, globally-normalised parts: mean over updates.
+            loss=all_stats.loss / max(len(updates), 1),
+            pg_loss=all_stats.pg_loss / max(len(updates), 1),
             entropy=summary["entropy"],
             kl=summary["kl"],
-            approx_kl=summary["approx_kl"],
-            clip_frac=summary["clip_frac"],
-            grad_norm=sum(grad_norms) / updates,
+            # Over every update: how far the policy moved from π_old and how often the clip acted.
+            approx_kl=sum(u.approx_kl * u.loss_tokens for u in updates) / loss_tokens,
+            clip_frac=sum(u.clip_frac * u.loss_tokens for u in updates) / loss_tokens,
+            grad_norm=sum(u.grad_norm for u in trained) / n_updates,
             tokens=int(stats.response_tokens),
             loss_tokens=int(stats.loss_tokens),
             samples=len(items),
@@ -301,11 +409,77 @@ class Trainer:
             tis_clip_frac=summary["tis_clip_frac"],
             reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
             zero_advantage_groups=zero_groups,
-            optimizer_steps=len(grad_norms),
+            optimizer_steps=len(trained),
             seconds=time.perf_counter() - start,
+            learning_rate=lr,
+            updates=updates,
         )
         log.debug("train step %d: %s", self.steps_done, metrics)
         return metrics
+
+    def _update(self, mini: list[_TrainItem], epoch: int, index: int) -> tuple[LossStats, UpdateStats] | None:
+        """One optimizer update on one mini-batch (gradient accumulated over its micro-batches).
+
+        Returns None for an empty mini-batch; an all-masked one is not stepped (grad_norm -1):
+        AdamW must not decay the weights or coast on momentum without a gradient.
+        """
+        micro_batches = self._micro_batches(mini)
+        if not micro_batches:
+            return None
+        mode, aggregation = self.config.off_policy_mode, self.config.aggregation
+        denominator = sum(
+            loss_denominator(loss_mask(mb.response_mask, mb.stale_mask, mode), aggregation) for mb in micro_batches
+        )
+        trainable = denominator > 0
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = LossStats()
+        ratio_min, ratio_max = float("inf"), float("-inf")
+        for mb in micro_batches:
+            with torch.set_grad_enabled(trainable):
+                logp, entropy = self._token_stats(self.model, mb)
+                old_logp = mb.old_logp
+                if old_logp is None:
+                    # The step's first update: these weights ARE π_old. Keep the values for the
+                    # later epochs and for TIS, which weighs rollout against π_old.
+                    old_logp = logp.detach()
+                    for row, it in enumerate(mb.items):
+                        it.old_logp = old_logp[row, : it.response_length].cpu()
+                loss, mb_stats = policy_loss(
+                    logp=logp,
+                    old_logp=old_logp,
+                    rollout_logp=mb.rollout_logp,
+                    advantages=mb.advantages,
+                    response_mask=mb.response_mask,
+                    stale_mask=mb.stale_mask,
+                    config=self.config,
+                    entropy=entropy if self.config.entropy_coef > 0 else entropy.detach(),
+                    ref_logp=mb.ref_logp,
+                    denominator=denominator,
+                )
+                if trainable:
+                    loss.backward()
+            in_loss = loss_mask(mb.response_mask, mb.stale_mask, mode).bool()
+            if bool(in_loss.any()):
+                ratio = torch.exp(logp.detach() - old_logp)[in_loss]
+                ratio_min, ratio_max = min(ratio_min, float(ratio.min())), max(ratio_max, float(ratio.max()))
+            stats = stats + mb_stats
+        grad_norm = -1.0
+        if trainable:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.max_grad_norm))
+            self.optimizer.step()
+        summary = stats.summary()
+        no_tokens = ratio_min == float("inf")
+        return stats, UpdateStats(
+            epoch=epoch,
+            mini_batch=index,
+            samples=len(mini),
+            loss_tokens=int(stats.loss_tokens),
+            ratio_min=1.0 if no_tokens else ratio_min,
+            ratio_max=1.0 if no_tokens else ratio_max,
+            clip_frac=summary["clip_frac"],
+            approx_kl=summary["approx_kl"],
+            grad_norm=grad_norm,
+        )
 
     # ------------------------------------------------------------------------------------------
     # checkpoints

@@ -131,10 +131,52 @@ class DataSpec(ApiModel):
         return self.jsonl or self.parquet
 
 
-class RewardSpec(ApiModel):
-    """Reward function. `math-answer`: 1 if the final answer matches exactly, else 0."""
+class OverlongPunishmentSpec(ApiModel):
+    """DAPO soft overlong punishment: a length penalty over the last bufferTokens of the response cap.
 
-    type: Literal["math-answer"] = "math-answer"
+    With cap L = rollout.maxResponseLength and buffer B, a response of length n gets
+    0 for n <= L - B, (L - B - n) / B * penaltyFactor inside the buffer, and -penaltyFactor
+    beyond L (DAPO, arXiv 2503.14476, eq. 13). The penalty is added to the reward.
+    """
+
+    buffer_tokens: int = Field(gt=0, description="Length of the punishment interval before the response cap.")
+    penalty_factor: float = Field(default=1.0, gt=0, description="Penalty at the cap (the slope's end point).")
+
+
+class RewardSpec(ApiModel):
+    """Reward function.
+
+    `math-answer`: 1 when the final answer equals the reference (exactly, or mathematically equivalent
+    per the math-verify package: `\\frac{1}{2}` = `0.5`), else 0. `python`: a user function,
+    `function: "module:callable"`, importable by the runtime (see docs/rewards.md).
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra=cel("self.type != 'python' || has(self.function)", "function is required when type is python")
+    )
+
+    type: Literal["math-answer", "python"] = "math-answer"
+    function: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$",
+        description="type python: the reward callable as module:callable (sync or async).",
+    )
+    batched: bool = Field(
+        default=False,
+        description="type python: call the function once per group with a list of inputs (returns a list).",
+    )
+    timeout_seconds: float = Field(
+        default=60.0, gt=0, description="type python: a call that takes longer fails the job with an error."
+    )
+    overlong_punishment: OverlongPunishmentSpec | None = Field(
+        default=None, description="DAPO soft overlong punishment added to the reward; unset: off."
+    )
+
+    @model_validator(mode="after")
+    def _python_needs_function(self) -> RewardSpec:
+        if self.type == "python" and self.function is None:
+            raise ValueError("function is required when type is python (module:callable)")
+        return self
 
 
 # ----------------------------------------------------------------------------------------------
@@ -150,6 +192,15 @@ class OffPolicySpec(ApiModel):
         "tis: truncated importance sampling against the rollout log-probs.",
     )
     tis_clip: float = Field(default=2.0, gt=0, description="Upper clip C of the TIS weight.")
+
+
+class LrScheduleSpec(ApiModel):
+    """Learning-rate schedule over the training steps (rollout rounds): linear warm-up, then constant
+    or cosine decay to minLrRatio x learningRate at trainer.steps."""
+
+    warmup_steps: int = Field(default=0, ge=0, description="Steps of linear warm-up from 0 to learningRate.")
+    decay: Literal["constant", "cosine"] = Field(default="constant", description="Shape after the warm-up.")
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, description="cosine: final learning rate / learningRate.")
 
 
 class AlgorithmSpec(ApiModel):
@@ -169,6 +220,16 @@ class AlgorithmSpec(ApiModel):
         default=None, description="DAPO filter: drop groups whose rewards all agree. Defaults to true for dapo."
     )
     off_policy: OffPolicySpec = Field(default_factory=OffPolicySpec)
+    ppo_mini_batches: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Optimizer steps per rollout batch: the batch is split into this many mini-batches. "
+        "With more than one (or ppoEpochs > 1) the PPO ratio against the batch-start policy moves and the "
+        "clip acts.",
+    )
+    ppo_epochs: int = Field(default=1, ge=1, le=64, description="Passes over each rollout batch.")
+    lr_schedule: LrScheduleSpec = Field(default_factory=LrScheduleSpec)
 
     @property
     def effective_clip_high(self) -> float:
@@ -353,6 +414,12 @@ class TrainerSpec(ApiModel):
 
     steps: int = Field(default=20, gt=0, description="Optimizer steps (one per rollout round).")
     micro_batch_size: int = Field(default=16, gt=0, description="Samples per forward/backward pass.")
+    logprob_chunk_tokens: int = Field(
+        default=1024,
+        gt=0,
+        description="Response tokens whose logits are materialised at once when computing log-probs and "
+        "entropy (memory is chunk x vocabulary floats, recomputed in the backward pass).",
+    )
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16"] = Field(
         default="float32",

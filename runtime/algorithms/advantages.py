@@ -20,10 +20,11 @@ def group_advantages(
 ) -> list[float]:
     """(r - mean) / (std + eps) over the included samples; excluded samples get advantage 0.
 
-    `include` lets the caller leave samples out of the group statistics: with off-policy mode
-    `mask`, a sample whose every token is stale has no token in the loss, so letting its reward
-    shift the group mean would change the other samples' advantages for nothing trained. With
-    fewer than two included samples every advantage is 0 (no baseline to compare against).
+    `include` lets a caller leave samples out of the group statistics. The trainer does not: under
+    off-policy mode `mask` too, every sample's reward stays in the baseline and only the loss of
+    stale tokens is masked, because dropping the stale samples of a resumed group (often all but its
+    one straggler) would zero the straggler's advantage and bias training against long answers.
+    With fewer than two included samples every advantage is 0 (no baseline to compare against).
     """
     flags = list(include) if include is not None else [True] * len(rewards)
     if len(flags) != len(rewards):

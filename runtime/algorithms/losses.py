@@ -13,9 +13,11 @@ accumulation over micro-batches gives exactly the full-batch loss.
 
 Off-policy modes (tokens whose policy version is older than the current one are "stale"):
 - `keep`: every response token is in the loss; the old log-probs are the trainer's own
-  recomputation at the start of the step, so the ratio starts at 1 (APRIL paper default).
-- `mask`: stale tokens get loss-mask 0; the trainer also leaves fully-masked samples out of
-  the group advantage statistics (see advantages.group_advantages).
+  recomputation at the start of the step, so the ratio starts at 1 (APRIL paper default) and
+  moves from the second PPO mini-batch on.
+- `mask`: stale tokens get loss-mask 0 (slime's --mask-offpolicy-in-partial-rollout). Every
+  sample's reward still enters the group baseline (the trainer computes advantages over the whole
+  group), so a resumed group's fresh straggler keeps a real advantage.
 - `tis`: each token's loss is multiplied by w = min(exp(logp_old_train - logp_rollout), C),
   with no gradient through w (truncated importance sampling against the behaviour policy).
 """

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -41,7 +41,13 @@ class PromptSource(Protocol):
 
 
 ScoreFn = Callable[[Sample], float]
+# Rewards of some finished samples of one group, in their order; may call user code (async, batched).
+GroupScorer = Callable[[Group, list[Sample]], Awaitable[list[float]]]
 GroupFilter = Callable[[Group], bool]
+
+
+class StaleEnginesError(RuntimeError):
+    """Every usable engine serves weights older than the staleness bound allows this round."""
 
 
 @dataclass
@@ -92,6 +98,7 @@ class RoundStats:
     cap_hit_samples: int = 0  # finished with `length` at max_response_length
     resumed_samples: int = 0  # launched with a non-empty partial response
     regenerated_samples: int = 0  # thrown back to their prompt by the staleness bound
+    stale_at_acceptance_samples: int = 0  # of those, caught when their group was about to be accepted
     discarded_stale_tokens: int = 0  # their responses, dropped so they are never trained stale
     resumed_prefix_tokens: int = 0  # re-prefilled partial tokens (hidden cost of resuming)
     fork_off_policy_tokens: int = 0  # APRIL-fork counter: previous-segment tokens of resumed samples
@@ -139,18 +146,24 @@ class RolloutScheduler:
         config: RolloutConfig,
         strategy: Strategy,
         prompts: PromptSource,
-        score: ScoreFn,
+        score: ScoreFn | None,
         truncation: TruncationPolicy | None = None,
         group_filter: GroupFilter | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        scorer: GroupScorer | None = None,
     ) -> None:
+        """`score` rewards one sample synchronously; `scorer`, when given, replaces it and rewards
+        a group's finished samples at once (the job's reward: async, batched, user code)."""
         if not engines:
             raise ValueError("the rollout scheduler needs at least one engine")
+        if score is None and scorer is None:
+            raise ValueError("the rollout scheduler needs a score function or a scorer")
         self.engines = list(engines)
         self.config = config
         self.strategy = strategy
         self.prompts = prompts
         self.score = score
+        self.scorer = scorer
         self.truncation = truncation or TruncationPolicy()
         self.group_filter = group_filter
         self.clock = clock
@@ -160,6 +173,7 @@ class RolloutScheduler:
         self._group_counter = 0
         self._assigned = [0] * len(self.engines)  # groups in flight per engine
         self._unhealthy: set[int] = set()
+        self._lagging: set[int] = set()  # engines that served over-stale weights this round
 
     # ------------------------------------------------------------------ state
 
@@ -184,6 +198,7 @@ class RolloutScheduler:
         """Collect `batch_size` groups generated (at least partly) by `policy_version`."""
         cfg = self.config
         self._round += 1
+        self._lagging.clear()  # weights were synced since: every engine gets a new chance
         stats = RoundStats(
             round_index=self._round,
             policy_version=policy_version,
@@ -198,7 +213,7 @@ class RolloutScheduler:
         tasks: dict[asyncio.Task[bool], tuple[Group, int]] = {}
         accepted: list[Group] = []
         to_buffer: list[Group] = []  # segment-cut, surplus and in-flight-at-abort groups
-        retry: list[Group] = []  # groups whose engine failed: relaunched at once elsewhere
+        retry: list[Group] = []  # engine failed, or over-stale at acceptance: relaunched at once elsewhere
 
         # Finished group tasks arrive on a queue: waiting on it is O(1) per group, where
         # asyncio.wait over every task in flight would be O(in-flight) per wake-up.
@@ -243,6 +258,8 @@ class RolloutScheduler:
                     # An engine failure is retried now on a healthy engine; a segment cut waits
                     # for the next round, or truncation would not shorten this one.
                     (retry if engine_failed else to_buffer).append(group)
+                elif self._regenerate_over_stale(group, policy_version, stats, engine_idx):
+                    retry.append(group)  # its fresh samples keep their tokens; the reset ones start over
                 elif self.group_filter is not None and not self.group_filter(group):
                     stats.dropped_groups += 1
                     stats.wasted_tokens += sum(s.response_length for s in group.samples)
@@ -288,6 +305,29 @@ class RolloutScheduler:
         floor = math.ceil(self.config.max_response_length / (self.config.max_staleness + 1))
         return max(cap, floor)
 
+    def _regenerate_over_stale(self, group: Group, policy_version: int, stats: RoundStats, engine_idx: int) -> bool:
+        """Staleness bound at acceptance: reset the samples with tokens older than maxStaleness.
+
+        The bound is applied when a group leaves the buffer too, but an engine that missed weight
+        syncs stamps this round's tokens with its old version; such tokens must never be trained.
+        The engine is left out of this round's rotation (its weights cannot change before the next
+        sync). Returns True when the group has to be generated again.
+        """
+        over = [s for s in group.samples if s.staleness(policy_version) > self.config.max_staleness]
+        if not over:
+            return False
+        for sample in over:
+            stats.discarded_stale_tokens += sample.response_length
+            sample.reset()
+        stats.regenerated_samples += len(over)
+        stats.stale_at_acceptance_samples += len(over)
+        self._lagging.add(engine_idx)
+        log.warning(
+            "engine %s served weights more than maxStaleness=%d versions behind %d: %d samples of %s regenerated",
+            self.engines[engine_idx].name, self.config.max_staleness, policy_version, len(over), group.group_id,
+        )
+        return True
+
     def _next_group(self, policy_version: int, stats: RoundStats) -> Group:
         """Oldest buffered group first (staleness bound applied), else a fresh prompt."""
         group = self.buffer.pop_oldest()
@@ -326,7 +366,25 @@ class RolloutScheduler:
         failed = await asyncio.gather(
             *(self._run_sample(s, engine_idx, version, cap, stats, aborting) for s in group.samples)
         )
+        # Rewards once per group (batched reward functions need the group). Not while aborting:
+        # a group that will be buffered must not hold up the drain (slow judges, APRIL pitfall 5);
+        # its finished samples are rewarded when the group comes back.
+        if not aborting.is_set():
+            await self._reward(group)
         return any(failed)
+
+    async def _reward(self, group: Group) -> None:
+        """Reward the finished, not yet rewarded samples of `group`."""
+        pending = [s for s in group.samples if s.status.finished and s.reward is None]
+        if not pending:
+            return
+        if self.scorer is not None:
+            rewards = await self.scorer(group, pending)
+        else:
+            assert self.score is not None  # __init__ requires one of the two
+            rewards = [self.score(s) for s in pending]
+        for sample, reward in zip(pending, rewards, strict=True):
+            sample.reward = float(reward)
 
     async def _run_sample(
         self,
@@ -344,7 +402,6 @@ class RolloutScheduler:
         budget = cfg.max_response_length - sample.response_length
         if budget <= 0:  # resumed exactly at the cap: finished without a request, still rewarded
             sample.status = SampleStatus.TRUNCATED
-            sample.reward = self.score(sample)
             return False
         if aborting.is_set():
             return False
@@ -396,7 +453,6 @@ class RolloutScheduler:
             sample.status = SampleStatus.ABORTED
             return False
         self.truncation.observe(sample.response_length)
-        sample.reward = self.score(sample)
         return False
 
     async def _pick_engine(self, stats: RoundStats) -> int:
@@ -407,9 +463,14 @@ class RolloutScheduler:
                 if await self._probe(idx):
                     log.info("engine %s is healthy again", self.engines[idx].name)
                     self._unhealthy.discard(idx)
-            healthy = [i for i in range(len(self.engines)) if i not in self._unhealthy]
+            healthy = [i for i in range(len(self.engines)) if i not in self._unhealthy and i not in self._lagging]
             if healthy:
                 return min(healthy, key=lambda i: self._assigned[i])
+            if not self._unhealthy:
+                raise StaleEnginesError(
+                    f"every engine serves weights more than rollout.partial.maxStaleness="
+                    f"{self.config.max_staleness} versions old; check the weight sync to the engines"
+                )
             log.error("no healthy engine; retrying in %.1fs (check the inference workers)", delay)
             self.progress.phase = "waiting for engines"
             await asyncio.sleep(delay)

@@ -195,3 +195,22 @@ def test_dynamic_sampling_keeps_only_groups_with_disagreeing_rewards() -> None:
     assert not dynamic_sampling_keep([1.0, 1.0, 1.0])
     assert not dynamic_sampling_keep([0.0, 0.0])
     assert not dynamic_sampling_keep([])
+
+
+def test_clipped_tokens_get_no_gradient_in_the_clipped_direction() -> None:
+    # PPO: for A > 0 the objective stops rewarding r beyond 1 + ε_high, for A < 0 below 1 - ε_low;
+    # on the other side of 1 the unclipped branch wins and the gradient stays.
+    eps_low, eps_high = 0.2, 0.28
+    ratios = torch.tensor([1.5, 1.1, 0.5, 0.5, 0.9, 1.5])
+    advantages = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, -1.0])
+    old_logp = torch.full((6,), -1.0)
+    logp = (old_logp + ratios.log()).requires_grad_(True)
+    loss, clipped = clipped_pg_loss(logp, old_logp, advantages, eps_low, eps_high)
+    loss.sum().backward()
+    assert clipped.tolist() == [True, False, False, True, False, False]
+    grad = logp.grad
+    assert grad is not None
+    assert grad[0] == 0.0 and grad[3] == 0.0  # clipped: no push further in the clipped direction
+    # d(-A·r)/d logp = -A·r where the unclipped branch wins (inside the band or on the far side).
+    for i in (1, 2, 4, 5):
+        assert float(grad[i]) == pytest.approx(float(-advantages[i] * ratios[i]), rel=1e-6)

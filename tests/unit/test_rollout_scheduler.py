@@ -233,3 +233,51 @@ async def test_unservable_request_fails_fast_instead_of_retrying(engine):
     scheduler.config.max_response_length = 10_000  # beyond the tiny model's 512-token context
     with pytest.raises(InvalidRequestError, match="maxResponseLength"):
         await asyncio.wait_for(scheduler.run_round(0), timeout=30)
+
+
+async def test_staleness_bound_is_enforced_at_acceptance():
+    # Engine 0 missed every weight sync: it still serves version 0 while the policy is at 5. Its
+    # groups finish inside this round, so the buffer-side check never sees them; acceptance must.
+    lagging = RecordingEngine(build_tiny_model(seed=1), max_batch_size=32, seed=0)
+    current = RecordingEngine(build_tiny_model(seed=1), max_batch_size=32, seed=1)
+    for e in (lagging, current):
+        await e.start()
+    try:
+        await current.update_weights(WeightUpdate(version=5, module=current.model))
+        scheduler = make_scheduler(Strategy(), [lagging, current], batch=4, staleness=2)
+        result = await scheduler.run_round(5)
+        for g in result.groups:
+            for s in g.samples:
+                assert s.status.finished and s.reward is not None
+                assert set(s.versions) <= {5}, f"trained tokens of versions {set(s.versions)} at 5"
+        # Sync strategy, least-loaded placement: groups 1 and 3 of 4 went to the lagging engine.
+        assert result.stats.stale_at_acceptance_samples == 2 * 3
+        assert result.stats.regenerated_samples == 2 * 3 and result.stats.discarded_stale_tokens > 0
+        assert len(lagging.requests) == 2 * 3, "a group was sent back to the lagging engine"
+    finally:
+        for e in (lagging, current):
+            await e.close()
+
+
+async def test_only_lagging_engines_fail_the_round_with_a_clear_error(engine):
+    import asyncio
+
+    from rljob.runtime.rollout.scheduler import StaleEnginesError
+
+    scheduler = make_scheduler(Strategy(), [engine], batch=2, staleness=1)  # engine at version 0
+    with pytest.raises(StaleEnginesError, match="maxStaleness=1"):
+        await asyncio.wait_for(scheduler.run_round(3), timeout=60)
+
+
+async def test_group_scorer_rewards_whole_groups(engine):
+    calls: list[tuple[str, int]] = []
+
+    async def scorer(group: Group, samples: list) -> list[float]:
+        calls.append((group.group_id, len(samples)))
+        return [float(s.index) for s in samples]
+
+    scheduler = make_scheduler(Strategy(), [engine], batch=3)
+    scheduler.scorer = scorer
+    result = await scheduler.run_round(0)
+    assert sorted(calls) == sorted((g.group_id, 3) for g in result.groups)
+    assert all(s.reward == float(s.index) for g in result.groups for s in g.samples)

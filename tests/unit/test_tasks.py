@@ -9,7 +9,7 @@ import pytest
 
 from rljob.operator.api.spec import DataSpec, RewardSpec
 from rljob.runtime.tasks.dataset import DataExhausted, DataRow, PromptStream, load_jsonl_records
-from rljob.runtime.tasks.reward import build_reward, extract_answer, math_answer_reward, normalize_answer
+from rljob.runtime.tasks.reward import RewardInput, build_reward, extract_answer, math_answer_reward, normalize_answer
 from rljob.runtime.tasks.synthetic import ArithChainTask, solve
 from rljob.runtime.tasks.tokenizer import CharTokenizer, HFTokenizer, TaskTokenizer, load_tokenizer
 
@@ -127,13 +127,13 @@ def test_normalize_answer(raw: str, normal: str) -> None:
     assert normalize_answer(raw) == normal
 
 
-def test_math_answer_reward_is_exact_match() -> None:
+async def test_math_answer_reward_matches_final_answers() -> None:
     assert math_answer_reward("016 009 002 #### 2", "2") == 1.0
     assert math_answer_reward("016 009 003 #### 3", "2") == 0.0
     assert math_answer_reward("The total is \\boxed{1,000}", "1000.0") == 1.0
     assert math_answer_reward("Natalia sold 72 clips", "She sold 48 + 24 = 72 clips.\n#### 72") == 1.0
     assert math_answer_reward("", "2") == 0.0
-    assert build_reward(RewardSpec()) is math_answer_reward
+    assert await build_reward(RewardSpec()).score([RewardInput(prompt="", response="#### 2", answer="2")]) == [1.0]
 
 
 # ---------------------------------------------------------------------------------------------- dataset

@@ -10,6 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rljob.operator.api.spec import AlgorithmSpec
+from rljob.runtime.algorithms.advantages import group_advantages
 from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
 from rljob.runtime.tasks.tokenizer import CharTokenizer
 from rljob.runtime.trainer import Trainer
@@ -36,17 +37,25 @@ def _model(seed: int = 0) -> LlamaForCausalLM:
 
 
 @torch.no_grad()
-def _response_logp(model: torch.nn.Module, response: str) -> list[float]:
+def _response_logp(model: torch.nn.Module, response: str, temperature: float = 1.0) -> list[float]:
+    """Naive reference: the full logits of the sequence, log-softmax at the temperature."""
     prompt = TOK.encode_prompt(PROMPT)
     ids = [*prompt, *TOK.encode(response), TOK.eos_token_id]
-    logits = model(input_ids=torch.tensor([ids])).logits[0, len(prompt) - 1 : -1]
+    logits = model(input_ids=torch.tensor([ids])).logits[0, len(prompt) - 1 : -1] / temperature
     targets = torch.tensor(ids[len(prompt) :])
     return torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1).tolist()
 
 
-def _sample(model: torch.nn.Module, index: int, response: str, reward: float, versions: list[int] | None = None) -> Sample:
+def _sample(
+    model: torch.nn.Module,
+    index: int,
+    response: str,
+    reward: float,
+    versions: list[int] | None = None,
+    temperature: float = 1.0,
+) -> Sample:
     ids = [*TOK.encode(response), TOK.eos_token_id]
-    logprobs = _response_logp(model, response)
+    logprobs = _response_logp(model, response, temperature)
     return Sample(
         group_id="g0",
         index=index,
@@ -60,9 +69,10 @@ def _sample(model: torch.nn.Module, index: int, response: str, reward: float, ve
     )
 
 
-def _group(model: torch.nn.Module, versions: list[int] | None = None) -> Group:
+def _group(model: torch.nn.Module, versions: list[int] | None = None, temperature: float = 1.0) -> Group:
     samples = [
-        _sample(model, i, GOOD if i % 2 == 0 else BAD, 1.0 if i % 2 == 0 else 0.0, versions) for i in range(4)
+        _sample(model, i, GOOD if i % 2 == 0 else BAD, 1.0 if i % 2 == 0 else 0.0, versions, temperature)
+        for i in range(4)
     ]
     return Group(group_id="g0", prompt_text=PROMPT, samples=samples)
 
@@ -106,7 +116,28 @@ def test_mask_mode_does_not_train_on_fully_stale_groups() -> None:
     metrics = trainer.train_step([_group(model)], policy_version=3)  # every token has version 0 < 3
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert metrics.masked_token_share == 1.0 and metrics.off_policy_token_ratio == 1.0
-    assert metrics.loss_tokens == 0 and metrics.zero_advantage_groups == 1
+    # The rewards still form the baseline (advantages are not zero); only the loss is masked.
+    assert metrics.loss_tokens == 0 and metrics.zero_advantage_groups == 0 and metrics.optimizer_steps == 0
+
+
+def test_mask_mode_keeps_the_full_group_baseline() -> None:
+    # A typical resumed group: three samples finished in an earlier round (stale), one straggler
+    # finished now. Its advantage must come from the whole group's rewards, as in slime's
+    # --mask-offpolicy-in-partial-rollout; leaving the stale samples out would make it 0.
+    model = _model()
+    trainer = Trainer(model, AlgorithmSpec(learning_rate=1e-2, off_policy={"mode": "mask"}), micro_batch_size=4)
+    group = _group(model)  # rewards 1, 0, 1, 0
+    for sample in group.samples[1:]:
+        sample.versions = [0] * sample.response_length
+    group.samples[0].versions = [1] * group.samples[0].response_length
+    good_before = sum(_response_logp(model, GOOD))
+    metrics = trainer.train_step([group], policy_version=1)
+    expected_advantage = group_advantages(group.rewards())[0]
+    assert expected_advantage > 0.8
+    # grpo aggregation, one sequence in the loss, ratio 1: pg_loss = -A of the straggler.
+    assert metrics.pg_loss == pytest.approx(-expected_advantage, rel=1e-6)
+    assert metrics.loss_tokens == group.samples[0].response_length and metrics.zero_advantage_groups == 0
+    assert sum(_response_logp(model, GOOD)) > good_before
 
 
 def test_keep_mode_trains_on_stale_tokens_and_reports_their_share() -> None:
@@ -152,10 +183,73 @@ def test_kl_reference_model_only_with_kl_coef() -> None:
 
 def test_mini_batches_move_the_ratio_and_activate_the_clip() -> None:
     model = _model()
-    trainer = Trainer(model, AlgorithmSpec(learning_rate=5e-2, clip_low=0.01), micro_batch_size=2, num_mini_batches=2)
+    spec = AlgorithmSpec(learning_rate=5e-2, clip_low=0.01, ppo_mini_batches=4)
+    trainer = Trainer(model, spec, micro_batch_size=2)
     metrics = trainer.train_step([_group(model), _group(model)], policy_version=0)
-    assert metrics.optimizer_steps == 2
+    assert metrics.optimizer_steps == 4 and [u.mini_batch for u in metrics.updates] == [0, 1, 2, 3]
+    assert [u.samples for u in metrics.updates] == [2, 2, 2, 2]
+    # First update: the weights are π_old, so the ratio is exactly 1 and nothing is clipped.
+    first = metrics.updates[0]
+    assert first.ratio_min == 1.0 and first.ratio_max == 1.0 and first.clip_frac == 0.0 and first.approx_kl == 0.0
+    # Later updates see the moved policy against the same π_old: the ratio leaves 1 and the clip acts.
+    for later in metrics.updates[1:]:
+        assert later.ratio_min != 1.0 or later.ratio_max != 1.0
+    assert max(u.clip_frac for u in metrics.updates[1:]) > 0
     assert metrics.approx_kl > 0 and metrics.clip_frac > 0
+
+
+def test_old_policy_is_the_step_start_policy_across_epochs() -> None:
+    # One mini-batch, two epochs: the second pass over the same samples measures the ratio
+    # against the step-start log-probs, which a recomputation per update would reset to 1.
+    model = _model()
+    trainer = Trainer(model, AlgorithmSpec(learning_rate=2e-2, ppo_epochs=2), micro_batch_size=4)
+    metrics = trainer.train_step([_group(model)], policy_version=0)
+    assert [(u.epoch, u.mini_batch) for u in metrics.updates] == [(0, 0), (1, 0)]
+    assert metrics.updates[0].ratio_min == 1.0 == metrics.updates[0].ratio_max
+    assert metrics.updates[1].approx_kl > 0
+    assert metrics.tokens == 2 * (len(GOOD) + 1) + 2 * (len(BAD) + 1)  # counted once, not per epoch
+
+
+def test_tis_weighs_rollout_against_the_step_start_policy_with_mini_batches() -> None:
+    # Rollout log-probs equal the step-start policy: every TIS weight is 1 in every update, even
+    # though the PPO ratio moves (TIS corrects rollout vs π_old, not π vs π_old).
+    model = _model()
+    spec = AlgorithmSpec(learning_rate=5e-2, ppo_mini_batches=2, off_policy={"mode": "tis"})
+    metrics = Trainer(model, spec, micro_batch_size=2).train_step([_group(model), _group(model)], policy_version=0)
+    assert metrics.optimizer_steps == 2 and metrics.updates[1].approx_kl > 0
+    assert metrics.tis_weight_mean == pytest.approx(1.0, abs=1e-5)
+
+
+def test_log_probs_are_taken_at_the_rollout_temperature() -> None:
+    model = _model()
+    temperature = 0.6
+    group = _group(model, temperature=temperature)  # the engine's log-probs at T = 0.6
+    spec = AlgorithmSpec(off_policy={"mode": "tis", "tis_clip": 100.0})  # no truncation of w
+    at_t = Trainer(copy.deepcopy(model), spec, micro_batch_size=4, temperature=temperature).train_step(
+        [group], policy_version=0
+    )
+    # The trainer's π_old at T reproduces the rollout log-probs: w = exp(old - rollout) = 1.
+    assert at_t.tis_weight_mean == pytest.approx(1.0, abs=1e-5)
+    at_one = Trainer(copy.deepcopy(model), spec, micro_batch_size=4, temperature=1.0).train_step(
+        [group], policy_version=0
+    )
+    assert abs(at_one.tis_weight_mean - 1.0) > 1e-2
+    # Entropy is that of softmax(logits / T): a lower temperature gives a sharper distribution.
+    assert at_t.entropy < at_one.entropy
+
+
+def test_learning_rate_schedule_is_applied_per_step() -> None:
+    model = _model()
+    spec = AlgorithmSpec(learning_rate=1e-3, lr_schedule={"warmup_steps": 2, "decay": "cosine", "min_lr_ratio": 0.1})
+    trainer = Trainer(model, spec, micro_batch_size=4, total_steps=4)
+    group = _group(model)
+    rates = [trainer.train_step([group], policy_version=v).learning_rate for v in range(4)]
+    assert rates == [trainer.learning_rate(s) for s in range(4)]
+    assert rates[0] == pytest.approx(5e-4) and rates[1] == pytest.approx(1e-3)
+    assert rates[2] == pytest.approx(1e-3) and rates[3] == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
+    assert trainer.optimizer.param_groups[0]["lr"] == rates[3]
+    with pytest.raises(ValueError, match="trainer.steps"):
+        Trainer(_model(), spec, micro_batch_size=4)
 
 
 def test_state_dict_round_trip_restores_model_and_optimizer() -> None:

@@ -15,10 +15,9 @@ not depend on the order in which samples finish, and every strategy sees the sam
 
 from __future__ import annotations
 
+import hashlib
 import math
-import random
-import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 
 from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
@@ -36,16 +35,23 @@ class RewardModel:
     lengths: LengthModel
     quantum: int
     seed: int = 0
+    _pass_rates: dict[int, float] = field(default_factory=dict, init=False, repr=False)
 
     def pass_rate(self, uid: int) -> float:
-        """q_j of prompt `uid`."""
+        """q_j of prompt `uid` (memoised: a pure function of seed and prompt)."""
+        q = self._pass_rates.get(uid)
+        if q is None:
+            q = self._pass_rates[uid] = self._compute_pass_rate(uid)
+        return q
+
+    def _compute_pass_rate(self, uid: int) -> float:
         law, s = self.law, self.law.pass_rate_spread
         p = min(max(law.pass_rate_mean, 1e-9), 1 - 1e-9)
         a = _STD.inv_cdf(p) * math.sqrt(1.0 + s * s)
         sigma_b = self.lengths.law.sigma_between
         u = self.lengths.difficulty(uid) / sigma_b if sigma_b > 0 else 0.0
         rho = law.difficulty_correlation if sigma_b > 0 else 0.0
-        eta = random.Random(zlib.crc32(f"pass:{self.seed}:{uid}".encode())).gauss(0.0, 1.0)
+        eta = _STD.inv_cdf(_uniform(f"pass:{self.seed}:{uid}"))
         return _STD.cdf(a + s * (-rho * u + math.sqrt(1.0 - rho * rho) * eta))
 
     def length_quantile(self, uid: int, tokens: int, version: int) -> float:
@@ -66,8 +72,14 @@ class RewardModel:
         version = sample.versions[-1] if sample.versions else 0
         lam = self.law.length_correlation
         p_correct = (1.0 - lam) * q + lam * (1.0 if self.length_quantile(uid, tokens, version) < q else 0.0)
-        draw = random.Random(zlib.crc32(f"ok:{self.seed}:{sample.group_id}:{sample.index}:{tokens}".encode())).random()
+        draw = _uniform(f"ok:{self.seed}:{sample.group_id}:{sample.index}:{tokens}")
         return 1.0 if draw < p_correct else 0.0
+
+
+def _uniform(key: str) -> float:
+    """A stable uniform in (0, 1) from a key: no RNG object per call, same value in every process."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") + 0.5) / 2**64
 
 
 def dapo_filter(group: Group) -> bool:

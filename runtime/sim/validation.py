@@ -1,6 +1,7 @@
 """Writes the simulator's validation and strategy-comparison data under docs/benchmarks/.
 
     python -m rljob.runtime.sim.validation validate   # APRIL Qwen3-4B gains vs published (pre-registered)
+    python -m rljob.runtime.sim.validation posthoc    # NOT pre-registered: sweeps explaining the gap
     python -m rljob.runtime.sim.validation compare SCENARIO --gpus 8,64,512 [--steps 8]
 
 `validate` runs the pre-registered comparison of calibration.yaml `validation` (slime baseline with
@@ -136,6 +137,40 @@ def sensitivity(seeds: list[int]) -> list[dict]:
     return out
 
 
+def posthoc(seeds: list[int], dataset: str = "dapo-math-17k") -> list[dict]:
+    """NOT pre-registered: sweeps run after seeing the validation, to explain its gap. They change
+    inputs the registration fixed (pass-rate mean, the length-correctness link, the baseline's
+    refill granularity) one at a time on one dataset; nothing here feeds the validation rows.
+    Writes simulator_posthoc_sensitivity.json."""
+    cal = load_calibration()
+    v = cal.validation
+    assert v is not None
+    scenario = _validation_scenario(dataset, v.primary_gpu)
+    reward = cal.rewards[dataset]
+    out: list[dict] = []
+
+    def record(change: str, value: object, sc: Scenario) -> None:
+        figures = _baseline_vs_april(sc, seeds)
+        out.append({"posthoc": True, "change": change, "value": value, "dataset": dataset,
+                    "published_gain_pct": v.published_gain_pct[dataset], **figures})
+        log.warning("post hoc %s=%s on %s: %+.1f %%", change, value, dataset, figures["predicted_gain_pct"])
+        (DOCS / "simulator_posthoc_sensitivity.json").write_text(json.dumps(out, indent=2) + "\n")
+
+    for field, values in (("pass_rate_mean", (0.2, 0.35, 0.5, 0.8, 0.9)), ("length_correlation", (0.0, 1.0)),
+                          ("difficulty_correlation", (0.0, 0.9)), ("pass_rate_spread", (0.0, 0.25))):
+        for value in values:
+            cal.rewards[dataset] = reward.model_copy(update={field: value})
+            try:
+                record(field, value, scenario)
+            finally:
+                cal.rewards[dataset] = reward
+    base, april = scenario.strategies
+    for refill in (None, 0.25):  # one group per rejection (the project's default), chunks of N/4
+        record("baseline_refill_factor", refill if refill is not None else "one per rejection",
+               scenario.model_copy(update={"strategies": [base.model_copy(update={"refill_factor": refill}), april]}))
+    return out
+
+
 def compare(scenario_name: str, gpu_counts: list[int], steps: int | None) -> None:
     """Every strategy of a scenario at each GPU count; merged into simulator_comparison.json."""
     path = DOCS / "simulator_comparison.json"
@@ -187,6 +222,8 @@ def plot_comparison(data: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
+    ph = sub.add_parser("posthoc", help="NOT pre-registered sweeps that explain the validation gap")
+    ph.add_argument("--seeds", default="0,1,2")
     v = sub.add_parser("validate")
     v.add_argument("--seeds", help="comma-separated seeds (default: the pre-registered ones)")
     c = sub.add_parser("compare")
@@ -196,7 +233,9 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     DOCS.mkdir(parents=True, exist_ok=True)
-    if args.cmd == "validate":
+    if args.cmd == "posthoc":
+        posthoc([int(x) for x in args.seeds.split(",")])
+    elif args.cmd == "validate":
         validate([int(s) for s in args.seeds.split(",")] if args.seeds else None)
     else:
         compare(args.scenario, [int(g) for g in args.gpus.split(",")], args.steps)

@@ -25,7 +25,7 @@ from statistics import NormalDist
 
 from rljob.runtime.engines.base import WeightUpdate
 from rljob.runtime.rollout.sample import Group, Sample
-from rljob.runtime.rollout.scheduler import RolloutConfig, RolloutScheduler, RoundResult
+from rljob.runtime.rollout.scheduler import PromptSource, RolloutConfig, RolloutScheduler, RoundResult
 from rljob.runtime.rollout.truncation import TruncationPolicy
 from rljob.runtime.sim.engine import ResponseOracle, SimEngine
 from rljob.runtime.sim.length_model import LengthModel, SimPrompt, SimPromptSource
@@ -350,13 +350,15 @@ async def _rounds_loop(sim: _Sim) -> None:
 
 
 class _ListSource:
-    """Serves deferred long prompts to a long round."""
+    """Serves deferred long prompts to a long round; once they run out (the DAPO filter rejected
+    some and the round needs replacements), fresh prompts from `fallback`."""
 
-    def __init__(self, prompts: deque[SimPrompt]):
+    def __init__(self, prompts: deque[SimPrompt], fallback: PromptSource):
         self.prompts = prompts
+        self.fallback = fallback
 
     def next_prompt(self) -> SimPrompt:
-        return self.prompts.popleft()
+        return self.prompts.popleft() if self.prompts else self.fallback.next_prompt()  # type: ignore[return-value]
 
 
 class _PredictingSource:
@@ -393,7 +395,7 @@ async def _tail_batching_loop(sim: _Sim) -> None:
     batch = scheduler.config.batch_size
     for step in range(sim.scenario.steps):
         strategy.long_round = len(long_prompts) >= batch
-        scheduler.prompts = _ListSource(long_prompts) if strategy.long_round else short_source
+        scheduler.prompts = _ListSource(long_prompts, short_source) if strategy.long_round else short_source
         result, drafts, tail, spread = await _run_round(sim, step)
         wasted = 0
         while (group := scheduler.buffer.pop_oldest()) is not None:  # deferred, restarted on-policy later

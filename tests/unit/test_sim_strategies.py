@@ -48,6 +48,15 @@ def test_tail_batching_defers_aborted_prompts_to_long_rounds_and_stays_on_policy
     assert all(r.trained_groups == 8 for r in result.records)
 
 
+def test_tail_batching_with_dynamic_sampling_replaces_rejected_long_prompts():
+    # A long round whose deferred prompts were rejected by the filter tops up with fresh prompts.
+    result = run(TailBatchingSpec(kind="tail-batching", over_sampling=1.5, predicted_long_share=0.2), steps=8,
+                 dynamic_sampling=True)
+    assert "long" in [r.round_kind for r in result.records]
+    assert sum(r.dropped_groups for r in result.records) > 0
+    assert all(r.trained_groups == 8 for r in result.records)
+
+
 def test_large_group_splits_one_prompt_across_sub_groups():
     result = run(LargeGroupSpec(kind="large-group", samples_per_prompt=16, samples_per_round_factor=2.0))
     for r in result.records:

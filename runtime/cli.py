@@ -69,13 +69,15 @@ def _step_table(rows: deque[StepRecord]) -> Table:
 def comparison_view(rows: list[dict], ceiling: float, title: str) -> Table:
     """Rich table of a strategy comparison (compare.comparison_table rows) with the ceiling row."""
     table = Table(title=title, header_style="bold")
-    for col in ("strategy", "tokens/s", "round s", "off-policy", "truncation", "× sync", "× ceiling"):
+    for col in ("strategy", "tokens/s", "trained tok/s", "round s", "off-policy", "truncation", "× sync",
+                "trained × sync", "× ceiling"):
         table.add_column(col, justify="right")
     for row in rows:
-        table.add_row(row["strategy"], f"{row['tokens_per_s']:.0f}", f"{row['step_seconds']:.2f}",
-                      f"{row['off_policy_ratio']:.2f}", f"{row['truncation_rate']:.2f}",
-                      f"{row['over_sync']:.2f}", f"{row['over_ceiling']:.2f}")
-    table.add_row("bubble-free ceiling", f"{ceiling:.0f}", "", "", "", "", "1.00")
+        table.add_row(row["strategy"], f"{row['tokens_per_s']:.0f}", f"{row.get('trained_tokens_per_s', 0.0):.0f}",
+                      f"{row['step_seconds']:.2f}", f"{row['off_policy_ratio']:.2f}", f"{row['truncation_rate']:.2f}",
+                      f"{row['over_sync']:.2f}", f"{row.get('trained_over_sync', 0.0):.2f}",
+                      f"{row['over_ceiling']:.2f}")
+    table.add_row("bubble-free ceiling", f"{ceiling:.0f}", "", "", "", "", "", "", "1.00")
     return table
 
 

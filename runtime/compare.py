@@ -42,7 +42,13 @@ class StrategyResult:
 
     @property
     def tokens_per_s(self) -> float:
+        """Every generated token per second of rollout (APRIL's metric)."""
         return self.tokens / self.rollout_seconds if self.rollout_seconds else 0.0
+
+    @property
+    def trained_tokens_per_s(self) -> float:
+        """Response tokens of the returned groups per second of rollout (the honest metric)."""
+        return self.trained_tokens / self.rollout_seconds if self.rollout_seconds else 0.0
 
     @property
     def step_seconds(self) -> float:
@@ -122,12 +128,15 @@ def comparison_table(results: dict[str, StrategyResult], ceiling: float) -> list
             {
                 "strategy": name,
                 "tokens_per_s": r.tokens_per_s,
+                "trained_tokens_per_s": r.trained_tokens_per_s,
                 "step_seconds": r.step_seconds,
                 "off_policy_ratio": r.off_policy_ratio,
                 "truncation_rate": r.truncation_rate,
                 "reward_mean": r.reward_sum / r.samples if r.samples else 0.0,
                 "over_sync": r.tokens_per_s / sync.tokens_per_s if sync and sync.tokens_per_s else 0.0,
                 "over_ceiling": r.tokens_per_s / ceiling if ceiling else 0.0,
+                "trained_over_sync": (r.trained_tokens_per_s / sync.trained_tokens_per_s
+                                      if sync and sync.trained_tokens_per_s else 0.0),
             }
         )
     return rows

@@ -2,8 +2,9 @@
 
 The same code drives every engine (embedded, SGLang over HTTP, the simulator's virtual
 engines) and every strategy (strategy.py). Invariant: every generated token ends up either in a
-returned group or in the partial buffer; only groups rejected by the dynamic-sampling filter are
-discarded, and their tokens are counted as wasted.
+returned group or in the partial buffer, except groups rejected by the dynamic-sampling filter
+(counted as wasted) and, for strategies that keep no partials, groups still running or surplus
+at collection (counted as discarded).
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ class RoundStats:
     fork_off_policy_tokens: int = 0  # APRIL-fork counter: previous-segment tokens of resumed samples
     dropped_groups: int = 0  # rejected by dynamic sampling
     wasted_tokens: int = 0
+    discarded_groups: int = 0  # unfinished or surplus at collection, dropped (keeps_partials False)
+    discarded_tokens: int = 0  # their response tokens: generated, never trained
+    trained_tokens: int = 0  # response tokens of the returned groups (any round's)
     surplus_groups: int = 0  # finished but not needed: buffered
     buffered_groups: int = 0  # pushed to the buffer at the end of the round
     buffer_groups_after: int = 0
@@ -114,7 +118,16 @@ class RoundStats:
 
     @property
     def tokens_per_second(self) -> float:
+        """Every generated token (aborted, filtered and discarded ones included) per second of
+        rollout: APRIL's `tokens_throughput`, the paper's metric."""
         return self.tokens_generated / self.rollout_seconds if self.rollout_seconds > 0 else 0.0
+
+    @property
+    def trained_tokens_per_second(self) -> float:
+        """Response tokens of the returned groups per second of rollout: the honest metric, which
+        counts no filtered, discarded or still-buffered work. A single round may return more
+        tokens than it generated (resumed partials); summed over rounds it cannot."""
+        return self.trained_tokens / self.rollout_seconds if self.rollout_seconds > 0 else 0.0
 
     @property
     def truncation_rate(self) -> float:
@@ -227,7 +240,15 @@ class RolloutScheduler:
             self._assigned[engine_idx] += 1
             self.progress.launched_groups += 1
 
+        refill = self.strategy.refill_groups(cfg.batch_size)
+
+        def fresh_or_retry() -> Group:
+            return retry.pop(0) if retry else self._next_group(policy_version, stats)
+
         async def top_up() -> None:
+            if refill is not None:
+                await top_up_in_chunks(refill)
+                return
             # Groups cut by the segment cap count against the launch target. When the target is
             # spent and fewer than N groups can still finish, fresh prompts replace the cut ones
             # (that is what truncation is for) — unless the buffer with this round's cuts already
@@ -243,6 +264,17 @@ class RolloutScheduler:
                     launch(to_buffer.pop(0), engine_idx, capped=False)
                 else:
                     launch(self._next_group(policy_version, stats), engine_idx)
+
+        async def top_up_in_chunks(k: int) -> None:
+            # slime's loop: the first top-up launches the whole launch target; afterwards, whenever
+            # rejections leave fewer than N groups viable, launch another K at once (a baseline
+            # with K = N thus over-samples too, and discards what is left at collection).
+            if not tasks and not accepted and not to_buffer:
+                for _ in range(target):
+                    launch(fresh_or_retry(), await self._pick_engine(stats))
+            while len(accepted) + len(tasks) < cfg.batch_size:
+                for _ in range(max(1, k)):
+                    launch(fresh_or_retry(), await self._pick_engine(stats))
 
         await top_up()
         while len(accepted) < cfg.batch_size:
@@ -274,6 +306,12 @@ class RolloutScheduler:
         if tasks:
             self.progress.phase = "aborting"
             to_buffer.extend(await self._abort_and_drain(tasks, aborting, stats))
+        if not self.strategy.keeps_partials and to_buffer:
+            # A baseline without partial rollout (slime without --partial-rollout) aborts, awaits
+            # and drops what is still running or surplus: counted, never buffered nor trained.
+            stats.discarded_groups += len(to_buffer)
+            stats.discarded_tokens += sum(s.response_length for g in to_buffer for s in g.samples)
+            to_buffer.clear()
         for group in retry:  # engine failures after collection: nothing lost, resumed next round
             to_buffer.append(group)
         for group in sorted(to_buffer, key=lambda g: g.prompt_index):
@@ -284,6 +322,7 @@ class RolloutScheduler:
         stats.buffered_groups = len(to_buffer)
         stats.buffer_groups_after = len(self.buffer)
         stats.rollout_seconds = self.clock() - start
+        stats.trained_tokens = sum(s.response_length for g in accepted for s in g.samples)
         self._update_progress(accepted, tasks, stats)
         self.progress.phase = "done"
         return RoundResult(groups=sorted(accepted, key=lambda g: g.prompt_index), stats=stats)

@@ -16,14 +16,24 @@ class Strategy:
     """Synchronous baseline: launch exactly the groups needed and wait for all of them."""
 
     name: str = "sync"
+    # None: top up one group per rejected one, up to the launch target (the project's default).
+    # K: whenever fewer than batch_size groups are viable (accepted + in flight), launch K more at
+    # once, as slime does with `--over-sampling-batch-size` (K = N for its baseline, N' for APRIL).
+    refill_granularity: int | None = None
 
     def launch_target(self, batch_size: int) -> int:
         """Viable groups to keep launched (accepted + in flight) while collecting `batch_size`."""
         return batch_size
 
+    def refill_groups(self, batch_size: int) -> int | None:
+        """Groups launched per top-up in chunked mode, or None for one-by-one top-ups."""
+        del batch_size
+        return self.refill_granularity
+
     @property
     def keeps_partials(self) -> bool:
-        """Whether unfinished groups are buffered (True) or waited for (False) at collection."""
+        """Whether groups still unfinished (or surplus) at collection are buffered (True) or
+        aborted and discarded (False, slime's baseline; their tokens are counted as discarded)."""
         return False
 
     @property

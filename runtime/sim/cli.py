@@ -15,7 +15,7 @@ from rljob.runtime.sim.runner import simulate
 from rljob.runtime.sim.scenario import SCENARIO_DIR, ScenarioError, load_scenario
 
 log = logging.getLogger(__name__)
-console = Console(width=None if sys.stdout.isatty() else 150)  # logs and CI get the full table
+console = Console(width=None if sys.stdout.isatty() else 220)  # logs and CI get the full table
 
 
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:

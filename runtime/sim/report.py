@@ -22,19 +22,22 @@ def gain_over_sync(results: Sequence[StrategyResult], result: StrategyResult) ->
 
 
 def results_table(scenario: Scenario, results: Sequence[StrategyResult]) -> Table:
-    """One row per strategy: throughput, ceiling share, bubble, off-policy share, step time."""
+    """One row per strategy: both throughput metrics (every generated token, and trained tokens,
+    per rollout second), ceiling share, bubble, off-policy share, step time, waste and the sync
+    tail statistics (share of round time after 90 % of requests finished, longest ÷ median)."""
     table = Table(title=f"{scenario.name}: {scenario.model} on {scenario.gpus}× {scenario.gpu} "
                         f"(TP{scenario.tensor_parallel}), {scenario.dataset}")
-    for col in ("strategy", "rollout tok/s", "per GPU", "vs sync", "÷ ceiling", "bubble", "off-policy",
-                "step s", "trained tok/s", "wasted"):
+    for col in ("strategy", "rollout tok/s", "per GPU", "vs sync", "trained/rollout s", "÷ ceiling", "bubble",
+                "off-policy", "step s", "trained tok/s e2e", "wasted", "tail 10 %", "max/median"):
         table.add_column(col, justify="left" if col == "strategy" else "right")
     for r in results:
         gain = gain_over_sync(results, r)
         table.add_row(
             r.name, f"{r.rollout_throughput:,.0f}", f"{r.rollout_throughput / r.rollout_gpus:,.0f}",
-            "—" if gain is None else f"{gain:+.1f} %", f"{r.ceiling_share:.2f}", f"{r.bubble_share:.0%}",
+            "—" if gain is None else f"{gain:+.1f} %", f"{r.trained_rollout_throughput:,.0f}",
+            f"{r.ceiling_share:.2f}", f"{r.bubble_share:.0%}",
             f"{r.off_policy_share:.0%}", f"{r.step_seconds:,.1f}", f"{r.trained_throughput:,.0f}",
-            f"{r.wasted_share:.0%}",
+            f"{r.wasted_share:.0%}", f"{r.tail_share:.0%}", f"{r.longest_over_median:.1f}",
         )
     return table
 

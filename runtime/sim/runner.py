@@ -1,12 +1,16 @@
 """Runs one scenario's strategies on virtual time: the runtime's RolloutScheduler drives simulated
 engines; training and weight sync are timed by the calibration.
 
-Three loop shapes, all calling the unchanged `RolloutScheduler.run_round`:
-- rounds (sync, APRIL, large-N, draft reuse): round → train → sync weights, colocated;
+Three loop shapes:
+- rounds (sync, APRIL, large-N, draft reuse): `RolloutScheduler.run_round` → train → sync
+  weights, colocated;
 - tail batching: as rounds, but a short round's aborted groups become prompts of a later long round;
-- bounded staleness (AReaL): rounds run back to back while a trainer on its own GPUs trains the
-  previous batches; each weight update interrupts generation; rounds may run at most `eta`
-  versions ahead of the trainer, and the scheduler's staleness bound is `eta`.
+- bounded staleness (AReaL): no rounds; async_stream.py streams groups on the rollout GPUs while a
+  trainer on its own GPUs trains, weight updates interrupt requests that resume at once, and η
+  bounds how far generation may run ahead of the trainer.
+
+With `dynamic_sampling` the reward model (reward_model.py) scores every sample and the DAPO
+filter drops groups whose rewards all agree, so baselines refill as slime's do.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 
 from rljob.runtime.engines.base import WeightUpdate
-from rljob.runtime.rollout.sample import Group
-from rljob.runtime.rollout.scheduler import RolloutConfig, RolloutScheduler, RoundResult
+from rljob.runtime.rollout.sample import Group, Sample
+from rljob.runtime.rollout.scheduler import PromptSource, RolloutConfig, RolloutScheduler, RoundResult
 from rljob.runtime.rollout.truncation import TruncationPolicy
 from rljob.runtime.sim.engine import ResponseOracle, SimEngine
 from rljob.runtime.sim.length_model import LengthModel, SimPrompt, SimPromptSource
+from rljob.runtime.sim.reward_model import RewardModel, dapo_filter
 from rljob.runtime.sim.scenario import (
     AprilSpec,
     BoundedStalenessSpec,
@@ -57,8 +62,21 @@ class StepRecord:
     off_policy_tokens: int
     fork_off_policy_ratio: float
     resumed_prefix_tokens: int
-    wasted_tokens: int
+    wasted_tokens: int  # filtered, discarded at collection, restarted or regenerated
     buffered_groups: int
+    draft_tokens: int = 0  # accepted draft tokens (verified, not generated): not in tokens_generated
+    discarded_tokens: int = 0  # running or surplus at collection, dropped (strategies without partials)
+    dropped_groups: int = 0  # rejected by the DAPO filter
+    trained_groups: int = 0
+    distinct_prompts: int = 0  # prompts behind the trained groups (large-N splits one prompt)
+    tail_share: float = 0.0  # share of the round's time after 90 % of its finished requests were done
+    longest_over_median: float = 0.0  # longest ÷ median length of the requests finished in the round
+    max_staleness: int = 0  # largest version gap of a trained sample
+
+    @property
+    def tokens_per_s(self) -> float:
+        """This round's APRIL-fork `tokens_throughput`: generated tokens ÷ rollout time."""
+        return self.tokens_generated / self.rollout_s if self.rollout_s else 0.0
 
 
 @dataclass
@@ -78,6 +96,7 @@ class StrategyResult:
     prefill_tokens: int = 0
     draft_tokens: int = 0
     overlapped: bool = False  # rollout runs during training (async): time is wall time
+    resumed_requests: int = 0  # async stream: interrupted by weight updates, resumed at once
 
     @property
     def measured(self) -> list[StepRecord]:
@@ -92,8 +111,30 @@ class StrategyResult:
 
     @property
     def rollout_throughput(self) -> float:
-        """Rollout tokens per second (APRIL's metric: every generated token, aborted calls included)."""
+        """Rollout tokens per second (APRIL's metric: every generated token, aborted, filtered and
+        discarded calls included; accepted draft tokens excluded), as a ratio of sums."""
         return self._sum("tokens_generated") / self.rollout_seconds if self.rollout_seconds else 0.0
+
+    @property
+    def mean_round_throughput(self) -> float:
+        """Mean of the per-round `tokens_throughput` the APRIL fork logs (the pre-registered metric)."""
+        if self.overlapped or not self.measured:
+            return self.rollout_throughput
+        return sum(r.tokens_per_s for r in self.measured) / len(self.measured)
+
+    @property
+    def trained_rollout_throughput(self) -> float:
+        """Trained response tokens per second of rollout: the honest rollout metric."""
+        return self._sum("trained_tokens") / self.rollout_seconds if self.rollout_seconds else 0.0
+
+    @property
+    def tail_share(self) -> float:
+        """Mean share of round time spent on the last 10 % of requests (sync's tail)."""
+        return self._sum("tail_share") / len(self.measured) if self.measured else 0.0
+
+    @property
+    def longest_over_median(self) -> float:
+        return self._sum("longest_over_median") / len(self.measured) if self.measured else 0.0
 
     @property
     def ceiling_share(self) -> float:
@@ -138,6 +179,14 @@ class StrategyResult:
             "trained_tokens_per_s": round(self.trained_throughput, 1),
             "wasted_share": round(self.wasted_share, 4), "kv_retractions": self.retractions,
             "prefill_tokens": self.prefill_tokens, "draft_tokens": self.draft_tokens,
+            "mean_round_tokens_per_s": round(self.mean_round_throughput, 1),
+            "trained_rollout_tokens_per_s": round(self.trained_rollout_throughput, 1),
+            "dropped_groups": int(self._sum("dropped_groups")),
+            "discarded_tokens": int(self._sum("discarded_tokens")),
+            "tail_share_last_10pct": round(self.tail_share, 4),
+            "longest_over_median": round(self.longest_over_median, 2),
+            "max_staleness": max((r.max_staleness for r in self.measured), default=0),
+            "resumed_requests": self.resumed_requests,
         }
 
 
@@ -160,7 +209,10 @@ class _Sim:
     rollout_gpus: int
     train_gpus: int
     ceiling: float
+    rewards: RewardModel | None = None
     records: list[StepRecord] = field(default_factory=list)
+    finished: list[tuple[float, int]] = field(default_factory=list)  # (virtual time, length units)
+    stream_resumed: int = 0  # async stream: requests interrupted by a weight update and re-posted
 
     @property
     def q(self) -> int:
@@ -206,23 +258,68 @@ def _build(scenario: Scenario, spec: StrategySpec) -> _Sim:
         max_staleness=spec.eta if isinstance(spec, BoundedStalenessSpec) else scenario.max_staleness,
     )
     loop = asyncio.get_running_loop()
-    scheduler = RolloutScheduler(engines, config, build_strategy(spec), source, score=lambda s: 0.0,
-                                 truncation=truncation, clock=loop.time)
-    return _Sim(scenario, spec, engines, scheduler, rollout_gpus, train_gpus, ceiling * n_engines)
+    rewards = None
+    if scenario.dynamic_sampling:
+        rewards = RewardModel(law=cal.rewards[scenario.dataset], lengths=lengths, quantum=q, seed=scenario.seed)
+    finished: list[tuple[float, int]] = []
+
+    def score(sample: Sample) -> float:
+        # Called as each sample finishes: the finish times give the round's tail statistics.
+        finished.append((loop.time(), sample.response_length))
+        return rewards.score(sample) if rewards is not None else 0.0
+
+    scheduler = RolloutScheduler(engines, config, build_strategy(spec, batch), source, score=score,
+                                 truncation=truncation, group_filter=dapo_filter if rewards else None,
+                                 clock=loop.time)
+    return _Sim(scenario, spec, engines, scheduler, rollout_gpus, train_gpus, ceiling * n_engines,
+                rewards=rewards, finished=finished)
+
+
+def tail_statistics(finished: list[tuple[float, int]], start: float, end: float) -> tuple[float, float]:
+    """(share of [start, end] after 90 % of the finished requests were done, longest ÷ median length)."""
+    if not finished or end <= start:
+        return 0.0, 0.0
+    times = sorted(t for t, _ in finished)
+    lengths = sorted(n for _, n in finished)
+    t90 = times[max(0, math.ceil(0.9 * len(times)) - 1)]
+    median = lengths[len(lengths) // 2]
+    return (end - t90) / (end - start), (lengths[-1] / median if median else 0.0)
+
+
+def _draft_units(sim: _Sim) -> int:
+    return sum(e.counters.draft_units for e in sim.engines)
+
+
+async def _run_round(sim: _Sim, version: int) -> tuple[RoundResult, int, float, float]:
+    """One scheduler round: the result, accepted draft units, tail share, longest ÷ median."""
+    sim.finished.clear()
+    drafts = _draft_units(sim)
+    start = asyncio.get_running_loop().time()
+    result = await sim.scheduler.run_round(version)
+    tail, spread = tail_statistics(sim.finished, start, start + result.stats.rollout_seconds)
+    return result, _draft_units(sim) - drafts, tail, spread
 
 
 def _record(sim: _Sim, step: int, kind: str, result: RoundResult, trainer_version: int,
-            train_s: float, sync_s: float, step_s: float, wasted: int = 0) -> StepRecord:
+            train_s: float, sync_s: float, step_s: float, wasted: int = 0, drafts: int = 0,
+            tail: tuple[float, float] = (0.0, 0.0)) -> StepRecord:
     q = sim.q
     trained = sum(s.response_length for g in result.groups for s in g.samples)
     # A sample's versions never decrease (segments are appended in time order): bisect, don't scan.
     off = sum(bisect.bisect_left(s.versions, trainer_version) for g in result.groups for s in g.samples)
     st = result.stats
+    # Accepted draft tokens came back as output tokens but were verified, not generated.
+    generated = st.tokens_generated - drafts
     return StepRecord(
         step=step, round_kind=kind, rollout_s=st.rollout_seconds, train_s=train_s, sync_s=sync_s, step_s=step_s,
-        tokens_generated=st.tokens_generated * q, trained_tokens=trained * q, off_policy_tokens=off * q,
+        tokens_generated=generated * q, trained_tokens=trained * q, off_policy_tokens=off * q,
         fork_off_policy_ratio=st.fork_off_policy_ratio, resumed_prefix_tokens=st.resumed_prefix_tokens * q,
-        wasted_tokens=(st.wasted_tokens + st.discarded_stale_tokens + wasted) * q, buffered_groups=st.buffered_groups,
+        wasted_tokens=(st.wasted_tokens + st.discarded_stale_tokens + st.discarded_tokens + wasted) * q,
+        buffered_groups=st.buffered_groups, draft_tokens=drafts * q, discarded_tokens=st.discarded_tokens * q,
+        dropped_groups=st.dropped_groups, trained_groups=len(result.groups),
+        distinct_prompts=len({g.prompt_index for g in result.groups}), tail_share=tail[0],
+        longest_over_median=tail[1],
+        max_staleness=max((s.staleness(trainer_version) for g in result.groups for s in g.samples), default=0),
     )
 
 
@@ -245,20 +342,23 @@ async def _train_and_sync(sim: _Sim, groups: list[Group], version: int) -> tuple
 
 async def _rounds_loop(sim: _Sim) -> None:
     for step in range(sim.scenario.steps):
-        result = await sim.scheduler.run_round(step)
+        result, drafts, tail, spread = await _run_round(sim, step)
         train_s, sync_s = await _train_and_sync(sim, result.groups, step)
         step_s = result.stats.rollout_seconds + train_s + sync_s
-        sim.records.append(_record(sim, step, "round", result, step, train_s, sync_s, step_s))
+        sim.records.append(_record(sim, step, "round", result, step, train_s, sync_s, step_s,
+                                   drafts=drafts, tail=(tail, spread)))
 
 
 class _ListSource:
-    """Serves deferred long prompts to a long round."""
+    """Serves deferred long prompts to a long round; once they run out (the DAPO filter rejected
+    some and the round needs replacements), fresh prompts from `fallback`."""
 
-    def __init__(self, prompts: deque[SimPrompt]):
+    def __init__(self, prompts: deque[SimPrompt], fallback: PromptSource):
         self.prompts = prompts
+        self.fallback = fallback
 
     def next_prompt(self) -> SimPrompt:
-        return self.prompts.popleft()
+        return self.prompts.popleft() if self.prompts else self.fallback.next_prompt()  # type: ignore[return-value]
 
 
 class _PredictingSource:
@@ -295,8 +395,8 @@ async def _tail_batching_loop(sim: _Sim) -> None:
     batch = scheduler.config.batch_size
     for step in range(sim.scenario.steps):
         strategy.long_round = len(long_prompts) >= batch
-        scheduler.prompts = _ListSource(long_prompts) if strategy.long_round else short_source
-        result = await scheduler.run_round(step)
+        scheduler.prompts = _ListSource(long_prompts, short_source) if strategy.long_round else short_source
+        result, drafts, tail, spread = await _run_round(sim, step)
         wasted = 0
         while (group := scheduler.buffer.pop_oldest()) is not None:  # deferred, restarted on-policy later
             wasted += sum(s.response_length for s in group.samples)
@@ -305,43 +405,8 @@ async def _tail_batching_loop(sim: _Sim) -> None:
         train_s, sync_s = await _train_and_sync(sim, result.groups, step)
         step_s = result.stats.rollout_seconds + train_s + sync_s
         kind = "long" if strategy.long_round else "short"
-        sim.records.append(_record(sim, step, kind, result, step, train_s, sync_s, step_s, wasted))
-
-
-async def _bounded_staleness_loop(sim: _Sim) -> None:
-    spec = sim.spec
-    assert isinstance(spec, BoundedStalenessSpec)
-    loop = asyncio.get_running_loop()
-    batches: asyncio.Queue[RoundResult] = asyncio.Queue()
-    trained = asyncio.Condition()
-    state = {"version": 0}
-    steps = sim.scenario.steps
-
-    async def rollout() -> None:
-        for produced in range(steps):
-            async with trained:  # at most eta versions ahead of the trainer
-                await trained.wait_for(lambda: produced - state["version"] <= spec.eta)
-            await batches.put(await sim.scheduler.run_round(state["version"]))
-
-    async def trainer() -> None:
-        last = loop.time()
-        for step in range(steps):
-            result = await batches.get()
-            version = state["version"]
-            train_s = train_seconds(sim.scenario, _batch_tokens(sim, result.groups), sim.train_gpus)
-            await asyncio.sleep(train_s)
-            sync_s = await _sync_weights(sim, version + 1)
-            async with trained:
-                state["version"] = version + 1
-                trained.notify_all()
-            now = loop.time()
-            sim.records.append(_record(sim, step, "async", result, version, train_s, sync_s, now - last))
-            last = now
-
-    producer = asyncio.ensure_future(rollout())
-    await trainer()
-    producer.cancel()
-    await asyncio.gather(producer, return_exceptions=True)
+        sim.records.append(_record(sim, step, kind, result, step, train_s, sync_s, step_s, wasted,
+                                   drafts=drafts, tail=(tail, spread)))
 
 
 async def _simulate(scenario: Scenario, spec: StrategySpec) -> StrategyResult:
@@ -349,7 +414,9 @@ async def _simulate(scenario: Scenario, spec: StrategySpec) -> StrategyResult:
     if isinstance(spec, TailBatchingSpec):
         await _tail_batching_loop(sim)
     elif isinstance(spec, BoundedStalenessSpec):
-        await _bounded_staleness_loop(sim)
+        from rljob.runtime.sim.async_stream import run_stream  # imports this module's records
+
+        await run_stream(sim)
     else:
         await _rounds_loop(sim)
     counters = [e.counters for e in sim.engines]
@@ -359,7 +426,7 @@ async def _simulate(scenario: Scenario, spec: StrategySpec) -> StrategyResult:
         ceiling_tokens_per_s=sim.ceiling, records=sim.records, warmup=scenario.warmup_steps,
         busy_seconds=sum(c.busy_seconds for c in counters), retractions=sum(c.retractions for c in counters),
         prefill_tokens=sum(c.prefill_units for c in counters) * q, draft_tokens=sum(c.draft_units for c in counters) * q,
-        overlapped=isinstance(spec, BoundedStalenessSpec),
+        overlapped=isinstance(spec, BoundedStalenessSpec), resumed_requests=sim.stream_resumed,
     )
 
 

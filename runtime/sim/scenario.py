@@ -48,6 +48,35 @@ class LengthLaw(_Strict):
     drift_per_100_steps: float = 0.0
 
 
+class RewardLaw(_Strict):
+    """Binary correctness per sample (calibration.yaml `rewards`): drives the DAPO filter."""
+
+    pass_rate_mean: float = Field(ge=0.0, le=1.0)
+    pass_rate_spread: float = Field(1.0, ge=0.0, description="probit spread of prompt pass rates")
+    difficulty_correlation: float = Field(0.5, ge=-1.0, le=1.0, description="ρ: longer prompts pass less")
+    length_correlation: float = Field(0.5, ge=0.0, le=1.0, description="λ: shorter samples more often correct")
+
+
+class ValidationSensitivity(_Strict):
+    pass_rate_spread: list[float] = Field(default_factory=list)
+    sigma_between_share_of_variance: list[float] = Field(default_factory=list)
+    # YAML reads the pre-registered `[off]` as [False]: each entry is "dynamic sampling on?".
+    filter: list[bool] = Field(default_factory=list)
+
+
+class ValidationCalibration(_Strict):
+    """The published runs validated against, and how (fixed before any comparison)."""
+
+    published_gain_pct: dict[str, float]
+    primary_gpu: str
+    sensitivity_gpus: list[str] = Field(default_factory=list)
+    metric: str
+    steps: int
+    warmup_steps: int
+    seeds: list[int]
+    sensitivity: ValidationSensitivity = ValidationSensitivity()
+
+
 class EngineCalibration(_Strict):
     kv_reserved_gb: float
     admit_fraction: float
@@ -64,8 +93,10 @@ class Calibration(_Strict):
     gpus: dict[str, GpuCalibration]
     models: dict[str, ModelCalibration]
     datasets: dict[str, LengthLaw]
+    rewards: dict[str, RewardLaw] = Field(default_factory=dict)
     engine: EngineCalibration
     training: TrainingCalibration
+    validation: ValidationCalibration | None = None
 
 
 # ---------------------------------------------------------------------------------- strategies
@@ -77,9 +108,17 @@ class TruncationSpec(_Strict):
     max_tokens: int | None = None
 
 
+_REFILL = Field(None, gt=0.0, description="chunked refill: launch ceil(refill_factor × N) groups whenever fewer "
+               "than N are viable (slime: 1.0 for the baseline, N′/N for APRIL); None: one per rejection")
+
+
 class SyncSpec(_Strict):
+    """Synchronous baseline. Without partial rollout, what still runs at collection (refills
+    launched after rejections) is aborted and discarded, as in slime."""
+
     kind: Literal["sync"]
     name: str = "sync"
+    refill_factor: float | None = _REFILL
 
 
 class AprilSpec(_Strict):
@@ -87,6 +126,7 @@ class AprilSpec(_Strict):
     name: str = "april"
     over_sampling: float = Field(2.0, ge=1.0)
     truncation: TruncationSpec = TruncationSpec()
+    refill_factor: float | None = _REFILL
 
 
 class TailBatchingSpec(_Strict):
@@ -101,8 +141,11 @@ class TailBatchingSpec(_Strict):
 
 
 class BoundedStalenessSpec(_Strict):
-    """AReaL-style asynchronous rollout: generation never stops for training; batches may be up to
-    `eta` policy versions stale; training runs on its own share of the GPUs."""
+    """AReaL-style asynchronous rollout: a stream, not rounds. Generation never stops for
+    training (the trainer has its own share of the GPUs); a weight update interrupts the requests
+    in flight, which resume at once under the new weights; a group may be launched only while
+    launched groups ≤ (version + eta + 1)·N, and a group staler than eta versions is regenerated.
+    `over_sampling` is not used by the stream (kept so older scenario files load)."""
 
     kind: Literal["bounded-staleness"]
     name: str = "async-eta"
@@ -153,6 +196,8 @@ class Scenario(_Strict):
     warmup_steps: int = Field(2, ge=0, description="first steps left out of the averages (buffer warm-up)")
     max_staleness: int = 2
     colocated: bool = True
+    dynamic_sampling: bool = Field(False, description="DAPO filter: drop groups whose rewards all agree "
+                                   "(needs the dataset in calibration.yaml `rewards`)")
     token_quantum: int = Field(16, ge=1, description="tokens per simulated token id (KV page size)")
     seed: int = 0
     strategies: list[StrategySpec] = Field(default_factory=lambda: [SyncSpec(kind="sync"), AprilSpec(kind="april")])
@@ -163,6 +208,9 @@ class Scenario(_Strict):
             raise ValueError(f"gpus ({self.gpus}) must be a multiple of tensor_parallel ({self.tensor_parallel})")
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})")
+        if self.dynamic_sampling and self.dataset not in load_calibration().rewards:
+            raise ValueError(f"dynamic_sampling needs a reward model: dataset {self.dataset!r} is not in "
+                             f"calibration.yaml `rewards`")
         names = [s.name for s in self.strategies]
         if len(set(names)) != len(names):
             raise ValueError(f"strategy names must be unique, got {names}")

@@ -20,6 +20,7 @@ from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
 from rljob.runtime.rollout.strategy import AprilStrategy
 from tests.helpers.processes import start_worker, stop, wait_http
 from tests.helpers.tiny_model import save_tiny_model
+from tests.helpers.waiting import wait_until
 from tests.unit.test_rollout_scheduler import Ledger, assert_conserved, make_scheduler, run_rounds
 
 
@@ -53,11 +54,12 @@ async def test_worker_killed_mid_round_loses_no_sample(workers):
 
     async def kill_when_busy() -> None:
         async with httpx.AsyncClient() as http:
-            for _ in range(2000):
+
+            async def victim_busy() -> bool:
                 loads = (await http.get(victim_url + "/v1/loads")).json()["loads"][0]
-                if loads["num_running_reqs"] > 0:
-                    break
-                await asyncio.sleep(0.01)
+                return bool(loads["num_running_reqs"] > 0)
+
+            await wait_until(victim_busy, "requests running on the victim", interval=0.01)
         os.killpg(victim.pid, signal.SIGKILL)
 
     killer = asyncio.ensure_future(kill_when_busy())

@@ -25,6 +25,7 @@ from rljob.runtime.engines.server import ServerOptions, SGLangProtocolServer
 from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
 from tests.helpers.processes import free_port, spawn, start_worker, stop, wait_http
 from tests.helpers.tiny_model import save_tiny_model
+from tests.helpers.waiting import wait_until
 
 PROMPT = [5, 6, 7, 8]
 
@@ -70,11 +71,10 @@ async def served(model_dirs: tuple[Path, Path]) -> AsyncIterator[Served]:
 
 
 async def wait_until_generating(server: SGLangProtocolServer, tokens: int = 3) -> None:
-    for _ in range(3000):
-        if server.engine.stats.generated_tokens >= tokens and server.engine.current_load().running:
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("server never started generating")
+    await wait_until(
+        lambda: server.engine.stats.generated_tokens >= tokens and bool(server.engine.current_load().running),
+        "the server to start generating",
+    )
 
 
 # --------------------------------------------------------------------------- in-process server
@@ -324,11 +324,10 @@ async def worker_running(url: str) -> int:
 
 
 async def wait_all_workers_running(workers: list[str]) -> None:
-    for _ in range(600):
-        if all([await worker_running(w) for w in workers]):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("not every worker got requests")
+    async def all_running() -> bool:
+        return all([await worker_running(w) for w in workers])
+
+    await wait_until(all_running, "requests running on every worker", interval=0.05)
 
 
 async def test_router_generation_and_abort_fan_out_reach_every_worker(cluster: Cluster) -> None:

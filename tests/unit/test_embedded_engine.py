@@ -13,6 +13,7 @@ from rljob.runtime.engines.base import EngineError, GenerateRequest, WeightUpdat
 from rljob.runtime.engines.embedded import EmbeddedEngine, InvalidRequestError, prefill_chunks
 from rljob.runtime.engines.sampling import SamplingParams, sample_tokens
 from tests.helpers.tiny_model import build_tiny_model, save_tiny_model
+from tests.helpers.waiting import wait_until
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [12], [20, 21, 22, 23], [40, 41], [60, 61, 62, 63, 64, 65]]
 
@@ -46,11 +47,7 @@ async def engine() -> AsyncIterator[EmbeddedEngine]:
 
 async def wait_for_tokens(eng: EmbeddedEngine, at_least: int) -> None:
     """Wait until the engine has generated at least ``at_least`` tokens in total."""
-    for _ in range(2000):
-        if eng.stats.generated_tokens >= at_least:
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("engine generated no tokens")
+    await wait_until(lambda: eng.stats.generated_tokens >= at_least, f"{at_least} generated tokens")
 
 
 async def test_batched_decoding_matches_decoding_alone() -> None:

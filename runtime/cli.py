@@ -34,9 +34,10 @@ RUN_HELP = """\
 Run an RLJob on this machine: the APRIL partial-rollout loop with the embedded PyTorch engine
 (spec.rollout.engine: embedded) or against SGLang workers (engine: sglang).
 
-Each step runs one rollout round, one optimizer step and one weight sync. The run resumes from the
-newest checkpoint in spec.checkpoint.dir unless --fresh is given. At the end a report folder with
-plots (reward, rollout tokens/s, truncation rate, off-policy ratio, length distribution) is written
+Each step runs one rollout round, ppoEpochs x ppoMiniBatches optimizer steps (spec.algorithm; 1 by
+default) and one weight sync. The run resumes from the newest checkpoint in spec.checkpoint.dir
+unless --fresh is given. At the end a report folder with plots (reward, rollout tokens/s,
+truncation rate, off-policy ratio, length distribution) is written
 to --output. With spec.evaluation.everySteps > 0 the policy is also scored on held-out prompts before
 the first step, every N steps and after the last (the "held-out" column; eval.jsonl): under partial
 rollouts that is the learning curve to read, because a training batch's reward moves with its mix

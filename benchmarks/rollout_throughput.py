@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import tempfile
 from pathlib import Path
 
@@ -22,23 +20,15 @@ from rljob.operator.api import load_rljob
 from rljob.runtime.cli import comparison_view
 from rljob.runtime.report import comparison_plot
 from rljob.runtime.runner import JobRunner, RunOptions, compare_strategies
+from machine_info import describe, load_average  # benchmarks/machine_info.py
 
 ROOT = Path(__file__).resolve().parents[1]
 console = Console()
 
 
 def machine() -> str:
-    """CPU model, cores and library versions: benchmark numbers mean nothing without them."""
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}, "
-            f"Python {platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads), no GPU")
+    """CPU, cores and library versions (see machine_info)."""
+    return describe(f"torch {torch.__version__} ({torch.get_num_threads()} threads), no GPU")
 
 
 def _display_path(path: Path) -> str:
@@ -93,6 +83,7 @@ async def run(args: argparse.Namespace) -> dict:
         "april_truncation_rate": april["truncation_rate"],
         "rows": comparison["rows"],
         "machine": machine(),
+        "load_average_1min_at_end": load_average(),
     }
 
 

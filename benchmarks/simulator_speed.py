@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform
 import time
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from rich.table import Table
 
 from rljob.runtime.sim.runner import simulate_strategy
 from rljob.runtime.sim.scenario import AprilSpec, Scenario, StrategySpec, SyncSpec
+from machine_info import describe, load_average  # benchmarks/machine_info.py
 
 GROUPS = 10_240
 ENGINES = 64
@@ -27,20 +26,8 @@ OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "simulato
 
 
 def machine() -> str:
-    model = "unknown CPU"
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, shared with other jobs"
-
-
-def load_average() -> float:
-    """1-minute load average: on a shared machine, wall seconds mean little without it."""
-    try:
-        return round(os.getloadavg()[0], 1)
-    except OSError:
-        return float("nan")
+    """CPU and cores (see machine_info); the speed runs share the machine with other jobs."""
+    return describe("shared with other jobs")
 
 
 def main() -> None:

@@ -1,8 +1,11 @@
 """Maps the top-level folders under the `rljob` namespace (see the note in pyproject.toml)."""
 
+from pathlib import Path
+
 from setuptools import find_namespace_packages, setup
 
-TOP_LEVEL = ("runtime", "operator")
+# Layers, bottom up (docs/architecture.md). An image may ship a subset: the operator image has no runtime/.
+TOP_LEVEL = tuple(top for top in ("api", "common", "runtime", "operator") if (Path(__file__).parent / top).is_dir())
 
 packages = []
 for top in TOP_LEVEL:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rljob.operator.api import load_rljob
+from rljob.api import load_rljob
 from rljob.runtime.cli import comparison_view
 from rljob.runtime.report import comparison_plot
 from rljob.runtime.runner import JobRunner, RunOptions, compare_strategies

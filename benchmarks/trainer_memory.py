@@ -46,7 +46,7 @@ def _rss_bytes() -> int:
 def _build(args: argparse.Namespace, chunk: int) -> tuple[Any, Any, Any]:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rljob.operator.api.spec import AlgorithmSpec
+    from rljob.api.spec import AlgorithmSpec
     from rljob.runtime.trainer import Trainer, _TrainItem
 
     torch.manual_seed(0)

@@ -11,8 +11,9 @@ COPY images/operator-requirements.txt /tmp/requirements.txt
 RUN python -m venv /opt/rljob \
  && /opt/rljob/bin/pip install --require-virtualenv -r /tmp/requirements.txt
 COPY pyproject.toml setup.py README.md ./
+COPY api/ api/
+COPY common/ common/
 COPY operator/ operator/
-COPY runtime/ runtime/
 # --no-deps: the pinned requirements above are the whole dependency set (torch is deliberately absent).
 RUN /opt/rljob/bin/pip install --require-virtualenv --no-deps . \
  && /opt/rljob/bin/python -c "import rljob.operator.handlers"

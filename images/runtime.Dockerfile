@@ -15,7 +15,8 @@ RUN python -m venv /opt/rljob \
 COPY images/runtime-requirements.txt /tmp/requirements.txt
 RUN /opt/rljob/bin/pip install --require-virtualenv -r /tmp/requirements.txt
 COPY pyproject.toml setup.py README.md ./
-COPY operator/ operator/
+COPY api/ api/
+COPY common/ common/
 COPY runtime/ runtime/
 RUN /opt/rljob/bin/pip install --require-virtualenv --no-deps . \
  && /opt/rljob/bin/rljob --help >/dev/null

@@ -14,9 +14,9 @@ from typing import Any
 
 import kopf
 
-from rljob.operator.api.spec import API_GROUP, API_VERSION
+from rljob.api.spec import API_GROUP, API_VERSION
 from rljob.operator.builders.meta import LABEL_JOB, LABEL_ROLE, MANAGER, ROLE_INFERENCE, ROLE_TRAINER
-from rljob.operator.kube import RLJOB_PLURAL, shared_kube
+from rljob.common.kube import RLJOB_PLURAL, shared_kube
 from rljob.operator.metrics import JOB_PHASES, serve
 from rljob.operator.reconcile import InvalidSpec, reconcile, sync_status
 from rljob.operator.status_logic import pod_observation

@@ -10,7 +10,7 @@ from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from rljob.operator.api.status import Phase
+from rljob.api.status import Phase
 
 PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
 

@@ -17,15 +17,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rljob.operator.api.load import format_validation_error
-from rljob.operator.api.spec import RLJobSpec
-from rljob.operator.api.status import RLJobStatus, utcnow
+from rljob.api.load import format_validation_error
+from rljob.api.spec import RLJobSpec
+from rljob.api.status import RLJobStatus, utcnow
 from rljob.operator.builders import JobRef, build_children
 from rljob.operator.builders.inference import effective_pools, pool_workload_name
 from rljob.operator.builders.meta import LABEL_JOB, LABEL_ROLE, ROLE_INFERENCE, ROLE_TRAINER, selector_string
 from rljob.operator.builders.router import router_name
 from rljob.operator.builders.trainer import trainer_name
-from rljob.operator.kube import Kube, KubeError
+from rljob.common.kube import Kube, KubeError
 from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
 from rljob.operator.status_logic import Observed, PodObs, WorkloadObs, compute_status, operator_patch, pod_observation
 

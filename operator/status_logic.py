@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from rljob.operator.api.spec import RLJobSpec
-from rljob.operator.api.status import (
+from rljob.api.spec import RLJobSpec
+from rljob.api.status import (
     CONDITION_TYPES,
     MAX_HANDLED_FAILURES,
     Condition,

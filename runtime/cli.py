@@ -21,7 +21,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.table import Table
-from rljob.operator.api import RLJobConfigError, load_rljob
+from rljob.api import RLJobConfigError, load_rljob
 from rljob.runtime.engines.base import EngineError
 from rljob.runtime.models.errors import ExportError, ModelSourceError
 from rljob.runtime.metrics import StepRecord

@@ -24,9 +24,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
-from rljob.operator.api.spec import RLJobSpec
-from rljob.operator.api.status import EffectiveKnobs
-from rljob.operator.autotune.controller import (
+from rljob.api.spec import RLJobSpec
+from rljob.api.status import EffectiveKnobs
+from rljob.common.autotune.controller import (
     ControllerConfig,
     Knobs,
     Observation,
@@ -88,7 +88,7 @@ StatusGetter = Callable[[str, str], "dict[str, Any] | None"]
 
 def kubernetes_status_getter() -> StatusGetter:
     """Fetch an RLJob with the official client (in-cluster service account, else the kubeconfig)."""
-    from rljob.operator.kube import Kube, load_api_client
+    from rljob.common.kube import Kube, load_api_client
 
     kube = Kube(load_api_client())
     return kube.get_rljob
@@ -195,7 +195,7 @@ class LocalAutotuner:
     _last_decision: float | None = None
 
     def __post_init__(self) -> None:
-        from rljob.operator.autotune.tick import truncation_unit
+        from rljob.common.autotune.tick import truncation_unit
 
         self.unit = truncation_unit(self.spec)
         self.config = ControllerConfig.from_spec(self.spec.autotune, self.spec.rollout.max_response_length)

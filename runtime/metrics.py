@@ -15,9 +15,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from rljob.api.metrics import METRIC_PREFIX
 from rljob.runtime.evaluation import EvalResult
 
-METRIC_PREFIX = "rljob_"
 
 
 @dataclass

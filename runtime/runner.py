@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rljob.operator.api.spec import RLJob
-from rljob.operator.status_reporter import StatusReporter
+from rljob.api.spec import RLJob
+from rljob.common.status_reporter import StatusReporter
 from rljob.runtime.batch_stats import summarize_batch
 from rljob.runtime.checkpoint import CheckpointManager, rng_state, set_rng_state
 from rljob.runtime.engines.base import Engine, WeightUpdate

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rljob.operator.api.spec import AlgorithmSpec
+from rljob.api.spec import AlgorithmSpec
 from rljob.runtime.algorithms.advantages import group_advantages
 from rljob.runtime.algorithms.logprobs import chunked_logprobs, logprobs_from_logits
 from rljob.runtime.algorithms.losses import LossConfig, LossStats, loss_denominator, loss_mask, policy_loss

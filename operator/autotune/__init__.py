@@ -1,5 +1,4 @@
-"""Closed-loop autotuning of the partial-rollout knobs (over-sampling, truncation threshold).
-
-`controller` is the pure control law; `prometheus` reads the runtime metrics; `timer` is the kopf
-timer that runs the loop per RLJob and writes status.effectiveKnobs. See docs/autotune.md.
+"""The operator's side of autotuning: the kopf timer that runs one tick per RLJob and writes
+status.effectiveKnobs (`timer`), and its Prometheus metrics (`metrics`). The control law and the
+queries live in rljob.common.autotune. See docs/autotune.md.
 """

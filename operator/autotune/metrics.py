@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
-from rljob.operator.autotune.controller import Knobs
-from rljob.operator.autotune.tick import TickResult
+from rljob.common.autotune.controller import Knobs
+from rljob.common.autotune.tick import TickResult
 
 JOB_LABELS = ("namespace", "rljob")
 

@@ -23,16 +23,16 @@ from typing import Any
 
 import kopf
 from pydantic import ValidationError
-from rljob.operator.api.spec import API_GROUP, API_VERSION, RLJobSpec
-from rljob.operator.api.status import RLJobStatus, utcnow
-from rljob.operator.autotune import tick
+from rljob.api.spec import API_GROUP, API_VERSION, RLJobSpec
+from rljob.api.status import RLJobStatus, utcnow
+from rljob.common.autotune import tick
 from rljob.operator.autotune.metrics import AutotuneMetrics
-from rljob.operator.autotune.prometheus import (
+from rljob.common.autotune.prometheus import (
     PrometheusClient,
     PrometheusError,
     PrometheusUnavailable,
 )
-from rljob.operator.autotune.queries import read_observation
+from rljob.common.autotune.queries import read_observation
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class PrometheusNotConfigured(PrometheusError):
 
 
 def _read_secret_key(namespace: str, name: str, key: str) -> str:
-    from rljob.operator.kube import shared_kube
+    from rljob.common.kube import shared_kube
 
     secret = shared_kube().request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
     data = (secret.get("data") or {}).get(key)

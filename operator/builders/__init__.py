@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rljob.operator.api.spec import RLJobSpec
+from rljob.api.spec import RLJobSpec
 from rljob.operator.builders.inference import effective_pools, pool_replicas, pool_service, pool_statefulset
 from rljob.operator.builders.meta import JobRef
 from rljob.operator.builders.router import router_deployment, router_service

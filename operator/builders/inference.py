@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rljob.operator.api.spec import InferencePoolSpec, ModelSpec, RLJobSpec, RolloutSpec
+from rljob.api.spec import InferencePoolSpec, ModelSpec, RLJobSpec, RolloutSpec
 from rljob.operator.builders.meta import (
     LABEL_VENDOR,
     ROLE_INFERENCE,

@@ -10,9 +10,10 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from rljob.operator.api.spec import API_GROUP, API_VERSION, KIND
+from rljob.api.spec import API_GROUP, API_VERSION, KIND
+from rljob.common.kube import OPERATOR_FIELD_MANAGER
 
-MANAGER = "rljob-operator"
+MANAGER = OPERATOR_FIELD_MANAGER
 
 LABEL_JOB = f"{API_GROUP}/job-name"
 LABEL_ROLE = f"{API_GROUP}/role"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rljob.operator.api.spec import RLJobSpec
+from rljob.api.spec import RLJobSpec
 from rljob.operator.builders.inference import SGLANG_PORT, worker_urls
 from rljob.operator.builders.meta import ROLE_ROUTER, JobRef, child_name, labels, object_meta, selector_labels
 from rljob.operator.builders.vendor import PROFILES

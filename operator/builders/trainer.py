@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from rljob.operator.api.spec import API_GROUP, API_VERSION, KIND, EnvVar, RLJobSpec
+from rljob.api.spec import API_GROUP, API_VERSION, KIND, EnvVar, RLJobSpec
 from rljob.operator.builders.inference import worker_urls
 from rljob.operator.builders.meta import (
     ANNOTATION_CONFIG_HASH,

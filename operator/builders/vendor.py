@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rljob.operator.api.spec import EnvVar, Toleration
+from rljob.api.spec import EnvVar, Toleration
 
 Vendor = Literal["nvidia", "amd"]
 

@@ -29,7 +29,7 @@ from typing import Literal
 
 import torch
 
-from rljob.operator.api.spec import AlgorithmSpec
+from rljob.api.spec import AlgorithmSpec
 
 Aggregation = Literal["token_mean", "seq_mean_token_mean"]
 OffPolicyMode = Literal["keep", "mask", "tis"]

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from transformers import PreTrainedModel
 
-from rljob.operator.api.spec import RolloutSpec
+from rljob.api.spec import RolloutSpec
 from rljob.runtime.engines.base import Engine
 
 

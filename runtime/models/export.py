@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from rljob.operator.api.spec import RLJob
+from rljob.api.spec import RLJob
 from rljob.runtime.checkpoint import CheckpointManager
 from rljob.runtime.models.errors import ExportError
 from rljob.runtime.models.loading import load_causal_lm

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from rljob.operator.api.spec import ModelSpec
+from rljob.api.spec import ModelSpec
 from rljob.runtime.models.errors import ModelSourceError
 
 __all__ = ["ModelSourceError", "hub_cache_dir", "resolve_hub_model", "resolve_model_dir"]

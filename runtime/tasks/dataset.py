@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rljob.operator.api.spec import DataSpec, EvaluationSpec
+from rljob.api.spec import DataSpec, EvaluationSpec
 from rljob.runtime.tasks.prompts import PromptRenderer
 from rljob.runtime.tasks.synthetic import ArithChainTask
 from rljob.runtime.tasks.tokenizer import TaskTokenizer

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rljob.operator.api.spec import ModelSpec
+from rljob.api.spec import ModelSpec
 from rljob.runtime.tasks.synthetic import ArithChainTask, Problem
 from rljob.runtime.tasks.tokenizer import CharTokenizer, TaskTokenizer, load_tokenizer
 

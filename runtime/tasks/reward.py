@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rljob.operator.api.spec import OverlongPunishmentSpec, RewardSpec
+from rljob.api.spec import OverlongPunishmentSpec, RewardSpec
 from rljob.runtime.algorithms.overlong import overlong_penalty
 from rljob.runtime.rollout.sample import Group, Sample
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
-from rljob.operator.api.spec import RLJobSpec
+from rljob.api.spec import RLJobSpec
 from rljob.runtime.engines.base import WeightUpdate
 from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.knob_sources import LocalAutotuner

@@ -12,15 +12,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from rljob.operator.api.spec import RLJobSpec
-from rljob.operator.api.status import RLJobStatus
-from rljob.operator.autotune.prometheus import (
+from rljob.api.spec import RLJobSpec
+from rljob.api.status import RLJobStatus
+from rljob.common.autotune.prometheus import (
     NoData,
     PrometheusClient,
     PrometheusQueryError,
     PrometheusUnavailable,
 )
-from rljob.operator.autotune.queries import JobQueries, read_observation
+from rljob.common.autotune.queries import JobQueries, read_observation
 from rljob.operator.autotune.timer import run_tick
 from rljob.runtime.metrics import RuntimeMetrics, StepRecord
 

@@ -30,7 +30,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-from rljob.operator.api.load import load_rljob
+from rljob.api.load import load_rljob
 from rljob.operator.builders.meta import JobRef
 from rljob.operator.builders.trainer import checkpoint_claim_name
 

@@ -10,7 +10,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
-from rljob.operator.api import parse_rljob
+from rljob.api import parse_rljob
 from rljob.runtime.metrics import read_jsonl
 from rljob.runtime.models.export import export_checkpoint
 from rljob.runtime.rollout.sample import Group

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rljob.operator.api import parse_rljob
+from rljob.api import parse_rljob
 from rljob.runtime.metrics import read_jsonl
 from rljob.runtime.rollout.sample import Group
 from rljob.runtime.runner import JobRunner, RunOptions

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from rljob.operator.api import parse_rljob
+from rljob.api import parse_rljob
 from rljob.runtime.runner import JobRunner, RunOptions
 from tests.integration.test_operator import api, crd  # noqa: F401 - fixtures
 from tests.integration.test_runner_resume import job_doc, tiny_policy

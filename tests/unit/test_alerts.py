@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rljob.operator.autotune.metric_names import (
+from tests.helpers.metric_names import (
     operator_metric_names,
     runtime_metric_names,
 )

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from rljob.operator.api.spec import AutotuneSpec, KnobBounds
-from rljob.operator.autotune.controller import (
+from rljob.api.spec import AutotuneSpec, KnobBounds
+from rljob.common.autotune.controller import (
     Bounds,
     ControllerConfig,
     Knobs,

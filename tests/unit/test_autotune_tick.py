@@ -6,13 +6,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from rljob.operator.api.spec import RLJobSpec
-from rljob.operator.api.status import RLJobStatus
-from rljob.operator.autotune import tick
-from rljob.operator.autotune.controller import Observation
+from rljob.api.spec import RLJobSpec
+from rljob.api.status import RLJobStatus
+from rljob.common.autotune import tick
+from rljob.common.autotune.controller import Observation
 from rljob.operator.autotune.metrics import AutotuneMetrics
-from rljob.operator.autotune.prometheus import NoData, PrometheusUnavailable
-from rljob.operator.autotune.queries import Reading
+from rljob.common.autotune.prometheus import NoData, PrometheusUnavailable
+from rljob.common.autotune.queries import Reading
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 

@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 import yaml
 
-from rljob.operator.api.load import load_rljob
+from rljob.api.load import load_rljob
 from rljob.operator.builders import JobRef, build_children
 from rljob.operator.builders.meta import LABEL_ROLE, ROLE_INFERENCE, ROLE_TRAINER
 from rljob.operator.builders.trainer import role as trainer_role
-from rljob.operator.kube import PLURALS
+from rljob.common.kube import PLURALS
 from tests.cluster.binaries import BinariesUnavailable, binary_path, ensure_built
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rljob.operator.api import RLJobConfigError, load_rljob, parse_rljob
+from rljob.api import RLJobConfigError, load_rljob, parse_rljob
 from rljob.runtime.cli import main
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "docs" / "examples" / "quickstart.yaml"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from rljob.operator.autotune.metric_names import (
+from tests.helpers.metric_names import (
     operator_metric_names,
     runtime_metric_names,
 )

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rljob.operator.api.spec import AlgorithmSpec, RLJob
+from rljob.api.spec import AlgorithmSpec, RLJob
 from rljob.runtime.checkpoint import CheckpointManager
 from rljob.runtime.cli import main
 from rljob.runtime.models.errors import ExportError

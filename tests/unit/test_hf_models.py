@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rljob.operator.api.spec import DataSpec, ModelSpec
+from rljob.api.spec import DataSpec, ModelSpec
 from rljob.runtime.engines.base import GenerateRequest, InvalidRequestError
 from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.models.loading import load_causal_lm, stop_token_ids
@@ -229,7 +229,7 @@ def test_data_spec_takes_exactly_one_source_and_held_out_parquet(tmp_path: Path)
     import pyarrow.parquet as pq
     from pydantic import ValidationError
 
-    from rljob.operator.api.spec import EvaluationSpec
+    from rljob.api.spec import EvaluationSpec
     from rljob.runtime.tasks.dataset import held_out_records
 
     with pytest.raises(ValidationError, match="exactly one of synthetic, jsonl, parquet must be set"):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rljob.operator.api.spec import RLJobSpec
+from rljob.api.spec import RLJobSpec
 from rljob.runtime.knob_sources import (
     FileKnobSource,
     LocalAutotuner,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rljob.operator.api.spec import AlgorithmSpec
+from rljob.api.spec import AlgorithmSpec
 from rljob.runtime.algorithms.advantages import dynamic_sampling_keep, group_advantages
 from rljob.runtime.algorithms.losses import (
     LossConfig,

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rljob.operator.api.load import parse_rljob
-from rljob.operator.api.spec import RLJobSpec
+from rljob.api.load import parse_rljob
+from rljob.api.spec import RLJobSpec
 from rljob.operator.builders import JobRef, build_children
 from rljob.operator.builders.inference import pool_replicas, worker_urls
 from rljob.operator.builders.meta import MAX_CHILD_NAME, child_name

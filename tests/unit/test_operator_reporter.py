@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from rljob.operator.api.status import RLJobStatus
-from rljob.operator.status_reporter import StatusReporter, progress_patch
+from rljob.api.status import RLJobStatus
+from rljob.common.status_reporter import StatusReporter, progress_patch
 
 
 class Recorder:

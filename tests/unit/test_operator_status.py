@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from rljob.operator.api.spec import RLJobSpec
-from rljob.operator.api.status import KnobValue, RLJobStatus
+from rljob.api.spec import RLJobSpec
+from rljob.api.status import KnobValue, RLJobStatus
 from rljob.operator.builders import JobRef
 from rljob.operator.status_logic import (
     Decision,

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rljob.operator.api.spec import AlgorithmSpec
+from rljob.api.spec import AlgorithmSpec
 from rljob.runtime.models.loading import enable_gradient_checkpointing, is_checkpointing, load_causal_lm
 from rljob.runtime.models.precision import MasterWeightAdamW, build_optimizer
 from rljob.runtime.rollout.sample import Group, Sample, SampleStatus

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rljob.operator.api.spec import DataSpec, RewardSpec
+from rljob.api.spec import DataSpec, RewardSpec
 from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
 from rljob.runtime.tasks.dataset import PromptStream
 from rljob.runtime.tasks.python_reward import RewardFunctionError

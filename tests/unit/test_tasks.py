@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rljob.operator.api.spec import DataSpec, RewardSpec
+from rljob.api.spec import DataSpec, RewardSpec
 from rljob.runtime.tasks.dataset import DataExhausted, DataRow, PromptStream, load_jsonl_records
 from rljob.runtime.tasks.reward import RewardInput, build_reward, extract_answer, math_answer_reward, normalize_answer
 from rljob.runtime.tasks.synthetic import ArithChainTask, solve
@@ -204,7 +204,7 @@ def test_load_policy_from_a_local_checkpoint(tmp_path: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from rljob.operator.api.spec import ModelSpec
+    from rljob.api.spec import ModelSpec
     from rljob.runtime.tasks.policy import load_policy
 
     tok = CharTokenizer()
@@ -221,7 +221,7 @@ def test_load_policy_from_a_local_checkpoint(tmp_path: Path) -> None:
 
 
 def test_load_policy_errors_say_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rljob.operator.api.spec import ModelSpec
+    from rljob.api.spec import ModelSpec
     from rljob.runtime.tasks.policy import load_policy
 
     with pytest.raises(ValueError, match=r"model.path: .* \(no config.json\)"):
@@ -234,7 +234,7 @@ def test_load_policy_errors_say_what_to_do(tmp_path: Path, monkeypatch: pytest.M
 @pytest.mark.slow
 def test_builtin_policy_samples_a_mid_reward() -> None:
     """Warms the built-in policy up (or loads it from the cache) and samples it at temperature 1."""
-    from rljob.operator.api.spec import ModelSpec
+    from rljob.api.spec import ModelSpec
     from rljob.runtime.tasks.policy import DEFAULT_RECIPE, load_policy, sampled_reward
 
     model, tok = load_policy(ModelSpec(builtin="tiny-arith"), progress=False)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rljob.operator.api.spec import AlgorithmSpec
+from rljob.api.spec import AlgorithmSpec
 from rljob.runtime.algorithms.advantages import group_advantages
 from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
 from rljob.runtime.tasks.tokenizer import CharTokenizer

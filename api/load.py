@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from rljob.operator.api.spec import RLJob
+from rljob.api.spec import RLJob
 
 
 class RLJobConfigError(ValueError):

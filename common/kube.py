@@ -1,4 +1,4 @@
-"""Thin Kubernetes API access for the operator: server-side apply, list, delete, status patch, Events.
+"""Thin Kubernetes API access for the operator and the runtime: server-side apply, list, delete, status patch, Events.
 
 Raw REST paths on the official client's ApiClient (auth, TLS and kubeconfig handling come from it);
 objects stay plain dicts, exactly as the builders produce them.
@@ -15,12 +15,14 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kubernetes import client, config
-from rljob.operator.api.spec import API_GROUP, API_VERSION, KIND
-from rljob.operator.builders.meta import MANAGER
+from rljob.api.spec import API_GROUP, API_VERSION, KIND
 
 log = logging.getLogger(__name__)
 
 RLJOB_PLURAL = "rljobs"
+
+# The operator's server-side-apply field manager (also the Event source); other writers pass their own.
+OPERATOR_FIELD_MANAGER = "rljob-operator"
 
 # apiVersion/kind → plural, for every kind the operator touches (no discovery round-trips).
 PLURALS: dict[tuple[str, str], str] = {
@@ -67,9 +69,10 @@ def load_api_client() -> client.ApiClient:
 
 @dataclass
 class Kube:
-    """The API calls the operator makes."""
+    """The API calls the operator and the runtime make, as one field manager."""
 
     api: client.ApiClient
+    field_manager: str = OPERATOR_FIELD_MANAGER
 
     def request(
         self,
@@ -117,7 +120,7 @@ class Kube:
             "PATCH",
             path,
             body=obj,
-            query={"fieldManager": MANAGER, "force": "true"},
+            query={"fieldManager": self.field_manager, "force": "true"},
             content_type="application/apply-patch+yaml",
         )["metadata"]["resourceVersion"]
         if before is None:
@@ -183,7 +186,7 @@ class Kube:
             "type": type_,
             "reason": reason,
             "message": message[:1024],
-            "source": {"component": MANAGER},
+            "source": {"component": self.field_manager},
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,

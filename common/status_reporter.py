@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rljob.operator.api.status import CheckpointRef, JobMetrics, rfc3339, utcnow
+from rljob.api.status import CheckpointRef, JobMetrics, rfc3339, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
 
 def kubernetes_sender() -> PatchSender:
     """Send status patches with the official client (in-cluster token, else kubeconfig)."""
-    from rljob.operator.kube import Kube, load_api_client
+    from rljob.common.kube import Kube, load_api_client
 
     kube = Kube(load_api_client())
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from rljob.operator.api.spec import AutotuneSpec, KnobBounds
+from rljob.api.spec import AutotuneSpec, KnobBounds
 
 Mode = Literal["Off", "Recommend", "Apply"]
 TruncationUnit = Literal["sigma", "tokens"]

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, PlainSerializer
 
-from rljob.operator.api.spec import ApiModel
+from rljob.api.spec import ApiModel
 
 Phase = Literal["Pending", "Starting", "Running", "Degraded", "Suspended", "Complete", "Failed"]
 # Condition types the operator owns; other writers (the autotuner) may add their own types.

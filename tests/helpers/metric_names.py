@@ -2,7 +2,7 @@
 
 The alert rules, the dashboard and the autotuner's PromQL may only use these names; tests check
 that (tests/unit/test_alerts.py, tests/unit/test_dashboard.py). `python -m
-rljob.operator.autotune.metric_names` prints them.
+tests.helpers.metric_names` prints them.
 """
 
 from __future__ import annotations

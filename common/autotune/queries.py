@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rljob.operator.autotune.controller import Observation
-from rljob.operator.autotune.prometheus import NoData, PrometheusClient
-from rljob.runtime.metrics import METRIC_PREFIX
+from rljob.common.autotune.controller import Observation
+from rljob.common.autotune.prometheus import NoData, PrometheusClient
+from rljob.api.metrics import METRIC_PREFIX
 
 # Shortest averaging window: below two scrapes avg_over_time may see a single sample or none.
 MIN_WINDOW_S = 5

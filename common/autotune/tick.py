@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from rljob.operator.api.spec import RLJobSpec
-from rljob.operator.api.status import (
+from rljob.api.spec import RLJobSpec
+from rljob.api.status import (
     AutotuneStatus,
     Condition,
     EffectiveKnobs,
     KnobValue,
     RLJobStatus,
 )
-from rljob.operator.autotune.controller import (
+from rljob.common.autotune.controller import (
     ControllerConfig,
     Decision,
     Knobs,
@@ -33,8 +33,8 @@ from rljob.operator.autotune.controller import (
     decide,
     knobs_in_force,
 )
-from rljob.operator.autotune.prometheus import PrometheusError
-from rljob.operator.autotune.queries import JobQueries, Reading
+from rljob.common.autotune.prometheus import PrometheusError
+from rljob.common.autotune.queries import JobQueries, Reading
 
 CONDITION = "AutotuneActive"
 MAX_BACKOFF_S = 600.0

@@ -322,19 +322,23 @@ class EnvVar(ApiModel):
 
 
 class InferencePoolSpec(ApiModel):
-    """One pool of SGLang inference replicas on one GPU vendor (operator only)."""
+    """One pool of SGLang inference replicas on one vendor (operator only).
+
+    `cpu` pools run rljob's own SGLang-protocol server (the runtime image, no GPU): the same HTTP API
+    as SGLang, for clusters and test beds without accelerators.
+    """
 
     model_config = ConfigDict(
         json_schema_extra=cel(
             "self.tensorParallelSize <= self.gpusPerReplica",
             "tensorParallelSize must not exceed gpusPerReplica",
-            "!has(self.resourceName) || self.resourceName.startsWith(self.vendor + '.com/')",
-            "resourceName must belong to the pool's vendor (nvidia.com/... or amd.com/...)",
+            "!has(self.resourceName) || (self.vendor != 'cpu' && self.resourceName.startsWith(self.vendor + '.com/'))",
+            "resourceName must belong to the pool's vendor (nvidia.com/... or amd.com/...); cpu pools take none",
         )
     )
 
     name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    vendor: Literal["nvidia", "amd"]
+    vendor: Literal["nvidia", "amd", "cpu"]
     resource_name: str | None = Field(
         default=None, description="GPU resource; defaults to nvidia.com/gpu or amd.com/gpu by vendor."
     )
@@ -356,6 +360,12 @@ class InferencePoolSpec(ApiModel):
     def _tp_fits_gpus(self) -> InferencePoolSpec:
         if self.tensor_parallel_size > self.gpus_per_replica:
             raise ValueError("tensorParallelSize must not exceed gpusPerReplica")
+        if self.resource_name is not None and (
+            self.vendor == "cpu" or not self.resource_name.startswith(f"{self.vendor}.com/")
+        ):
+            raise ValueError("resourceName must belong to the pool's vendor (nvidia.com/... or amd.com/...); cpu pools take none")
+        if self.vendor == "cpu" and self.tensor_parallel_size != 1:
+            raise ValueError("tensorParallelSize must be 1 on a cpu pool (the CPU server has no tensor parallelism)")
         return self
 
 

@@ -15,7 +15,14 @@ from rljob.operator.builders.meta import (
     object_meta,
     selector_labels,
 )
-from rljob.operator.builders.vendor import PROFILES, merge_env, tolerations, vendor_affinity
+from rljob.operator.builders.vendor import (
+    CPU_SERVER_COMMAND,
+    PROFILES,
+    RUNTIME_IMAGE,
+    merge_env,
+    tolerations,
+    vendor_affinity,
+)
 
 SGLANG_PORT = 30000
 DEFAULT_SERVER_COMMAND = ["python3", "-m", "sglang.launch_server"]
@@ -81,14 +88,20 @@ def _probe(path: str, **timing: int) -> dict[str, Any]:
 
 
 def pool_container(spec: RLJobSpec, pool: InferencePoolSpec) -> dict[str, Any]:
-    """The SGLang server container of one pool."""
-    profile = PROFILES[pool.vendor]
-    gpus = {pool.resource_name or profile.resource_name: str(pool.gpus_per_replica)}
+    """The SGLang server container of one pool (a `cpu` pool runs rljob's SGLang-protocol server)."""
+    if pool.vendor == "cpu":
+        image, command, resources = RUNTIME_IMAGE, CPU_SERVER_COMMAND, {}
+        env = merge_env([], pool.env)
+    else:
+        profile = PROFILES[pool.vendor]
+        gpus = {pool.resource_name or profile.resource_name: str(pool.gpus_per_replica)}
+        image, command, resources = profile.sglang_image, DEFAULT_SERVER_COMMAND, {"limits": gpus, "requests": gpus}
+        env = merge_env(profile.env_vars(), pool.env)
     startup_failures = math.ceil(spec.rollout.startup_budget_seconds / STARTUP_PERIOD_SECONDS)
     return {
         "name": "sglang",
-        "image": pool.image or profile.sglang_image,
-        "command": list(pool.command or DEFAULT_SERVER_COMMAND),
+        "image": pool.image or image,
+        "command": list(pool.command or command),
         "args": [
             *model_args(spec.model),
             "--tp",
@@ -101,8 +114,8 @@ def pool_container(spec: RLJobSpec, pool: InferencePoolSpec) -> dict[str, Any]:
             *pool.extra_args,
         ],
         "ports": [{"name": "http", "containerPort": SGLANG_PORT, "protocol": "TCP"}],
-        "env": merge_env(profile.env_vars(), pool.env),
-        "resources": {"limits": gpus, "requests": gpus},
+        "env": env,
+        "resources": resources,
         "startupProbe": _probe(
             "/health_generate", periodSeconds=STARTUP_PERIOD_SECONDS, timeoutSeconds=10, failureThreshold=startup_failures
         ),
@@ -118,6 +131,17 @@ def pool_statefulset(
     """StatefulSet of one pool's SGLang replicas (scaled to zero when the job is not active)."""
     name = pool_workload_name(job, pool)
     pod_labels = {**labels(job, ROLE_INFERENCE, pool.name), LABEL_VENDOR: pool.vendor}
+    pod_spec: dict[str, Any] = {
+        "containers": [pool_container(spec, pool)],
+        "nodeSelector": dict(pool.node_selector),
+        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
+    }
+    if pool.vendor == "cpu":
+        if pool.tolerations:
+            pod_spec["tolerations"] = [t.to_wire() for t in pool.tolerations]
+    else:
+        pod_spec["affinity"] = vendor_affinity(pool.vendor)
+        pod_spec["tolerations"] = tolerations(pool.vendor, pool.tolerations)
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -127,16 +151,7 @@ def pool_statefulset(
             "serviceName": name,
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": selector_labels(job, ROLE_INFERENCE, pool.name)},
-            "template": {
-                "metadata": {"labels": pod_labels},
-                "spec": {
-                    "containers": [pool_container(spec, pool)],
-                    "nodeSelector": dict(pool.node_selector),
-                    "affinity": vendor_affinity(pool.vendor),
-                    "tolerations": tolerations(pool.vendor, pool.tolerations),
-                    "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
-                },
-            },
+            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
         },
     }
 

@@ -15,6 +15,8 @@ Vendor = Literal["nvidia", "amd"]
 SGLANG_VERSION = "v0.5.5.post3"
 # Runtime/trainer image built from images/ (tag follows the rljob distribution version).
 RUNTIME_IMAGE = "rljob/runtime:0.1.0"
+# What a `cpu` inference pool runs: rljob's SGLang-protocol server from the runtime image.
+CPU_SERVER_COMMAND = ["python", "-m", "rljob.runtime.engines.server"]
 
 
 @dataclass(frozen=True)

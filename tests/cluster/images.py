@@ -211,7 +211,10 @@ def thin_runtime_dockerfile() -> str:
     copy = "COPY --from=build /opt/rljob /opt/rljob"
     if copy not in final:
         raise ImageBuildError(f"images/runtime.Dockerfile changed: {copy!r} not found in its final stage")
-    final = ["RUN install -d /opt/rljob  # mount point of the installed virtualenv" if line == copy else line for line in final]
+    # The mounted virtualenv's interpreter lives at the host's own path (for pyenv, under /root), so
+    # uid 1000 must be able to traverse /root to reach it; nothing of /root is readable.
+    mount_point = "RUN install -d /opt/rljob && chmod o+x /root  # mount point of the installed virtualenv"
+    final = [mount_point if line == copy else line for line in final]
     return "\n".join(head + final) + "\n"
 
 

@@ -1,11 +1,11 @@
-"""SGLang inference pools: one StatefulSet and one headless Service per pool."""
+"""SGLang inference pools: a StatefulSet, a headless Service and a PodDisruptionBudget per pool."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from rljob.api.spec import InferencePoolSpec, ModelSpec, RLJobSpec, RolloutSpec
+from rljob.api.spec import EnvVar, InferencePoolSpec, ModelSpec, RLJobSpec, RolloutSpec
 from rljob.operator.builders.meta import (
     LABEL_VENDOR,
     ROLE_INFERENCE,
@@ -15,10 +15,34 @@ from rljob.operator.builders.meta import (
     object_meta,
     selector_labels,
 )
-from rljob.operator.builders.vendor import PROFILES, merge_env, tolerations, vendor_affinity
+from rljob.operator.builders.pods import (
+    SCRATCH_DIR,
+    container_resources,
+    extra_mounts,
+    hardened_container_security,
+    merge_env,
+    pod_security_context,
+    scheduling_fields,
+    scratch_mount,
+    scratch_volume,
+    shm_mount,
+    shm_volume,
+)
+from rljob.operator.builders.storage import model_path_in_pods, model_storage, weights_storage
+from rljob.operator.builders.vendor import PROFILES, SGLANG_UID, tolerations, vendor_affinity
 
 SGLANG_PORT = 30000
 DEFAULT_SERVER_COMMAND = ["python3", "-m", "sglang.launch_server"]
+
+# The root filesystem is read-only and the upstream images' home is root's: every cache SGLang, Triton,
+# PyTorch and FlashInfer write goes under the writable /tmp.
+SCRATCH_ENV = (
+    ("HOME", f"{SCRATCH_DIR}/home"),
+    ("XDG_CACHE_HOME", f"{SCRATCH_DIR}/cache"),
+    ("HF_HOME", f"{SCRATCH_DIR}/cache/huggingface"),
+    ("TRITON_CACHE_DIR", f"{SCRATCH_DIR}/cache/triton"),
+    ("TORCHINDUCTOR_CACHE_DIR", f"{SCRATCH_DIR}/cache/inductor"),
+)
 
 # Probe timings (operator_conventions.md §7, after OME): generous, so a saturated server that answers
 # slowly is not restarted; the startup budget covers weight loading.
@@ -57,21 +81,17 @@ def pool_workload_name(job: JobRef, pool: InferencePoolSpec) -> str:
     return child_name(job, "infer", pool.name)
 
 
-def worker_urls(job: JobRef, rollout: RolloutSpec) -> list[str]:
-    """Stable per-pod URLs of every desired inference replica (StatefulSet DNS through the headless Service)."""
-    counts = pool_replicas(rollout)
-    urls = []
-    for pool in effective_pools(rollout):
-        name = pool_workload_name(job, pool)
-        urls += [f"http://{name}-{i}.{name}.{job.namespace}.svc:{SGLANG_PORT}" for i in range(counts[pool.name])]
-    return urls
+def worker_selector(job: JobRef) -> dict[str, str]:
+    """Labels of every inference pod of the job, over all pools: how the router and the runtime find
+    workers. It does not depend on any replica count, so scaling changes no config."""
+    return selector_labels(job, ROLE_INFERENCE)
 
 
 def model_args(model: ModelSpec) -> list[str]:
-    """`--model-path` (and revision) for the SGLang server."""
-    source = model.hugging_face or model.path or model.builtin
-    args = ["--model-path", str(source)]
-    if model.revision:
+    """`--model-path` (and revision) for the SGLang server: a path the pod sees, or a hub id."""
+    path = model_path_in_pods(model)
+    args = ["--model-path", path]
+    if model.revision and path == model.hugging_face:
         args += ["--revision", model.revision]
     return args
 
@@ -85,6 +105,8 @@ def pool_container(spec: RLJobSpec, pool: InferencePoolSpec) -> dict[str, Any]:
     profile = PROFILES[pool.vendor]
     gpus = {pool.resource_name or profile.resource_name: str(pool.gpus_per_replica)}
     startup_failures = math.ceil(spec.rollout.startup_budget_seconds / STARTUP_PERIOD_SECONDS)
+    files = model_storage(spec).add(weights_storage(spec, writable=False))
+    defaults = [EnvVar(name=k, value=v) for k, v in SCRATCH_ENV] + profile.env_vars()
     return {
         "name": "sglang",
         "image": pool.image or profile.sglang_image,
@@ -101,14 +123,15 @@ def pool_container(spec: RLJobSpec, pool: InferencePoolSpec) -> dict[str, Any]:
             *pool.extra_args,
         ],
         "ports": [{"name": "http", "containerPort": SGLANG_PORT, "protocol": "TCP"}],
-        "env": merge_env(profile.env_vars(), pool.env),
-        "resources": {"limits": gpus, "requests": gpus},
+        "env": files.env + merge_env(defaults, pool.env),
+        "resources": container_resources(pool.resources, gpus),
+        "securityContext": hardened_container_security(),
         "startupProbe": _probe(
             "/health_generate", periodSeconds=STARTUP_PERIOD_SECONDS, timeoutSeconds=10, failureThreshold=startup_failures
         ),
         "readinessProbe": _probe("/health_generate", **READINESS),
         "livenessProbe": _probe("/health", **LIVENESS),
-        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [shm_mount(), scratch_mount(), *files.mounts, *extra_mounts(spec.pods)],
     }
 
 
@@ -118,6 +141,18 @@ def pool_statefulset(
     """StatefulSet of one pool's SGLang replicas (scaled to zero when the job is not active)."""
     name = pool_workload_name(job, pool)
     pod_labels = {**labels(job, ROLE_INFERENCE, pool.name), LABEL_VENDOR: pool.vendor}
+    files = model_storage(spec).add(weights_storage(spec, writable=False))
+    pod_spec: dict[str, Any] = {
+        "securityContext": pod_security_context(spec.pods, SGLANG_UID),
+        **scheduling_fields(spec.pods),
+        "containers": [pool_container(spec, pool)],
+        "nodeSelector": dict(pool.node_selector),
+        "affinity": vendor_affinity(pool.vendor),
+        "tolerations": tolerations(pool.vendor, pool.tolerations),
+        "volumes": [shm_volume(pool.shm_size), scratch_volume(), *files.volumes, *spec.pods.volumes],
+    }
+    if files.init_containers:
+        pod_spec["initContainers"] = files.init_containers
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -127,16 +162,22 @@ def pool_statefulset(
             "serviceName": name,
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": selector_labels(job, ROLE_INFERENCE, pool.name)},
-            "template": {
-                "metadata": {"labels": pod_labels},
-                "spec": {
-                    "containers": [pool_container(spec, pool)],
-                    "nodeSelector": dict(pool.node_selector),
-                    "affinity": vendor_affinity(pool.vendor),
-                    "tolerations": tolerations(pool.vendor, pool.tolerations),
-                    "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
-                },
-            },
+            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+        },
+    }
+
+
+def pool_disruption_budget(job: JobRef, pool: InferencePoolSpec) -> dict[str, Any]:
+    """PodDisruptionBudget: a node drain takes at most `maxUnavailable` replicas of the pool at once."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": object_meta(job, pool_workload_name(job, pool), ROLE_INFERENCE, pool.name),
+        "spec": {
+            "maxUnavailable": pool.max_unavailable,
+            "selector": {"matchLabels": selector_labels(job, ROLE_INFERENCE, pool.name)},
+            # A replica that never became ready (still loading, crash-looping) may always be evicted.
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }
 

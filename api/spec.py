@@ -771,6 +771,14 @@ class EvaluationSpec(ApiModel):
         return self.jsonl or self.parquet
 
 
+class ExtraVolume(ApiModel):
+    """A Kubernetes Volume object, passed through as written: the API server validates it in the pods."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+
+    name: str = Field(min_length=1, max_length=63)
+
+
 class VolumeMount(ApiModel):
     """A mount of one of spec.pods.volumes into the main container."""
 
@@ -783,12 +791,6 @@ class VolumeMount(ApiModel):
 class PodPolicySpec(ApiModel):
     """What every pod the operator creates (inference, router, trainer) gets (operator only)."""
 
-    @model_validator(mode="after")
-    def _named_volumes(self) -> PodPolicySpec:
-        if not all(isinstance(v.get("name"), str) and v["name"] for v in self.volumes):
-            raise ValueError("every volume needs a name")
-        return self
-
     image_pull_secrets: list[str] = Field(
         default_factory=list, max_length=MAX_LIST, description="Secrets (docker-registry) to pull the images with."
     )
@@ -797,12 +799,8 @@ class PodPolicySpec(ApiModel):
     fs_group: int = Field(
         default=1000, ge=0, description="Group that owns mounted volumes, so the non-root containers can write them."
     )
-    volumes: list[dict[str, Any]] = Field(
-        default_factory=list,
-        max_length=MAX_LIST,
-        description="Extra pod volumes: Kubernetes Volume objects, passed through as written (the API server "
-        "validates them in the pods).",
-        json_schema_extra=cel("self.all(v, has(v.name))", "every volume needs a name"),
+    volumes: list[ExtraVolume] = Field(
+        default_factory=list, max_length=MAX_LIST, description="Extra pod volumes (Kubernetes Volume objects)."
     )
     volume_mounts: list[VolumeMount] = Field(
         default_factory=list, max_length=MAX_LIST, description="Mounts of those volumes into the main container of every pod."

@@ -19,6 +19,7 @@ from rljob.operator.builders.pods import (
     SCRATCH_DIR,
     container_resources,
     extra_mounts,
+    extra_volumes,
     hardened_container_security,
     merge_env,
     pod_security_context,
@@ -149,7 +150,7 @@ def pool_statefulset(
         "nodeSelector": dict(pool.node_selector),
         "affinity": vendor_affinity(pool.vendor),
         "tolerations": tolerations(pool.vendor, pool.tolerations),
-        "volumes": [shm_volume(pool.shm_size), scratch_volume(), *files.volumes, *spec.pods.volumes],
+        "volumes": [shm_volume(pool.shm_size), scratch_volume(), *files.volumes, *extra_volumes(spec.pods)],
     }
     if files.init_containers:
         pod_spec["initContainers"] = files.init_containers

@@ -82,6 +82,11 @@ def merge_env(defaults: list[EnvVar], overrides: list[EnvVar]) -> list[dict[str,
     return [env_entry(e) for e in merged.values()]
 
 
+def extra_volumes(policy: PodPolicySpec) -> list[dict[str, Any]]:
+    """The spec's own pod volumes, as written."""
+    return [v.model_dump(by_alias=True, exclude_none=True) for v in policy.volumes]
+
+
 def extra_mounts(policy: PodPolicySpec) -> list[dict[str, Any]]:
     """The spec's own volume mounts (of spec.pods.volumes) for a main container."""
     return [m.to_wire() for m in policy.volume_mounts]

@@ -10,6 +10,7 @@ from rljob.operator.builders.meta import ROLE_ROUTER, JobRef, child_name, labels
 from rljob.operator.builders.pods import (
     container_resources,
     extra_mounts,
+    extra_volumes,
     hardened_container_security,
     pod_security_context,
     scheduling_fields,
@@ -81,7 +82,7 @@ def router_deployment(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str, A
                     "securityContext": pod_security_context(spec.pods, ROUTER_UID),
                     **scheduling_fields(spec.pods),
                     "containers": [container],
-                    "volumes": [scratch_volume(), *spec.pods.volumes],
+                    "volumes": [scratch_volume(), *extra_volumes(spec.pods)],
                 },
             },
         },

@@ -20,6 +20,7 @@ from rljob.operator.builders.meta import (
 )
 from rljob.operator.builders.pods import (
     extra_mounts,
+    extra_volumes,
     hardened_container_security,
     merge_env,
     pod_security_context,
@@ -243,7 +244,7 @@ def trainer_statefulset(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str,
         scratch_volume(),
         {"name": "home", "emptyDir": {}},
         *files.volumes,
-        *spec.pods.volumes,
+        *extra_volumes(spec.pods),
     ]
     claim = checkpoint_claim_name(job, spec)
     if claim is not None:

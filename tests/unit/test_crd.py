@@ -56,6 +56,8 @@ def test_preserve_unknown_fields_only_on_kopf_bookkeeping_and_pass_through_volum
     preserved = [p for p, n in _walk(_root()) if n.get("x-kubernetes-preserve-unknown-fields")]
     # spec.pods.volumes are Kubernetes Volume objects, validated by the API server in the pods.
     assert preserved == [".spec.pods.volumes[]", ".status.kopf"]
+    volume = _root()["properties"]["spec"]["properties"]["pods"]["properties"]["volumes"]["items"]
+    assert volume["required"] == ["name"]
 
 
 def test_validation_rules_and_defaults() -> None:

@@ -455,14 +455,6 @@ class ComputeResources(ApiModel):
     limits: ResourceQuantities = Field(default_factory=ResourceQuantities)
 
 
-def _inference_resources() -> ComputeResources:
-    # Weights pass through host memory while loading, and /dev/shm (a memory-backed emptyDir) counts
-    # against the memory limit: the limit leaves room for both. No CPU limit (throttling stalls decode).
-    return ComputeResources(
-        requests=ResourceQuantities(cpu="4", memory="32Gi"), limits=ResourceQuantities(memory="96Gi")
-    )
-
-
 def _router_resources() -> ComputeResources:
     return ComputeResources(
         requests=ResourceQuantities(cpu="500m", memory="512Mi"), limits=ResourceQuantities(memory="2Gi")
@@ -470,19 +462,23 @@ def _router_resources() -> ComputeResources:
 
 
 class InferencePoolSpec(ApiModel):
-    """One pool of SGLang inference replicas on one GPU vendor (operator only)."""
+    """One pool of SGLang inference replicas on one vendor (operator only).
+
+    `cpu` pools run rljob's own SGLang-protocol server (the runtime image, no GPU): the same HTTP API
+    as SGLang, for clusters and test beds without accelerators.
+    """
 
     model_config = ConfigDict(
         json_schema_extra=cel(
             "self.tensorParallelSize <= self.gpusPerReplica",
             "tensorParallelSize must not exceed gpusPerReplica",
-            "!has(self.resourceName) || self.resourceName.startsWith(self.vendor + '.com/')",
-            "resourceName must belong to the pool's vendor (nvidia.com/... or amd.com/...)",
+            "!has(self.resourceName) || (self.vendor != 'cpu' && self.resourceName.startsWith(self.vendor + '.com/'))",
+            "resourceName must belong to the pool's vendor (nvidia.com/... or amd.com/...); cpu pools take none",
         )
     )
 
     name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    vendor: Literal["nvidia", "amd"]
+    vendor: Literal["nvidia", "amd", "cpu"]
     resource_name: str | None = Field(
         default=None, description="GPU resource; defaults to nvidia.com/gpu or amd.com/gpu by vendor."
     )
@@ -499,8 +495,10 @@ class InferencePoolSpec(ApiModel):
         max_length=MAX_LIST,
         description="Server command; defaults to python3 -m sglang.launch_server (model, tp, host and port are appended).",
     )
-    resources: ComputeResources = Field(
-        default_factory=_inference_resources, description="CPU and memory of each SGLang container."
+    resources: ComputeResources | None = Field(
+        default=None,
+        description="CPU and memory of each server container. Default: GPU pools request 4 CPUs and 32Gi with a "
+        "96Gi memory limit; cpu pools request 1 CPU and 2Gi with an 8Gi limit.",
     )
     shm_size: str = Field(
         default="16Gi", pattern=QUANTITY_PATTERN, description="Size limit of /dev/shm (counts against the memory limit)."
@@ -513,6 +511,12 @@ class InferencePoolSpec(ApiModel):
     def _tp_fits_gpus(self) -> InferencePoolSpec:
         if self.tensor_parallel_size > self.gpus_per_replica:
             raise ValueError("tensorParallelSize must not exceed gpusPerReplica")
+        if self.resource_name is not None and (
+            self.vendor == "cpu" or not self.resource_name.startswith(f"{self.vendor}.com/")
+        ):
+            raise ValueError("resourceName must belong to the pool's vendor (nvidia.com/... or amd.com/...); cpu pools take none")
+        if self.vendor == "cpu" and self.tensor_parallel_size != 1:
+            raise ValueError("tensorParallelSize must be 1 on a cpu pool (the CPU server has no tensor parallelism)")
         return self
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rljob.api.spec import EnvVar, InferencePoolSpec, ModelSpec, RLJobSpec, RolloutSpec
+from rljob.api.spec import ComputeResources, EnvVar, InferencePoolSpec, ModelSpec, ResourceQuantities, RLJobSpec, RolloutSpec
 from rljob.operator.builders.meta import (
     LABEL_VENDOR,
     ROLE_INFERENCE,
@@ -30,7 +30,15 @@ from rljob.operator.builders.pods import (
     shm_volume,
 )
 from rljob.operator.builders.storage import model_path_in_pods, model_storage, weights_storage
-from rljob.operator.builders.vendor import PROFILES, SGLANG_UID, tolerations, vendor_affinity
+from rljob.operator.builders.vendor import (
+    CPU_SERVER_COMMAND,
+    PROFILES,
+    RUNTIME_IMAGE,
+    RUNTIME_UID,
+    SGLANG_UID,
+    tolerations,
+    vendor_affinity,
+)
 
 SGLANG_PORT = 30000
 DEFAULT_SERVER_COMMAND = ["python3", "-m", "sglang.launch_server"]
@@ -101,17 +109,33 @@ def _probe(path: str, **timing: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": "http"}, **timing}
 
 
+def pool_resources(pool: InferencePoolSpec) -> ComputeResources:
+    """The pool's CPU and memory: its spec, else the default of its kind (GPU server or CPU server)."""
+    if pool.resources is not None:
+        return pool.resources
+    # A GPU server stages weights through host memory while loading, and /dev/shm (memory-backed) counts
+    # against the limit; the CPU server holds a small model. No CPU limit: throttling stalls decoding.
+    if pool.vendor == "cpu":
+        return ComputeResources(requests=ResourceQuantities(cpu="1", memory="2Gi"), limits=ResourceQuantities(memory="8Gi"))
+    return ComputeResources(requests=ResourceQuantities(cpu="4", memory="32Gi"), limits=ResourceQuantities(memory="96Gi"))
+
+
 def pool_container(spec: RLJobSpec, pool: InferencePoolSpec) -> dict[str, Any]:
-    """The SGLang server container of one pool."""
-    profile = PROFILES[pool.vendor]
-    gpus = {pool.resource_name or profile.resource_name: str(pool.gpus_per_replica)}
+    """The SGLang server container of one pool (a `cpu` pool runs rljob's SGLang-protocol server)."""
+    scratch = [EnvVar(name=k, value=v) for k, v in SCRATCH_ENV]
+    accelerators: dict[str, str] = {}
+    if pool.vendor == "cpu":
+        image, command, defaults = RUNTIME_IMAGE, CPU_SERVER_COMMAND, scratch
+    else:
+        profile = PROFILES[pool.vendor]
+        accelerators = {pool.resource_name or profile.resource_name: str(pool.gpus_per_replica)}
+        image, command, defaults = profile.sglang_image, DEFAULT_SERVER_COMMAND, scratch + profile.env_vars()
     startup_failures = math.ceil(spec.rollout.startup_budget_seconds / STARTUP_PERIOD_SECONDS)
     files = model_storage(spec).add(weights_storage(spec, writable=False))
-    defaults = [EnvVar(name=k, value=v) for k, v in SCRATCH_ENV] + profile.env_vars()
     return {
         "name": "sglang",
-        "image": pool.image or profile.sglang_image,
-        "command": list(pool.command or DEFAULT_SERVER_COMMAND),
+        "image": pool.image or image,
+        "command": list(pool.command or command),
         "args": [
             *model_args(spec.model),
             "--tp",
@@ -125,7 +149,7 @@ def pool_container(spec: RLJobSpec, pool: InferencePoolSpec) -> dict[str, Any]:
         ],
         "ports": [{"name": "http", "containerPort": SGLANG_PORT, "protocol": "TCP"}],
         "env": files.env + merge_env(defaults, pool.env),
-        "resources": container_resources(pool.resources, gpus),
+        "resources": container_resources(pool_resources(pool), accelerators),
         "securityContext": hardened_container_security(),
         "startupProbe": _probe(
             "/health_generate", periodSeconds=STARTUP_PERIOD_SECONDS, timeoutSeconds=10, failureThreshold=startup_failures
@@ -143,17 +167,23 @@ def pool_statefulset(
     name = pool_workload_name(job, pool)
     pod_labels = {**labels(job, ROLE_INFERENCE, pool.name), LABEL_VENDOR: pool.vendor}
     files = model_storage(spec).add(weights_storage(spec, writable=False))
+    # The CPU server is the runtime image (uid 1000); GPU pools run SGLang as the sglang-* images' user.
+    uid = RUNTIME_UID if pool.vendor == "cpu" else SGLANG_UID
     pod_spec: dict[str, Any] = {
-        "securityContext": pod_security_context(spec.pods, SGLANG_UID),
+        "securityContext": pod_security_context(spec.pods, uid),
         **scheduling_fields(spec.pods),
         "containers": [pool_container(spec, pool)],
         "nodeSelector": dict(pool.node_selector),
-        "affinity": vendor_affinity(pool.vendor),
-        "tolerations": tolerations(pool.vendor, pool.tolerations),
         "volumes": [shm_volume(pool.shm_size), scratch_volume(), *files.volumes, *extra_volumes(spec.pods)],
     }
     if files.init_containers:
         pod_spec["initContainers"] = files.init_containers
+    if pool.vendor == "cpu":
+        if pool.tolerations:
+            pod_spec["tolerations"] = [t.to_wire() for t in pool.tolerations]
+    else:
+        pod_spec["affinity"] = vendor_affinity(pool.vendor)
+        pod_spec["tolerations"] = tolerations(pool.vendor, pool.tolerations)
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",

@@ -31,6 +31,8 @@ ROUTER_IMAGE = f"rljob/router:{SGLANG_ROUTER_VERSION}"
 RUNTIME_UID = 1000
 SGLANG_UID = 10001
 ROUTER_UID = 65532
+# What a `cpu` inference pool runs: rljob's SGLang-protocol server from the runtime image.
+CPU_SERVER_COMMAND = ["python", "-m", "rljob.runtime.engines.server"]
 
 
 @dataclass(frozen=True)

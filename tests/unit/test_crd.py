@@ -65,7 +65,7 @@ def test_validation_rules_and_defaults() -> None:
     rollout = spec["rollout"]["properties"]
     assert rollout["partial"]["properties"]["overSampling"]["minimum"] == 1.0
     assert rollout["rolloutBatchSize"]["minimum"] == 0 and rollout["rolloutBatchSize"]["exclusiveMinimum"] is True
-    assert rollout["pools"]["items"]["properties"]["vendor"]["enum"] == ["nvidia", "amd"]
+    assert rollout["pools"]["items"]["properties"]["vendor"]["enum"] == ["nvidia", "amd", "cpu"]
     assert rollout["pools"]["x-kubernetes-list-type"] == "map"
     assert rollout["rolloutBatchSize"]["default"] == 8
     assert spec["algorithm"]["default"] == {}, "nested defaults apply only under a defaulted parent"

@@ -89,6 +89,50 @@ def test_children_are_complete_unique_and_owned() -> None:
     assert build_children(JOB, _spec(), active=True) == children
 
 
+def test_cpu_pool_runs_the_sglang_protocol_server_with_args_it_accepts() -> None:
+    """A cpu pool: the runtime image's SGLang-protocol server, no GPU request, no GPU-node affinity.
+
+    The rendered command line is parsed by the real server's own argument parser, so a flag the
+    builder adds that the CPU server does not know fails here, not in a crash-looping pod.
+    """
+    from rljob.runtime.engines.server import build_arg_parser
+
+    spec = RLJobSpec.model_validate({
+        "model": {"path": "/models/tiny"},
+        "data": {"synthetic": {}},
+        "rollout": {"engine": "sglang", "pools": [
+            {"name": "cpu", "vendor": "cpu", "replicas": 2, "extraArgs": ["--max-running-requests", "8"]},
+        ]},
+        "trainer": {"vendor": "cpu", "gpusPerReplica": 0},
+    })
+    sts = _by(build_children(JOB, spec, active=True), "StatefulSet", "demo-infer-cpu")["spec"]
+    pod = sts["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == "rljob/runtime:0.1.0"
+    assert container["command"] == ["python", "-m", "rljob.runtime.engines.server"]
+    assert not any("gpu" in name for kind in container["resources"].values() for name in kind), "no GPU request"
+    assert container["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}, "never BestEffort"
+    assert pod["securityContext"]["runAsUser"] == 1000, "the runtime image's user"
+    assert "affinity" not in pod and "tolerations" not in pod
+    args = build_arg_parser().parse_args(container["args"])
+    assert (args.model_path, args.tp, args.host, args.port, args.max_batch_size) == ("/models/tiny", 1, "0.0.0.0", 30000, 8)
+    assert "RLJOB_GPU_VENDOR" not in {e["name"] for e in container["env"]}
+
+
+@pytest.mark.parametrize(
+    ("pool", "message"),
+    [
+        ({"resourceName": "nvidia.com/gpu"}, "cpu pools take none"),
+        ({"tensorParallelSize": 2, "gpusPerReplica": 2}, "must be 1 on a cpu pool"),
+    ],
+)
+def test_cpu_pool_rejects_gpu_fields(pool: dict[str, Any], message: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=message):
+        _spec().rollout.pools[0].model_validate({"name": "c", "vendor": "cpu", **pool})
+
+
 def test_inference_pools_are_vendor_correct() -> None:
     children = build_children(JOB, _spec(), active=True)
     nv = _by(children, "StatefulSet", "demo-infer-nv")["spec"]

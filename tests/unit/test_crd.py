@@ -52,9 +52,12 @@ def test_schema_is_structural() -> None:
             assert node.get(bound, True) is True, f"{path}: {bound} must be a boolean in OpenAPI v3"
 
 
-def test_preserve_unknown_fields_only_on_kopf_bookkeeping() -> None:
+def test_preserve_unknown_fields_only_on_kopf_bookkeeping_and_pass_through_volumes() -> None:
     preserved = [p for p, n in _walk(_root()) if n.get("x-kubernetes-preserve-unknown-fields")]
-    assert preserved == [".status.kopf"]
+    # spec.pods.volumes are Kubernetes Volume objects, validated by the API server in the pods.
+    assert preserved == [".spec.pods.volumes[]", ".status.kopf"]
+    volume = _root()["properties"]["spec"]["properties"]["pods"]["properties"]["volumes"]["items"]
+    assert volume["required"] == ["name"]
 
 
 def test_validation_rules_and_defaults() -> None:

@@ -10,7 +10,7 @@ import yaml
 from rljob.api.load import parse_rljob
 from rljob.api.spec import RLJobSpec
 from rljob.operator.builders import JobRef, build_children
-from rljob.operator.builders.inference import pool_replicas, worker_urls
+from rljob.operator.builders.inference import pool_replicas
 from rljob.operator.builders.meta import MAX_CHILD_NAME, child_name
 from rljob.operator.builders.trainer import runtime_document
 
@@ -58,9 +58,14 @@ def test_children_are_complete_unique_and_owned() -> None:
         ("RoleBinding", "demo-trainer"),
         ("PersistentVolumeClaim", "demo-checkpoints"),
         ("Service", "demo-infer-nv"),
+        ("PodDisruptionBudget", "demo-infer-nv"),
         ("StatefulSet", "demo-infer-nv"),
         ("Service", "demo-infer-mi"),
+        ("PodDisruptionBudget", "demo-infer-mi"),
         ("StatefulSet", "demo-infer-mi"),
+        ("ServiceAccount", "demo-router"),
+        ("Role", "demo-router"),
+        ("RoleBinding", "demo-router"),
         ("Service", "demo-router"),
         ("Deployment", "demo-router"),
         ("Service", "demo-trainer"),
@@ -105,7 +110,9 @@ def test_cpu_pool_runs_the_sglang_protocol_server_with_args_it_accepts() -> None
     container = pod["containers"][0]
     assert container["image"] == "rljob/runtime:0.1.0"
     assert container["command"] == ["python", "-m", "rljob.runtime.engines.server"]
-    assert container["resources"] == {}
+    assert not any("gpu" in name for kind in container["resources"].values() for name in kind), "no GPU request"
+    assert container["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}, "never BestEffort"
+    assert pod["securityContext"]["runAsUser"] == 1000, "the runtime image's user"
     assert "affinity" not in pod and "tolerations" not in pod
     args = build_arg_parser().parse_args(container["args"])
     assert (args.model_path, args.tp, args.host, args.port, args.max_batch_size) == ("/models/tiny", 1, "0.0.0.0", 30000, 8)
@@ -133,17 +140,17 @@ def test_inference_pools_are_vendor_correct() -> None:
     assert nv["replicas"] == 2 and mi["replicas"] == 1
     nv_pod, mi_pod = nv["template"]["spec"], mi["template"]["spec"]
     nv_c, mi_c = nv_pod["containers"][0], mi_pod["containers"][0]
-    assert nv_c["resources"]["limits"] == {"nvidia.com/gpu": "2"}
-    assert mi_c["resources"]["limits"] == {"amd.com/gpu": "1"}
+    assert nv_c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert mi_c["resources"]["limits"]["amd.com/gpu"] == "1"
     assert "rocm" not in nv_c["image"] and nv_c["image"].startswith("lmsysorg/sglang:v")
     assert "rocm" in mi_c["image"]
     assert nv_c["args"][:4] == ["--model-path", "Qwen/Qwen3-4B", "--revision", "main"]
     assert nv_c["args"][nv_c["args"].index("--tp") + 1] == "2"
     assert mi_c["args"][-2:] == ["--mem-fraction-static", "0.8"]
-    mi_env = {e["name"]: e["value"] for e in mi_c["env"]}
+    mi_env = {e["name"]: e.get("value") for e in mi_c["env"]}
     assert mi_env["SGLANG_USE_AITER"] == "0" and mi_env["HSA_NO_SCRATCH_RECLAIM"] == "0", "user env overrides"
     assert mi_env["RLJOB_GPU_VENDOR"] == "amd"
-    assert {e["name"]: e["value"] for e in nv_c["env"]}["RLJOB_GPU_VENDOR"] == "nvidia"
+    assert {e["name"]: e.get("value") for e in nv_c["env"]}["RLJOB_GPU_VENDOR"] == "nvidia"
     affinity = mi_pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert affinity["nodeSelectorTerms"][0]["matchExpressions"] == [
         {"key": "amd.com/gpu.product-name", "operator": "Exists"}
@@ -159,17 +166,6 @@ def test_inference_pools_are_vendor_correct() -> None:
     svc = _by(children, "Service", "demo-infer-nv")["spec"]
     assert svc["clusterIP"] == "None" and svc["selector"] == nv["selector"]["matchLabels"]
     assert nv["serviceName"] == "demo-infer-nv"
-
-
-def test_router_lists_every_worker_by_stable_dns() -> None:
-    children = build_children(JOB, _spec(), active=True)
-    args = _by(children, "Deployment", "demo-router")["spec"]["template"]["spec"]["containers"][0]["args"]
-    urls = args[args.index("--worker-urls") + 1 :]
-    assert urls == [
-        "http://demo-infer-nv-0.demo-infer-nv.team-a.svc:30000",
-        "http://demo-infer-nv-1.demo-infer-nv.team-a.svc:30000",
-        "http://demo-infer-mi-0.demo-infer-mi.team-a.svc:30000",
-    ]
 
 
 def test_trainer_runs_the_rendered_config_with_least_privilege() -> None:
@@ -190,7 +186,7 @@ def test_trainer_runs_the_rendered_config_with_least_privilege() -> None:
     job = parse_rljob(yaml.safe_load(text))
     assert job.spec.rollout.engine == "sglang"
     assert job.spec.rollout.sglang.router_url == "http://demo-router.team-a.svc:30000"
-    assert job.spec.rollout.sglang.worker_urls == worker_urls(JOB, spec.rollout)
+    assert job.spec.rollout.sglang.worker_urls == [] and job.spec.rollout.sglang.discovery is not None
     assert job.spec.checkpoint.dir == "/var/lib/rljob/checkpoints"
     assert job.spec.trainer.device == "cuda"
     rules = _by(children, "Role", "demo-trainer")["rules"]

@@ -94,9 +94,11 @@ def mounted_runtime() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     image's PATH entry), its base interpreter (the venv's `bin/python` links there) and the repository
     (the editable install maps `rljob.*` to its folders). See RUNTIME_UNCOVERED in tests/cluster/images.py.
     """
-    repo = Path(__file__).resolve().parents[2]
-    paths = {"venv": Path(sys.prefix), "venv-opt": Path(sys.prefix), "python": Path(sys.base_prefix), "repo": repo}
-    targets = {"venv": str(sys.prefix), "venv-opt": "/opt/rljob", "python": str(sys.base_prefix), "repo": str(repo)}
+    repo, venv = Path(__file__).resolve().parents[2], Path(sys.prefix)
+    paths = {"repo": repo, "venv-opt": venv, "python": Path(sys.base_prefix)}
+    targets = {"repo": str(repo), "venv-opt": "/opt/rljob", "python": str(sys.base_prefix)}
+    if not venv.is_relative_to(repo):  # a venv inside the repository comes with the repository's mount
+        paths["venv"], targets["venv"] = venv, str(venv)
     volumes = [{"name": f"rt-{k}", "hostPath": {"path": str(v), "type": "Directory"}} for k, v in paths.items()]
     mounts = [{"name": f"rt-{k}", "mountPath": targets[k], "readOnly": True} for k in paths]
     return volumes, mounts

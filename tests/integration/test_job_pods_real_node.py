@@ -1,12 +1,14 @@
 """A job's pods on the real node, as the operator's builders render them: processes really start.
 
 kwok marks every pod Running, so nothing there shows that a rendered container can start, load its
-model and pass its probes. Here the builder's cpu inference pool (StatefulSet + headless Service) is
-applied to the real node's cluster with two changes only: the image becomes `runtime-thin` (the
-runtime image's final stage) and the test run's installed virtualenv and a tiny model are mounted
-read-only (`mounted_runtime()`; what that leaves untested is `RUNTIME_UNCOVERED` in
+model and pass its probes. Here the builder's cpu inference pool (StatefulSet, headless Service, PDB)
+is applied unchanged to the real node's cluster, with everything a user would set in the spec:
+the model on a PersistentVolumeClaim (`model.path: pvc://models/tiny`, a hostPath PV bound to it),
+the pods' hardening as built (non-root, read-only root filesystem, seccomp, fsGroup), and, through
+`spec.pods.volumes`, the test run's installed virtualenv mounted read-only into the `runtime-thin`
+image (the runtime image's final stage; what that leaves untested is `RUNTIME_UNCOVERED` in
 tests/cluster/images.py). The pods must pass the builder's own startup, readiness and liveness probes,
-and serve `/generate` at the stable per-pod URL the trainer is given (`worker_urls`).
+and serve `/generate` at the URLs the runtime's discovery finds for them.
 """
 
 from __future__ import annotations
@@ -20,62 +22,77 @@ from kubernetes import client as k8s
 
 from rljob.api.spec import RLJobSpec
 from rljob.operator.builders import JobRef, build_children
-from rljob.operator.builders.inference import worker_urls
+from rljob.runtime.engines.discovery import worker_urls
 from tests.cluster.kube import wait_until
 from tests.cluster.realnode import RealCluster, mounted_runtime
 from tests.helpers.tiny_model import save_tiny_model
 
 pytestmark = [pytest.mark.realnode, pytest.mark.cluster, pytest.mark.slow]
 
-MODEL_DIR = "/models/tiny"
+KINDS = ("StatefulSet", "Service", "PodDisruptionBudget")
 
 
-def _cpu_pool_children(namespace: str, replicas: int) -> tuple[JobRef, RLJobSpec, list[dict[str, Any]]]:
+def _cpu_pool_children(namespace: str, image: str, replicas: int) -> tuple[RLJobSpec, list[dict[str, Any]]]:
+    """The pool's children as the operator builds them for a cpu-vendor job with its model on a claim."""
     job = JobRef(name="pods", namespace=namespace, uid="00000000-0000-0000-0000-000000000001")
+    volumes, mounts = mounted_runtime()
     spec = RLJobSpec.model_validate({
-        "model": {"path": MODEL_DIR},
+        "model": {"path": "pvc://models/tiny"},
         "data": {"synthetic": {}},
         "rollout": {
             "engine": "sglang",
-            "pools": [{"name": "cpu", "vendor": "cpu", "replicas": replicas, "extraArgs": ["--torch-threads", "1"]}],
+            "pools": [{
+                "name": "cpu", "vendor": "cpu", "replicas": replicas, "image": image,
+                "extraArgs": ["--torch-threads", "1"],
+                # Two pods on a 2-core node: small requests; the limit leaves room for torch.
+                "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "3Gi"}},
+            }],
         },
         "trainer": {"vendor": "cpu", "gpusPerReplica": 0},
+        "pods": {"volumes": volumes, "volumeMounts": mounts},
     })
     wanted = [c for c in build_children(job, spec, active=True)
-              if c["kind"] in ("StatefulSet", "Service") and c["metadata"]["name"] == "pods-infer-cpu"]
-    assert {c["kind"] for c in wanted} == {"StatefulSet", "Service"}
-    return job, spec, wanted
+              if c["kind"] in KINDS and c["metadata"]["name"] == "pods-infer-cpu"]
+    assert sorted(c["kind"] for c in wanted) == sorted(KINDS)
+    for child in wanted:
+        child["metadata"].pop("ownerReferences", None)  # no RLJob object owns them here
+    return spec, wanted
 
 
-def _run_on_real_node(pod_spec: dict[str, Any], image: str, model: Path) -> None:
-    """The two test-bed changes: the locally built image, and the runtime plus model mounted."""
-    volumes, mounts = mounted_runtime()
-    volumes.append({"name": "model", "hostPath": {"path": str(model), "type": "Directory"}})
-    mounts.append({"name": "model", "mountPath": MODEL_DIR, "readOnly": True})
-    container = pod_spec["containers"][0]
-    container.update(image=image, imagePullPolicy="Never")
-    container["volumeMounts"] = [*container.get("volumeMounts", []), *mounts]
-    pod_spec["volumes"] = [*pod_spec.get("volumes", []), *volumes]
+def _model_claim(rc: RealCluster, namespace: str, folder: Path) -> None:
+    """PVC `models` bound to a hostPath PV whose root holds `tiny/` (what a storage class would provide)."""
+    core = rc.cluster.core()
+    pv = f"models-{namespace}"[:63]
+    core.create_persistent_volume({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(folder), "type": "Directory"},
+                 "claimRef": {"namespace": namespace, "name": "models"}},
+    })
+    core.create_namespaced_persistent_volume_claim(namespace, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "models"},
+        "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": pv,
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    })
 
 
 def test_cpu_pool_pods_pass_their_probes_and_serve(real_cluster: RealCluster, real_namespace: str,
                                                    tmp_path: Path) -> None:
     rc, ns = real_cluster, real_namespace
     image = rc.load_image("runtime-thin")
-    model = save_tiny_model(tmp_path / "tiny")
+    model = save_tiny_model(tmp_path / "volume" / "tiny")
     for file in model.iterdir():  # safetensors writes 0600; the server runs as uid 1000
         file.chmod(0o644)
-    job, spec, children = _cpu_pool_children(ns, replicas=2)
-    for child in children:
-        child["metadata"].pop("ownerReferences", None)  # no RLJob object owns them here
-        if child["kind"] == "StatefulSet":
-            _run_on_real_node(child["spec"]["template"]["spec"], image, model)
+    _model_claim(rc, ns, model.parent)
+    spec, children = _cpu_pool_children(ns, image, replicas=2)
     apps, core = k8s.AppsV1Api(rc.cluster.api), rc.cluster.core()
     for child in children:
         if child["kind"] == "Service":
             core.create_namespaced_service(ns, child)
-        else:
+        elif child["kind"] == "StatefulSet":
             apps.create_namespaced_stateful_set(ns, child)
+        else:
+            k8s.PolicyV1Api(rc.cluster.api).create_namespaced_pod_disruption_budget(ns, child)
 
     def all_ready() -> bool:
         sts = apps.read_namespaced_stateful_set("pods-infer-cpu", ns)
@@ -97,11 +114,14 @@ def test_cpu_pool_pods_pass_their_probes_and_serve(real_cluster: RealCluster, re
         assert pod.spec.node_name == rc.node, "a cpu pool pod must land on the real node"
         status = pod.status.container_statuses[0]
         assert status.ready and status.restart_count == 0, f"{pod.metadata.name}: {status}"
+        assert pod.spec.security_context.run_as_non_root is True
+        assert pod.spec.containers[0].security_context.read_only_root_filesystem is True
 
-    # Every URL the trainer is given answers /generate, from inside the cluster (DNS of the headless
-    # Service, pod network): token ids in, the requested number of token ids out.
-    urls = worker_urls(job, spec.rollout)
-    assert len(urls) == 2
+    # Every URL the runtime's discovery finds answers /generate from inside the cluster (DNS of the
+    # headless Service, pod network): token ids in, the requested number of token ids out.
+    listed = core.api_client.sanitize_for_serialization(core.list_namespaced_pod(ns, label_selector="rljob.io/pool=cpu"))
+    urls = worker_urls(listed["items"], ns, 30000)
+    assert len(urls) == 2 and all(".pods-infer-cpu." in u for u in urls), urls
     for url in urls:
         body = json.dumps({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}})
         script = (

@@ -15,7 +15,7 @@ from rljob.operator.builders.trainer import (
     role_binding,
     service_account,
     trainer_service,
-    trainer_statefulset,
+    trainer_job,
 )
 
 __all__ = ["JobRef", "build_children"]
@@ -35,5 +35,5 @@ def build_children(job: JobRef, spec: RLJobSpec, *, active: bool) -> list[dict[s
     for pool in effective_pools(spec.rollout):
         children += [pool_service(job, pool), pool_statefulset(job, spec, pool, counts[pool.name], active)]
     children += [router_service(job), router_deployment(job, spec, active)]
-    children += [trainer_service(job), trainer_statefulset(job, spec, active)]
+    children += [trainer_service(job), trainer_job(job, spec, active)]
     return children

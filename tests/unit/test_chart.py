@@ -249,7 +249,12 @@ def operator_rules(objects: list[Manifest], namespaced: bool = False) -> list[di
 def test_operator_role_covers_every_kind_it_applies_and_what_it_grants_the_trainer(helm: Path) -> None:
     rules = operator_rules(render(helm))
     # Server-side apply of a child reads it, and creates or patches it.
-    special = {"events": ("create",), "pods": ("list", "watch", "delete"), "rljobs": ("get", "list", "watch", "patch")}
+    special = {
+        "events": ("create",),
+        "pods": ("list", "watch"),
+        "jobs": ("get", "watch", "create", "patch", "delete"),
+        "rljobs": ("get", "list", "watch", "patch"),
+    }
     for (api_version, _kind), resource in PLURALS.items():
         group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
         for verb in special.get(resource, ("get", "create", "patch")):
@@ -304,7 +309,7 @@ def pod_templates(children: list[Manifest], role: str) -> list[dict[str, Any]]:
     return [
         c["spec"]["template"]
         for c in children
-        if c["kind"] == "StatefulSet" and c["spec"]["template"]["metadata"]["labels"].get(LABEL_ROLE) == role
+        if c["kind"] in ("StatefulSet", "Job") and c["spec"]["template"]["metadata"]["labels"].get(LABEL_ROLE) == role
     ]
 
 

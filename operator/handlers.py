@@ -102,8 +102,8 @@ def pod_changed(event: dict[str, Any], body: kopf.Body, namespace: str, labels: 
     """Pods that failed, finished or vanished: the watch may be the only one to see them."""
     pod = pod_observation(dict(body))
     role = labels.get(LABEL_ROLE)
-    if role == ROLE_TRAINER and pod.exits:
-        log.info("trainer pod %s/%s terminated: %s", namespace, pod.name, [e.reason for e in pod.exits])
+    if role == ROLE_TRAINER and (pod.exits or pod.disrupted):
+        log.info("trainer pod %s/%s terminated or disrupted: %s", namespace, pod.name, [e.reason for e in pod.exits])
         sync_status(shared_kube(), namespace, labels[LABEL_JOB], trainer_pods=[pod])
     elif role == ROLE_INFERENCE and (event.get("type") == "DELETED" or pod.failures()):
         log.info("inference pod %s/%s lost (%s)", namespace, pod.name, event.get("type"))

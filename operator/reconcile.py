@@ -214,18 +214,22 @@ def reconcile(kube: Kube, namespace: str, name: str) -> None:
     An apply the API server refuses becomes the ChildrenApplied=False condition with its message
     (observedGeneration stays at the last generation that applied), then is raised for a retry.
     """
-    with job_lock(namespace, name), measured("apply"):
-        body = kube.get_rljob(namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            return
-        try:
-            spec = parse_spec(body)
-        except InvalidSpec as err:
-            kube.post_event(body, "Warning", "InvalidSpec", str(err))
-            raise
-        status = _status(body)
-        result = apply_result(kube, body, spec, active=not spec.suspend and status.outcome is None)
-    sync_status(kube, namespace, name, applied=result)
+    # One lock hold for the apply and its status: a pass in between could apply more (recreate the
+    # trainer Job), and this apply's result would then be stale.
+    with job_lock(namespace, name):
+        with measured("apply"):
+            body = kube.get_rljob(namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return
+            try:
+                spec = parse_spec(body)
+            except InvalidSpec as err:
+                kube.post_event(body, "Warning", "InvalidSpec", str(err))
+                raise
+            status = _status(body)
+            result = apply_result(kube, body, spec, active=not spec.suspend and status.outcome is None)
+        with measured("status"):
+            _sync_once(kube, namespace, name, [], [], result)
     if result.error is not None:
         raise ChildrenNotApplied(result.error)
 

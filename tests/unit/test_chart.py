@@ -421,3 +421,15 @@ def test_rljob_validate_accepts_example(example: Path) -> None:
         [str(Path(sys.executable).with_name("rljob")), "validate", str(example)], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_runbook_urls_are_absolute_under_the_chart_value(helm: Path) -> None:
+    def urls(*sets: str) -> dict[str, str]:
+        rule = find(render(helm, sets=["prometheusRule.enabled=true", *sets]), "PrometheusRule")
+        return {r["alert"]: r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]}
+
+    default = urls()
+    assert default["RLJobFailed"] == "https://github.com/rljob/rljob/blob/main/docs/runbooks/rljobfailed.md"
+    custom = urls("prometheusRule.runbookBaseUrl=https://wiki.example.com/ml/runbooks/")
+    assert set(custom) == set(default)
+    assert all(url == f"https://wiki.example.com/ml/runbooks/{alert.lower()}.md" for alert, url in custom.items())

@@ -68,6 +68,10 @@ def checkpoint_claim_name(job: JobRef, spec: RLJobSpec) -> str | None:
 def runtime_document(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
     """The RLJob the trainer runs: the user's spec wired to the cluster's engines and volumes."""
     wire = spec.to_wire()
+    # Lifecycle fields the runtime does not read: changing them must not change the config hash (that
+    # would recreate the trainer Job on a suspend).
+    for key in ("suspend", "backoffLimit", "activeDeadlineSeconds"):
+        wire.pop(key, None)
     rollout = wire["rollout"]
     rollout["engine"] = "sglang"
     rollout["sglang"] = {

@@ -527,15 +527,16 @@ def test_status_writers_never_clobber_each_other(
     kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any,
 ) -> None:
     """Operator, autotuner and trainer each server-side apply their own fields (own field manager)."""
-    from rljob.common.kube import AUTOTUNER_FIELD_MANAGER, Kube, load_api_client
+    from rljob.common.kube import Kube, load_api_client
     from rljob.common.status_reporter import kubernetes_sender
 
     volumes("shared")
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("shared"))
     wait_phase(api, namespace, "shared", "Running")
-    autotuner = Kube(load_api_client(), field_manager=AUTOTUNER_FIELD_MANAGER)
-    autotuner.apply_rljob_status(namespace, "shared", {"conditions": [
-        {"type": "AutotuneActive", "status": "False", "reason": "NoMetrics", "message": "no data",
+    # Another controller's condition, applied as its own field manager (as the autotuner does with its own).
+    other = Kube(load_api_client(), field_manager="another-controller")
+    other.apply_rljob_status(namespace, "shared", {"conditions": [
+        {"type": "ExternalCheck", "status": "False", "reason": "Waiting", "message": "not yet",
          "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}]})
     send = kubernetes_sender()
     send(namespace, "shared", {"trainer": {"step": 3, "lastCheckpoint": {"step": 2, "uri": "/ckpt/step-2"}}})
@@ -547,12 +548,28 @@ def test_status_writers_never_clobber_each_other(
     wait_for(lambda: get(api, namespace, "shared")["status"].get("observedGeneration") == 2 or None,
              "the operator applied generation 2", 60)
     job = wait_phase(api, namespace, "shared", "Running")
-    assert condition(job, "AutotuneActive")["reason"] == "NoMetrics", "the operator keeps the autotuner's condition"
+    assert condition(job, "ExternalCheck")["reason"] == "Waiting", "the operator keeps other managers' conditions"
+    assert condition(job, "AutotuneActive")["reason"] == "AutotuneOff", "the autotuner applied its own"
     assert condition(job, "Ready")["status"] == "True"
     assert job["status"]["trainer"]["step"] == 4 and job["status"]["trainer"]["lastCheckpoint"]["step"] == 2
     assert job["status"]["trainer"]["summary"] == "1/1"
     managers = {m["manager"] for m in job["metadata"]["managedFields"] if m.get("subresource") == "status"}
-    assert {"rljob-operator", "rljob-autotuner", "rljob-trainer"} <= managers, managers
+    assert {"rljob-operator", "rljob-autotuner", "rljob-trainer", "another-controller"} <= managers, managers
+
+
+def test_a_finalizer_left_by_an_older_operator_is_removed_and_delete_never_waits(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any,
+) -> None:
+    """Older operators ran kopf timers, which put kopf's finalizer on every RLJob."""
+    volumes("legacy")
+    body = rljob("legacy")
+    body["metadata"]["finalizers"] = ["rljob.io/finalizer"]
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    wait_phase(api, namespace, "legacy", "Running")
+    wait_for(lambda: not get(api, namespace, "legacy")["metadata"].get("finalizers"), "legacy finalizer removed", 30)
+    operator.kill()
+    deleted = kube_cluster.kubectl("delete", "rljob", "legacy", "-n", namespace, "--timeout=30s", check=False)
+    assert deleted.returncode == 0, deleted.stderr
 
 
 def test_suspend_scales_to_zero_and_resume_comes_back(
@@ -567,7 +584,8 @@ def test_suspend_scales_to_zero_and_resume_comes_back(
     wait_for(lambda: not pods(kube_cluster, namespace, "rljob.io/job-name=pause"), "pods gone while suspended", 60)
     sets = kube_cluster.apps().list_namespaced_stateful_set(namespace, label_selector="rljob.io/job-name=pause").items
     assert sets and all(s.spec.replicas == 0 for s in sets)
-    assert k8s.BatchV1Api(kube_cluster.api).read_namespaced_job("pause-trainer", namespace).spec.suspend is True
+    trainer_job = k8s.BatchV1Api(kube_cluster.api).read_namespaced_job("pause-trainer", namespace)
+    assert trainer_job.spec.suspend is True and trainer_job.metadata.deletion_timestamp is None, "suspended, not recreated"
     assert children(kube_cluster, namespace, "pause") == expected_children("pause"), "PVC and config are kept"
     api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "pause", {"spec": {"suspend": False}})
     job = wait_phase(api, namespace, "pause", "Running")

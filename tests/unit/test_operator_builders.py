@@ -188,6 +188,9 @@ def test_trainer_template_hash_marks_a_recreate_not_a_suspend() -> None:
         ]
 
     assert template_hash(_spec()) == template_hash(_spec(), active=False)
+    suspended_spec = _spec()
+    suspended_spec.suspend = True
+    assert template_hash(_spec()) == template_hash(suspended_spec, active=False), "suspend is not a config change"
     assert template_hash(_spec()) != template_hash(_spec(rolloutBatchSize=16))
     suspended = _by(build_children(JOB, _spec(), active=False), "Job", "demo-trainer")["spec"]
     assert suspended["suspend"] is True

@@ -1,11 +1,15 @@
 """RLJob status: written by the operator (lifecycle), the trainer (progress) and the autotuner (knobs).
 
-Pydantic only, like spec.py, so the runtime's status reporter can build patches without kopf.
-Every writer patches only its own keys (JSON merge patch), so writers never overwrite each other:
-- operator: phase, conditions, observedGeneration, start/completion time, rollout, trainer.ready/desired,
-  restarts, outcome, effectiveKnobs entries whose source is `spec`;
-- trainer (runtime): trainer.step, trainer.policyVersion, trainer.lastCheckpoint, metrics;
-- autotuner: effectiveKnobs entries whose source is `autotune`.
+Pydantic only, like spec.py, so the runtime's status reporter can build its apply body without kopf.
+Every writer server-side applies the status subresource as its own field manager with only the fields
+it owns, so writers never overwrite each other (`conditions` is a list-map keyed by `type`: each
+manager owns its own condition types):
+- operator (`rljob-operator`): phase, its conditions, observedGeneration, start/completion time,
+  rollout, trainer.ready/desired/summary, restarts, outcome, effectiveKnobs entries whose source is `spec`;
+- trainer (`rljob-trainer`): trainer.step, trainer.policyVersion, trainer.lastCheckpoint,
+  trainer.lastReportTime, metrics;
+- autotuner (`rljob-autotuner`): the AutotuneActive condition, autotune, recommendedKnobs,
+  effectiveKnobs entries whose source is `autotune`.
 """
 
 from __future__ import annotations
@@ -18,13 +22,18 @@ from pydantic import ConfigDict, Field, PlainSerializer
 from rljob.api.spec import ApiModel
 
 Phase = Literal["Pending", "Starting", "Running", "Degraded", "Suspended", "Complete", "Failed"]
-# Condition types the operator owns; other writers (the autotuner) may add their own types.
+# Condition types the operator owns; other writers (the autotuner) own their own types.
 CONDITION_TYPES: tuple[str, ...] = (
-    "RolloutReady", "TrainerReady", "Ready", "Progressing", "Degraded", "Suspended", "Complete", "Failed"
+    "ChildrenApplied", "RolloutReady", "TrainerReady", "Ready", "Progressing", "Degraded", "Suspended", "Complete",
+    "Failed",
 )
 
-# Bound on handled failure keys kept in status (enough to deduplicate; old keys never come back).
-MAX_HANDLED_FAILURES = 32
+# The runtime's exit code when SIGTERM stopped it before the last step (EX_TEMPFAIL: retry later), and
+# the prefix of the termination message it writes then: the operator restarts the trainer group
+# without counting it against backoffLimit, and never reads it as success.
+EXIT_INTERRUPTED = 75
+INTERRUPTED_REASON = "Interrupted"
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 
 
 def rfc3339(value: datetime) -> str:
@@ -103,13 +112,21 @@ class TrainerStatus(StatusModel):
 class RestartStatus(StatusModel):
     """Failure handling bookkeeping: what was counted, so a failure is never counted twice."""
 
-    trainer: int = Field(default=0, ge=0, description="Trainer group restarts (bounded by spec.backoffLimit).")
+    trainer: int = Field(default=0, ge=0, description="Trainer group restarts after failures (bounded by spec.backoffLimit).")
+    interrupted: int = Field(
+        default=0,
+        ge=0,
+        description="Trainer group restarts after disruptions (eviction, preemption, node shutdown, SIGTERM); "
+        "not counted against spec.backoffLimit.",
+    )
     rollout: int = Field(default=0, ge=0, description="Inference replicas lost and replaced.")
     last_trainer_restart_time: Timestamp | None = None
     handled_failures: list[str] = Field(
         default_factory=list,
-        max_length=MAX_HANDLED_FAILURES,
-        description="Keys (pod uid and container restart count) of failures already acted on.",
+        # A bound for the schema only: keys are pruned to pods that still exist, far below it.
+        max_length=1024,
+        description="Keys `<role>/<pod uid>/<restart count>` of failures already acted on, kept while the pod "
+        "can still be seen (trainer: pods of the current trainer Job; inference: pods that exist or were just lost).",
     )
 
 

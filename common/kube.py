@@ -1,4 +1,4 @@
-"""Thin Kubernetes API access for the operator and the runtime: server-side apply, list, delete, status patch, Events.
+"""Thin Kubernetes API access for the operator and the runtime: server-side apply, list, delete, status apply, Events.
 
 Raw REST paths on the official client's ApiClient (auth, TLS and kubeconfig handling come from it);
 objects stay plain dicts, exactly as the builders produce them.
@@ -21,8 +21,11 @@ log = logging.getLogger(__name__)
 
 RLJOB_PLURAL = "rljobs"
 
-# The operator's server-side-apply field manager (also the Event source); other writers pass their own.
+# Server-side-apply field managers (also the Event source), one per writer of an RLJob's status: each
+# applies only the fields it owns, so none of them can overwrite another's (api/status.py lists them).
 OPERATOR_FIELD_MANAGER = "rljob-operator"
+AUTOTUNER_FIELD_MANAGER = "rljob-autotuner"
+TRAINER_FIELD_MANAGER = "rljob-trainer"
 
 # apiVersion/kind → plural, for every kind the operator touches (no discovery round-trips).
 PLURALS: dict[tuple[str, str], str] = {
@@ -35,6 +38,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("apps/v1", "StatefulSet"): "statefulsets",
     ("apps/v1", "Deployment"): "deployments",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    ("batch/v1", "Job"): "jobs",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     (f"{API_GROUP}/{API_VERSION}", KIND): RLJOB_PLURAL,
@@ -133,18 +137,36 @@ class Kube:
             return "created"
         return "unchanged" if before == after else "configured"
 
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object, or None when it does not exist."""
+        try:
+            return self.request("GET", f"{collection_path(api_version, kind, namespace)}/{name}")
+        except KubeError as err:
+            if err.status == 404:
+                return None
+            raise
+
     def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
         """Objects of one kind matching a label selector."""
         path = collection_path(api_version, kind, namespace)
         return self.request("GET", path, query={"labelSelector": selector}).get("items", [])
 
-    def delete(self, api_version: str, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
-        """Delete one object (background propagation); False when it was already gone.
+    def delete(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        uid: str | None = None,
+        propagation: str = "Background",
+    ) -> bool:
+        """Delete one object; False when it was already gone.
 
         With `uid`, only that incarnation is deleted: a newer object of the same name is kept (False).
+        `propagation="Foreground"` keeps the object (with a deletionTimestamp) until its dependents are gone.
         """
         path = f"{collection_path(api_version, kind, namespace)}/{name}"
-        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        body: dict[str, Any] = {"propagationPolicy": propagation}
         if uid:
             body["preconditions"] = {"uid": uid}
         try:
@@ -164,15 +186,26 @@ class Kube:
                 return None
             raise
 
-    def patch_rljob_status(
-        self, namespace: str, name: str, patch: dict[str, Any], resource_version: str | None = None
-    ) -> dict[str, Any]:
-        """JSON merge patch of the status subresource; with `resource_version`, 409 if it changed meanwhile."""
+    def apply_rljob_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply of the status subresource as this field manager.
+
+        `status` is everything this manager owns: fields it owned before and leaves out are removed
+        (unless another manager owns them too); fields of other managers are never touched.
+        """
         path = f"{collection_path(f'{API_GROUP}/{API_VERSION}', KIND, namespace)}/{name}/status"
-        body: dict[str, Any] = {"status": patch}
-        if resource_version is not None:
-            body["metadata"] = {"resourceVersion": resource_version}
-        return self.request("PATCH", path, body=body, content_type="application/merge-patch+json")
+        body = {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": KIND,
+            "metadata": {"name": name, "namespace": namespace},
+            "status": status,
+        }
+        return self.request(
+            "PATCH",
+            path,
+            body=body,
+            query={"fieldManager": self.field_manager, "force": "true"},
+            content_type="application/apply-patch+yaml",
+        )
 
     def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """Record a core/v1 Event on the RLJob (best effort: an Event must never fail a reconcile)."""

@@ -17,6 +17,7 @@ kubernetes client is loaded when the first patch is sent.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import threading
@@ -29,6 +30,8 @@ from rljob.api.status import CheckpointRef, JobMetrics, rfc3339, utcnow
 log = logging.getLogger(__name__)
 
 PatchSender = Callable[[str, str, dict[str, Any]], None]
+# status.trainer keys the runtime owns (desired/ready/summary are the operator's).
+TRAINER_KEYS = ("step", "policyVersion", "lastCheckpoint", "lastReportTime")
 
 
 def progress_patch(
@@ -37,7 +40,7 @@ def progress_patch(
     checkpoint: CheckpointRef | None = None,
     metrics: Mapping[str, float | int | None] | None = None,
 ) -> dict[str, Any]:
-    """Status merge patch of the runtime-owned keys; metric names are snake_case fields of JobMetrics."""
+    """The runtime-owned status keys that changed; metric names are snake_case fields of JobMetrics."""
     now = utcnow()
     trainer: dict[str, Any] = {}
     if step is not None:
@@ -66,14 +69,36 @@ def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
             into[key] = value
 
 
-def kubernetes_sender() -> PatchSender:
-    """Send status patches with the official client (in-cluster token, else kubeconfig)."""
-    from rljob.common.kube import Kube, load_api_client
+def owned_progress(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The trainer's own fields of an RLJob status (what its field manager applies)."""
+    trainer = {k: v for k, v in (status.get("trainer") or {}).items() if k in TRAINER_KEYS}
+    owned: dict[str, Any] = {"trainer": trainer} if trainer else {}
+    if status.get("metrics"):
+        owned["metrics"] = dict(status["metrics"])
+    return owned
 
-    kube = Kube(load_api_client())
+
+def kubernetes_sender() -> PatchSender:
+    """Server-side apply the trainer's progress as field manager `rljob-trainer` (in-cluster token, else kubeconfig).
+
+    An apply carries everything this manager owns (a field left out would be removed), so the sender
+    keeps the accumulated progress, starting from what the RLJob already shows (a restarted trainer
+    keeps `lastCheckpoint` until it writes a newer one).
+    """
+    from rljob.common.kube import TRAINER_FIELD_MANAGER, Kube, load_api_client
+
+    kube = Kube(load_api_client(), field_manager=TRAINER_FIELD_MANAGER)
+    state: dict[str, Any] | None = None
 
     def send(namespace: str, name: str, patch: dict[str, Any]) -> None:
-        kube.patch_rljob_status(namespace, name, patch)
+        nonlocal state
+        if state is None:
+            body = kube.get_rljob(namespace, name) or {}
+            state = owned_progress(body.get("status") or {})
+        merged = copy.deepcopy(state)
+        _merge(merged, patch)
+        kube.apply_rljob_status(namespace, name, merged)
+        state = merged
 
     return send
 

@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RLJOB_RESYNC_SECONDS"] = str(args.resync_seconds)
     os.environ["RLJOB_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
     os.environ["RLJOB_OPERATOR_METRICS_ADDR"] = args.metrics_addr
+    os.environ["RLJOB_WATCH_NAMESPACES"] = ",".join(args.namespace)
     importlib.import_module("rljob.operator.handlers")
 
     import kopf

@@ -1,4 +1,4 @@
-"""Operator metrics on /metrics (prometheus-client): jobs by phase, reconcile timing and errors, restarts."""
+"""Operator metrics on /metrics (prometheus-client): liveness info, jobs by phase, reconcile timing and errors, restarts."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import threading
 from collections import Counter as Tally
 from collections.abc import Iterator
 
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from importlib.metadata import PackageNotFoundError, version
+
+from prometheus_client import REGISTRY, Counter, Histogram, Info, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -14,6 +16,8 @@ from rljob.api.status import Phase
 
 PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
 
+# Always 1 while the operator runs: RLJobOperatorDown is `absent(rljob_operator_info)`.
+OPERATOR_INFO = Info("rljob_operator", "The running rljob operator")
 RECONCILE_SECONDS = Histogram(
     "rljob_reconcile_duration_seconds",
     "Time spent in one reconcile step",
@@ -21,7 +25,12 @@ RECONCILE_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 RECONCILE_ERRORS = Counter("rljob_reconcile_errors_total", "Reconcile steps that raised", ["step"])
-RESTARTS = Counter("rljob_restarts_total", "Trainer group restarts and lost inference replicas", ["namespace", "name", "role"])
+RESTARTS = Counter(
+    "rljob_restarts_total",
+    "Trainer group restarts (role trainer: failures, trainer-interrupted: disruptions) and lost inference replicas "
+    "(role rollout)",
+    ["namespace", "name", "role"],
+)
 
 
 class JobPhaseCollector(Collector):
@@ -64,6 +73,14 @@ JOB_PHASES = JobPhaseCollector()
 REGISTRY.register(JOB_PHASES)
 
 
+def _version() -> str:
+    try:
+        return version("rljob")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def serve(port: int, addr: str) -> None:
     """Start the /metrics HTTP server in a background thread."""
+    OPERATOR_INFO.info({"version": _version()})
     start_http_server(port, addr=addr)

@@ -24,16 +24,25 @@ from rljob.operator.builders import JobRef, build_children
 from rljob.operator.builders.inference import effective_pools, pool_workload_name
 from rljob.operator.builders.meta import LABEL_JOB, LABEL_ROLE, ROLE_INFERENCE, ROLE_TRAINER, selector_string
 from rljob.operator.builders.router import router_name
-from rljob.operator.builders.trainer import trainer_name
+from rljob.operator.builders.trainer import ANNOTATION_TEMPLATE_HASH, trainer_name
 from rljob.common.kube import Kube, KubeError
 from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
-from rljob.operator.status_logic import Observed, PodObs, WorkloadObs, compute_status, operator_patch, pod_observation
+from rljob.operator.status_logic import (
+    ApplyResult,
+    Decision,
+    Observed,
+    PodObs,
+    WorkloadObs,
+    compute_status,
+    operator_apply,
+    pod_observation,
+    trainer_job_observation,
+)
 
 log = logging.getLogger(__name__)
 
 # Children the operator may prune when a pool disappears from the spec.
 _POOL_KINDS = (("apps/v1", "StatefulSet"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"))
-_CONFLICT_RETRIES = 3
 
 _locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
 _locks_guard = threading.Lock()
@@ -41,6 +50,19 @@ _locks_guard = threading.Lock()
 
 class InvalidSpec(ValueError):
     """The stored spec does not validate against the shared models (the message names the fields)."""
+
+
+class ChildApplyError(KubeError):
+    """The API server refused a child object; the message names the object and carries the server's reason."""
+
+    def __init__(self, what: str, err: KubeError) -> None:
+        message = err.body.get("message", err.body) if isinstance(err.body, dict) else err.body
+        super().__init__(err.status, {"message": f"{what}: {message}"})
+        self.what = what
+
+
+class ChildrenNotApplied(RuntimeError):
+    """Raised after recording an apply failure in status, so kopf retries the handler with backoff."""
 
 
 @contextmanager
@@ -81,13 +103,26 @@ def _status(body: dict[str, Any]) -> RLJobStatus:
         return RLJobStatus()
 
 
-def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool) -> None:
-    """Server-side apply every child, prune pools removed from the spec, post an Event per change."""
+def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool) -> list[str]:
+    """Server-side apply every child, prune pools removed from the spec, post an Event per change.
+
+    Returns the children still waiting (the trainer Job being recreated); raises ChildApplyError
+    naming the object the API server refused.
+    """
     job = JobRef.from_body(body)
+    waiting: list[str] = []
     for child in build_children(job, spec, active=active):
-        result = kube.apply(child)
-        if result != "unchanged":
-            what = f"{child['kind']} {child['metadata']['name']}"
+        what = f"{child['kind']} {child['metadata']['name']}"
+        try:
+            if child["kind"] == "Job":
+                result = _apply_trainer_job(kube, body, child)
+            else:
+                result = kube.apply(child)
+        except KubeError as err:
+            raise ChildApplyError(what, err) from None
+        if result == "waiting":
+            waiting.append(what)
+        elif result != "unchanged":
             kube.post_event(body, "Normal", result.capitalize(), f"{what} {result}")
     wanted = {pool_workload_name(job, p) for p in effective_pools(spec.rollout)}
     selector = selector_string({LABEL_JOB: job.name, LABEL_ROLE: ROLE_INFERENCE})
@@ -96,6 +131,45 @@ def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bo
             name = obj["metadata"]["name"]
             if name not in wanted and kube.delete(api_version, kind, job.namespace, name):
                 kube.post_event(body, "Normal", "Deleted", f"{kind} {name} deleted (pool removed from spec)")
+    return waiting
+
+
+def apply_result(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool) -> ApplyResult:
+    """apply_children as a result for the status: what is still waiting, or the API server's refusal."""
+    generation = int(body["metadata"].get("generation") or 0)
+    try:
+        waiting = apply_children(kube, body, spec, active)
+    except ChildApplyError as err:
+        kube.post_event(body, "Warning", "ApplyFailed", str(err))
+        return ApplyResult(generation, error=str(err))
+    return ApplyResult(generation, waiting=tuple(waiting))
+
+
+def delete_trainer_job(kube: Kube, namespace: str, name: str, uid: str) -> bool:
+    """Stop the whole trainer group: delete its Job, preconditioned on the uid that was decided on.
+
+    Foreground propagation keeps the Job (deleting) until every pod is gone, so a new group never
+    starts next to an old one still writing its SIGTERM checkpoint.
+    """
+    return kube.delete("batch/v1", "Job", namespace, name, uid=uid, propagation="Foreground")
+
+
+def _apply_trainer_job(kube: Kube, body: dict[str, Any], desired: dict[str, Any]) -> str:
+    """Apply the trainer Job, or recreate it when its immutable part changed (the whole gang at once)."""
+    meta = desired["metadata"]
+    existing = kube.get("batch/v1", "Job", meta["namespace"], meta["name"])
+    if existing is not None:
+        if existing["metadata"].get("deletionTimestamp"):
+            return "waiting"  # the old group is still stopping; its deletion event brings us back
+        have = (existing["metadata"].get("annotations") or {}).get(ANNOTATION_TEMPLATE_HASH)
+        if have != meta["annotations"][ANNOTATION_TEMPLATE_HASH]:
+            delete_trainer_job(kube, meta["namespace"], meta["name"], existing["metadata"]["uid"])
+            kube.post_event(
+                body, "Normal", "Recreating",
+                f"Job {meta['name']}: pod template changed; recreating the whole trainer group",
+            )
+            return "waiting"
+    return kube.apply(desired)
 
 
 def _workload(obj: dict[str, Any] | None) -> WorkloadObs | None:
@@ -107,55 +181,57 @@ def _workload(obj: dict[str, Any] | None) -> WorkloadObs | None:
     )
 
 
-def observe(kube: Kube, job: JobRef, spec: RLJobSpec) -> Observed:
-    """List the job's workloads and trainer pods."""
-    selector = selector_string({LABEL_JOB: job.name})
-    statefulsets = {o["metadata"]["name"]: o for o in kube.list("apps/v1", "StatefulSet", job.namespace, selector)}
-    deployments = {o["metadata"]["name"]: o for o in kube.list("apps/v1", "Deployment", job.namespace, selector)}
-    trainer_selector = selector_string({LABEL_JOB: job.name, LABEL_ROLE: ROLE_TRAINER})
-    return Observed(
-        pools={p.name: _workload(statefulsets.get(pool_workload_name(job, p))) for p in effective_pools(spec.rollout)},
-        router=_workload(deployments.get(router_name(job))),
-        trainer=_workload(statefulsets.get(trainer_name(job))),
-        trainer_pods=[pod_observation(p) for p in kube.list("v1", "Pod", job.namespace, trainer_selector)],
+def _is_ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
     )
 
 
-def _ready_inference_pods(kube: Kube, job: JobRef) -> dict[str, str]:
-    selector = selector_string({LABEL_JOB: job.name, LABEL_ROLE: ROLE_INFERENCE})
-    ready = {}
-    for pod in kube.list("v1", "Pod", job.namespace, selector):
-        conditions = (pod.get("status") or {}).get("conditions") or []
-        if not pod["metadata"].get("deletionTimestamp") and any(
-            c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
-        ):
-            ready[pod["metadata"]["name"]] = pod["metadata"]["uid"]
-    return ready
-
-
-def restart_trainer_group(kube: Kube, job: JobRef, peers: Iterable[PodObs]) -> int:
-    """Delete the failed pods' healthy peers; the StatefulSet recreates them from the checkpoint.
-
-    Each delete is preconditioned on the uid seen when deciding, so a pod the StatefulSet has
-    recreated meanwhile under the same name is left alone.
-    """
-    return sum(kube.delete("v1", "Pod", job.namespace, p.name, uid=p.uid) for p in peers)
+def observe(kube: Kube, job: JobRef, spec: RLJobSpec) -> Observed:
+    """List the job's workloads and pods."""
+    selector = selector_string({LABEL_JOB: job.name})
+    statefulsets = {o["metadata"]["name"]: o for o in kube.list("apps/v1", "StatefulSet", job.namespace, selector)}
+    deployments = {o["metadata"]["name"]: o for o in kube.list("apps/v1", "Deployment", job.namespace, selector)}
+    trainer_job = kube.get("batch/v1", "Job", job.namespace, trainer_name(job))
+    pods = kube.list("v1", "Pod", job.namespace, selector)
+    inference = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == ROLE_INFERENCE]
+    return Observed(
+        pools={p.name: _workload(statefulsets.get(pool_workload_name(job, p))) for p in effective_pools(spec.rollout)},
+        router=_workload(deployments.get(router_name(job))),
+        trainer=trainer_job_observation(trainer_job) if trainer_job is not None else None,
+        trainer_pods=[
+            pod_observation(p) for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == ROLE_TRAINER
+        ],
+        inference_pod_uids={p["metadata"]["uid"] for p in inference},
+        ready_inference_pods={p["metadata"]["name"]: p["metadata"]["uid"] for p in inference if _is_ready(p)},
+    )
 
 
 def reconcile(kube: Kube, namespace: str, name: str) -> None:
-    """Apply the children for the current spec, then refresh the status (create/resume/update)."""
-    with job_lock(namespace, name), measured("apply"):
-        body = kube.get_rljob(namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            return
-        try:
-            spec = parse_spec(body)
-        except InvalidSpec as err:
-            kube.post_event(body, "Warning", "InvalidSpec", str(err))
-            raise
-        status = _status(body)
-        apply_children(kube, body, spec, active=not spec.suspend and status.outcome is None)
-    sync_status(kube, namespace, name)
+    """Apply the children for the current spec, then refresh the status (create/resume/update).
+
+    An apply the API server refuses becomes the ChildrenApplied=False condition with its message
+    (observedGeneration stays at the last generation that applied), then is raised for a retry.
+    """
+    # One lock hold for the apply and its status: a pass in between could apply more (recreate the
+    # trainer Job), and this apply's result would then be stale.
+    with job_lock(namespace, name):
+        with measured("apply"):
+            body = kube.get_rljob(namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return
+            try:
+                spec = parse_spec(body)
+            except InvalidSpec as err:
+                kube.post_event(body, "Warning", "InvalidSpec", str(err))
+                raise
+            status = _status(body)
+            result = apply_result(kube, body, spec, active=not spec.suspend and status.outcome is None)
+        with measured("status"):
+            _sync_once(kube, namespace, name, [], [], result)
+    if result.error is not None:
+        raise ChildrenNotApplied(result.error)
 
 
 def sync_status(
@@ -164,25 +240,27 @@ def sync_status(
     name: str,
     trainer_pods: Iterable[PodObs] = (),
     lost_inference_pods: Iterable[PodObs] = (),
+    applied: ApplyResult | None = None,
 ) -> None:
     """Observe, decide, act and write the status of one RLJob.
 
     `trainer_pods`/`lost_inference_pods` carry pods seen by the watch that a fresh list may no longer
-    show (a Failed pod its StatefulSet already replaced, a deleted inference pod).
+    show (a Failed pod already deleted, a deleted inference pod). `applied`: the result of applying
+    the children just before (reconcile).
     """
     with job_lock(namespace, name), measured("status"):
-        for attempt in range(_CONFLICT_RETRIES):
-            try:
-                _sync_once(kube, namespace, name, list(trainer_pods), list(lost_inference_pods))
-                return
-            except KubeError as err:
-                if err.status != 409 or attempt == _CONFLICT_RETRIES - 1:
-                    raise
-                log.debug("status of %s/%s changed meanwhile; retrying", namespace, name)
+        _sync_once(kube, namespace, name, list(trainer_pods), list(lost_inference_pods), applied)
+
+
+def _needs_apply(obs: Observed, active: bool) -> bool:
+    """The trainer Job is missing, or its suspension disagrees with the decision (finished, suspended, resumed)."""
+    if obs.trainer is None:
+        return True
+    return not obs.trainer.deleting and obs.trainer.suspended == active
 
 
 def _sync_once(
-    kube: Kube, namespace: str, name: str, extra_trainer: list[PodObs], lost: list[PodObs]
+    kube: Kube, namespace: str, name: str, extra_trainer: list[PodObs], lost: list[PodObs], applied: ApplyResult | None
 ) -> None:
     body = kube.get_rljob(namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
@@ -193,33 +271,33 @@ def _sync_once(
     except InvalidSpec:
         return  # reported by reconcile(); nothing sensible to compute
     job = JobRef.from_body(body)
+    generation = int(body["metadata"].get("generation") or 0)
     prev = _status(body)
     obs = observe(kube, job, spec)
     seen = {p.uid for p in obs.trainer_pods}
     obs.trainer_pods += [p for p in extra_trainer if p.uid not in seen]
     obs.lost_inference_pods = lost
-    if lost:
-        obs.ready_inference_pods = _ready_inference_pods(kube, job)
-    decision = compute_status(job, spec, int(body["metadata"].get("generation") or 0), prev, obs, utcnow())
 
-    patch = operator_patch(prev, decision.status)
-    # Optimistic concurrency where it matters: counting a restart or setting an outcome must be based
-    # on the status we read. Plain refreshes skip it (kopf's own annotation writes would conflict).
-    counts_changed = decision.status.restarts != prev.restarts or decision.status.outcome != prev.outcome
-    guard = body["metadata"]["resourceVersion"] if counts_changed else None
-    kube.patch_rljob_status(namespace, name, patch, resource_version=guard)
+    def decide(result: ApplyResult | None) -> Decision:
+        return compute_status(job, spec, generation, prev, obs, utcnow(), applied=result)
+
+    decision = decide(applied)
+    # Act first, record second: if the operator dies in between, the next pass finds the Job deleting
+    # (or gone, then recreated) and restarts nothing twice; it never records a restart that did not happen.
+    if decision.restart_trainer_job is not None:
+        deleted = delete_trainer_job(kube, namespace, trainer_name(job), decision.restart_trainer_job)
+        log.info("restarting the trainer group of %s/%s (Job deleted: %s)", namespace, name, deleted)
+    elif _needs_apply(obs, decision.active):
+        decision = decide(apply_result(kube, body, spec, decision.active))
+    kube.apply_rljob_status(namespace, name, operator_apply(decision.status))
     JOB_PHASES.set(namespace, name, decision.status.phase)
     for event in decision.events:
         kube.post_event(body, event.type, event.reason, event.message)
-    new_restarts = decision.status.restarts
-    if new_restarts.trainer > prev.restarts.trainer:
-        RESTARTS.labels(namespace, name, "trainer").inc(new_restarts.trainer - prev.restarts.trainer)
-    if new_restarts.rollout > prev.restarts.rollout:
-        RESTARTS.labels(namespace, name, "rollout").inc(new_restarts.rollout - prev.restarts.rollout)
-    # Act after the decision is durable: a crash here re-runs the action, never double-counts it.
-    if decision.restart_trainer:
-        deleted = restart_trainer_group(kube, job, decision.restart_peers)
-        log.info("restarted trainer group of %s/%s (%d healthy peers deleted)", namespace, name, deleted)
-    running = obs.trainer is not None and obs.trainer.replicas > 0
-    if obs.trainer is None or running != decision.active:
-        apply_children(kube, body, spec, active=decision.active)
+    new, old = decision.status.restarts, prev.restarts
+    for role, delta in (
+        ("trainer", new.trainer - old.trainer),
+        ("trainer-interrupted", new.interrupted - old.interrupted),
+        ("rollout", new.rollout - old.rollout),
+    ):
+        if delta > 0:
+            RESTARTS.labels(namespace, name, role).inc(delta)

@@ -5,12 +5,17 @@ suspend) is unit-tested directly. The handlers observe, call `compute_status`, t
 
 Failure policy:
 - a lost or failed inference pod marks the job Degraded until its StatefulSet has replaced it;
-- a failed trainer pod restarts the whole trainer group (it resumes from the last checkpoint), up to
+- the trainer group is a gang (one Indexed Job): a failed rank restarts the whole group (the operator
+  deletes the Job and creates a new one, which resumes from the last checkpoint), up to
   `spec.backoffLimit` restarts; the next failure ends the job Failed/BackoffLimitExceeded;
-- rank 0's trainer container exiting 0 completes the job; finished and suspended jobs keep their
+- a disrupted rank (DisruptionTarget condition: eviction, preemption, node shutdown) or one that
+  exited Interrupted (SIGTERM before the last step) restarts the group too, counted in
+  `restarts.interrupted`, never against backoffLimit and never as success;
+- the leader's (completion index 0) exit 0 completes the job; finished and suspended jobs keep their
   objects (checkpoint PVC included) with every workload scaled to zero.
-Every failure is identified by a key (pod uid + container restart count) stored in status, so a
-failure seen twice (timer and watch, or before and after an operator restart) is acted on once.
+Only pods of the current trainer Job count: once the operator deleted a Job, what its pods do is
+history. Every failure is identified by a key (`<role>/<pod uid>/<restart count>`) stored in status,
+so a failure seen twice (timer and watch, or before and after an operator restart) is counted once.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from typing import Any, Literal
 from rljob.api.spec import RLJobSpec
 from rljob.api.status import (
     CONDITION_TYPES,
-    MAX_HANDLED_FAILURES,
+    EXIT_INTERRUPTED,
+    INTERRUPTED_REASON,
     Condition,
     EffectiveKnobs,
     KnobValue,
@@ -37,10 +43,12 @@ from rljob.operator.builders.meta import (
     LABEL_POOL,
     LABEL_ROLE,
     ROLE_INFERENCE,
+    ROLE_TRAINER,
     JobRef,
     selector_labels,
     selector_string,
 )
+from rljob.operator.builders.trainer import COMPLETION_INDEX_LABEL, JOB_UID_LABEL
 
 TRAINER_CONTAINER = "trainer"
 
@@ -54,12 +62,45 @@ class WorkloadObs:
 
 
 @dataclass(frozen=True)
+class TrainerJobObs:
+    """The trainer's Indexed Job as observed."""
+
+    uid: str
+    replicas: int  # parallelism, 0 while suspended
+    ready: int
+    deleting: bool = False
+    suspended: bool = False
+    complete: bool = False
+    failed_message: str | None = None  # the Job's Failed condition message, when it failed
+
+    @property
+    def live(self) -> bool:
+        """Running (or about to): neither being deleted, nor suspended."""
+        return not self.deleting and not self.suspended
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """Outcome of applying one generation's children: the API server's refusal, or what still waits."""
+
+    generation: int
+    error: str | None = None
+    waiting: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class PodExit:
     """A terminated container (or a Failed pod) with the key that identifies this one termination."""
 
     key: str
     exit_code: int
     reason: str
+    message: str = ""
+
+    @property
+    def interrupted(self) -> bool:
+        """The runtime stopped on SIGTERM before its last step (a disruption, not a failure nor success)."""
+        return self.exit_code == EXIT_INTERRUPTED or self.message.startswith(INTERRUPTED_REASON)
 
 
 @dataclass(frozen=True)
@@ -73,6 +114,9 @@ class PodObs:
     ordinal: int | None
     deleting: bool
     exits: tuple[PodExit, ...] = ()
+    job_uid: str | None = None  # the owning Job's uid (trainer pods)
+    disrupted: bool = False  # DisruptionTarget=True: evicted, preempted, node shutdown
+    restart_count: int = 0
 
     def failures(self) -> list[PodExit]:
         """Terminations with a non-zero exit code (or a Failed pod phase)."""
@@ -82,6 +126,11 @@ class PodObs:
         """Whether a termination with exit code 0 was seen."""
         return any(e.exit_code == 0 for e in self.exits)
 
+    @property
+    def key(self) -> str:
+        """Key of this pod's current incarnation (role, uid, restart count)."""
+        return failure_key(self.role, self.uid, self.restart_count)
+
 
 @dataclass
 class Observed:
@@ -89,8 +138,10 @@ class Observed:
 
     pools: dict[str, WorkloadObs | None] = field(default_factory=dict)
     router: WorkloadObs | None = None
-    trainer: WorkloadObs | None = None
+    trainer: TrainerJobObs | None = None
     trainer_pods: list[PodObs] = field(default_factory=list)
+    # uids of the inference pods that exist now (handled keys of other pods are dropped).
+    inference_pod_uids: set[str] = field(default_factory=set)
     # Inference pods that disappeared or failed (from the pod watch), and the uids of the inference
     # pods that are Ready now by name (to tell whether a lost pod's replacement is already serving).
     lost_inference_pods: list[PodObs] = field(default_factory=list)
@@ -112,12 +163,14 @@ class Decision:
 
     status: RLJobStatus
     active: bool
-    restart_trainer: bool = False
-    # Healthy peers of the failed trainer pods: deleted so the whole group restarts together. The
-    # failed pods themselves need nothing: kubelet restarts their container, or the StatefulSet
-    # replaces a Failed pod, so deleting them could kill an already-fresh replacement.
-    restart_peers: list[PodObs] = field(default_factory=list)
+    # uid of the trainer Job to delete so that the whole group restarts (a new Job is then created).
+    restart_trainer_job: str | None = None
     events: list[EventRecord] = field(default_factory=list)
+
+    @property
+    def restart_trainer(self) -> bool:
+        """Whether the trainer group is to be restarted."""
+        return self.restart_trainer_job is not None
 
 
 # Condition flips worth an Event (terminal outcomes and failures have their own, more specific ones).
@@ -135,42 +188,73 @@ def pod_observation(pod: dict[str, Any]) -> PodObs:
     meta = pod.get("metadata", {})
     labels = meta.get("labels") or {}
     status = pod.get("status") or {}
-    ordinal = labels.get("apps.kubernetes.io/pod-index")
+    ordinal = labels.get(COMPLETION_INDEX_LABEL) or labels.get("apps.kubernetes.io/pod-index")
     if ordinal is None:
         # Older clusters do not set the pod-index label: the StatefulSet pod name ends in the ordinal.
         tail = meta.get("name", "").rsplit("-", 1)[-1]
         ordinal = tail if tail.isdigit() else None
     exits: list[PodExit] = []
     uid = meta.get("uid", "")
+    role = labels.get(LABEL_ROLE, "")
     restart_count = 0
     for cs in status.get("containerStatuses") or []:
-        if cs.get("name") != TRAINER_CONTAINER and labels.get(LABEL_ROLE) != ROLE_INFERENCE:
+        if cs.get("name") != TRAINER_CONTAINER and role != ROLE_INFERENCE:
             continue
         restart_count = int(cs.get("restartCount") or 0)
         terminated = (cs.get("state") or {}).get("terminated")
         if terminated:
-            exits.append(_exit(uid, restart_count, terminated))
+            exits.append(_exit(role, uid, restart_count, terminated))
         last = (cs.get("lastState") or {}).get("terminated")
         if last and restart_count > 0:
-            exits.append(_exit(uid, restart_count - 1, last))
-    if status.get("phase") == "Failed" and not any(e.key == f"{uid}:{restart_count}" for e in exits):
-        exits.append(PodExit(f"{uid}:{restart_count}", -1, status.get("reason") or "PodFailed"))
+            exits.append(_exit(role, uid, restart_count - 1, last))
+    current = failure_key(role, uid, restart_count)
+    if status.get("phase") == "Failed" and not any(e.key == current for e in exits):
+        exits.append(PodExit(current, -1, status.get("reason") or "PodFailed", status.get("message") or ""))
     if status.get("phase") == "Succeeded" and not exits:
-        exits.append(PodExit(f"{uid}:{restart_count}", 0, "Completed"))
+        exits.append(PodExit(current, 0, "Completed"))
+    disrupted = any(
+        c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
     return PodObs(
         name=meta.get("name", ""),
         uid=uid,
-        role=labels.get(LABEL_ROLE, ""),
+        role=role,
         pool=labels.get(LABEL_POOL),
         ordinal=int(ordinal) if ordinal is not None else None,
         deleting=meta.get("deletionTimestamp") is not None,
         exits=tuple(exits),
+        job_uid=labels.get(JOB_UID_LABEL),
+        disrupted=disrupted,
+        restart_count=restart_count,
     )
 
 
-def _exit(uid: str, count: int, terminated: dict[str, Any]) -> PodExit:
+def failure_key(role: str, uid: str, restart_count: int | str) -> str:
+    """`<role>/<pod uid>/<restart count>`: one termination of one pod incarnation."""
+    return f"{role}/{uid}/{restart_count}"
+
+
+def _exit(role: str, uid: str, count: int, terminated: dict[str, Any]) -> PodExit:
     code = int(terminated.get("exitCode", -1))
-    return PodExit(f"{uid}:{count}", code, terminated.get("reason") or ("Completed" if code == 0 else "Error"))
+    reason = terminated.get("reason") or ("Completed" if code == 0 else "Error")
+    return PodExit(failure_key(role, uid, count), code, reason, (terminated.get("message") or "").strip())
+
+
+def trainer_job_observation(job: dict[str, Any]) -> TrainerJobObs:
+    """Reduce the trainer's batch/v1 Job to what the lifecycle needs."""
+    spec, status = job.get("spec") or {}, job.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    suspended = bool(spec.get("suspend"))
+    failed = conditions.get("Failed")
+    return TrainerJobObs(
+        uid=job["metadata"]["uid"],
+        replicas=0 if suspended else int(spec.get("parallelism") or 0),
+        ready=int(status.get("ready") or 0),
+        deleting=job["metadata"].get("deletionTimestamp") is not None,
+        suspended=suspended,
+        complete="Complete" in conditions or "SuccessCriteriaMet" in conditions,
+        failed_message=None if failed is None else (failed.get("message") or failed.get("reason") or "Job failed"),
+    )
 
 
 def _knobs(spec: RLJobSpec, prev: EffectiveKnobs) -> EffectiveKnobs:
@@ -217,68 +301,134 @@ class _Conditions:
         if changed and (old is not None or true):
             self.flipped.append(cond)
 
+    def keep(self, type_: str) -> None:
+        """Carry the previous condition of this type over unchanged (nothing new is known about it)."""
+        old = self.prev.condition(type_)
+        if old is not None:
+            self.items[type_] = old
+
     def as_list(self) -> list[Condition]:
         foreign = [c for c in self.prev.conditions if c.type not in CONDITION_TYPES]
-        return [self.items[t] for t in CONDITION_TYPES] + foreign
+        return [self.items[t] for t in CONDITION_TYPES if t in self.items] + foreign
 
 
 def _remember(handled: list[str], keys: list[str]) -> list[str]:
-    merged = handled + [k for k in keys if k not in handled]
-    return merged[-MAX_HANDLED_FAILURES:]
+    return handled + [k for k in keys if k not in handled]
+
+
+def _prune(handled: list[str], obs: Observed, lost: list[PodObs]) -> list[str]:
+    """Keep the keys of failures that can still be seen: trainer pods of the current Job (and the Job's own
+    key), inference pods that exist or were just reported lost. Nothing else can come back, so no cap."""
+    keep = {p.uid for p in obs.trainer_pods} | obs.inference_pod_uids | {p.uid for p in lost}
+    if obs.trainer is not None:
+        keep.add(obs.trainer.uid)
+    return [k for k in handled if k.split("/")[1:2] and k.split("/")[1] in keep]
+
+
+@dataclass(frozen=True)
+class _RankTrouble:
+    """One reason to restart the trainer group: a failed or disrupted rank (or the failed Job itself)."""
+
+    key: str
+    what: str
+    interrupted: bool
+
+
+def _trainer_troubles(obs: Observed, handled: list[str]) -> list[_RankTrouble]:
+    """Unhandled failures and disruptions of the current trainer Job's ranks.
+
+    Pods being deleted without a DisruptionTarget condition were stopped on purpose (a gang restart,
+    suspend, the Job controller stopping the other ranks after a failure or success): not a reason.
+    """
+    job = obs.trainer
+    if job is None or not job.live:
+        return []
+    troubles: list[_RankTrouble] = []
+    for pod in obs.trainer_pods:
+        if pod.job_uid != job.uid or (pod.deleting and not pod.disrupted) or pod.key in handled:
+            continue
+        failures = pod.failures()
+        if pod.disrupted:
+            troubles.append(_RankTrouble(pod.key, f"trainer pod {pod.name} was disrupted (DisruptionTarget)", True))
+        elif failures:
+            exit_ = failures[0]
+            detail = f"{exit_.reason}, exit code {exit_.exit_code}" + (f": {exit_.message}" if exit_.message else "")
+            interrupted = all(e.interrupted for e in failures)
+            verb = "was interrupted" if interrupted else "failed"
+            troubles.append(_RankTrouble(exit_.key, f"trainer pod {pod.name} {verb} ({detail})", interrupted))
+    job_key = failure_key(ROLE_TRAINER, job.uid, "job")
+    if not troubles and job.failed_message is not None and job_key not in handled:
+        # The Job failed but none of its ranks shows why (a pod deleted outright): a failure.
+        troubles.append(_RankTrouble(job_key, f"trainer Job failed: {job.failed_message}", False))
+    return troubles
 
 
 def compute_status(
-    job: JobRef, spec: RLJobSpec, generation: int, prev: RLJobStatus, obs: Observed, now: datetime
+    job: JobRef,
+    spec: RLJobSpec,
+    generation: int,
+    prev: RLJobStatus,
+    obs: Observed,
+    now: datetime,
+    applied: ApplyResult | None = None,
 ) -> Decision:
-    """Decide the new status and the actions for one RLJob from its spec, old status and children."""
+    """Decide the new status and the actions for one RLJob from its spec, old status and children.
+
+    `applied` is the result of applying this generation's children in this pass (None: no apply was
+    attempted, the previous ChildrenApplied condition and observedGeneration stand).
+    """
     events: list[EventRecord] = []
     outcome = prev.outcome
     restarts = prev.restarts.model_copy(deep=True)
-    restart_trainer = False
-    restart_peers: list[PodObs] = []
+    restart_job: str | None = None
     was_active = not spec.suspend and outcome is None
     lost_now: list[PodObs] = []
+    current_job = obs.trainer.uid if obs.trainer is not None else None
 
     if outcome is None:
-        rank0_done = [p for p in obs.trainer_pods if p.ordinal == 0 and not p.deleting and p.succeeded()]
-        if rank0_done:
-            outcome = Outcome(
-                result="Complete", reason="TrainerSucceeded", message=f"{rank0_done[0].name} exited 0", time=now
-            )
-            events.append(EventRecord("Normal", "Completed", f"trainer {rank0_done[0].name} finished: job complete"))
-
-    if outcome is None:
-        failed = [
-            (p, e)
+        leader_done = [
+            p
             for p in obs.trainer_pods
-            if not p.deleting
-            for e in p.failures()
-            if e.key not in restarts.handled_failures
+            if p.ordinal == 0 and p.job_uid == current_job and p.succeeded() and not p.failures()
         ]
-        if failed:
-            pod, exit_ = failed[0]
-            what = f"trainer pod {pod.name} failed ({exit_.reason}, exit code {exit_.exit_code})"
-            restarts.handled_failures = _remember(restarts.handled_failures, [e.key for _, e in failed])
-            if restarts.trainer < spec.backoff_limit:
-                restarts.trainer += 1
-                restarts.last_trainer_restart_time = now
-                restart_trainer = True
-                failed_ordinals = {p.ordinal for p, _ in failed}
-                restart_peers = [
-                    p for p in obs.trainer_pods if not p.deleting and p.ordinal not in failed_ordinals
-                ]
-                events.append(
-                    EventRecord(
-                        "Warning",
-                        "TrainerRestarting",
-                        f"{what}; restarting the trainer group from the last checkpoint "
-                        f"(restart {restarts.trainer}/{spec.backoff_limit})",
-                    )
+        if leader_done or (obs.trainer is not None and obs.trainer.complete):
+            who = leader_done[0].name if leader_done else "the trainer Job's leader (index 0)"
+            outcome = Outcome(result="Complete", reason="TrainerSucceeded", message=f"{who} exited 0", time=now)
+            events.append(EventRecord("Normal", "Completed", f"trainer {who} finished: job complete"))
+
+    troubles = _trainer_troubles(obs, restarts.handled_failures) if outcome is None and was_active else []
+    if troubles and obs.trainer is not None:
+        restarts.handled_failures = _remember(restarts.handled_failures, [t.key for t in troubles])
+        failures = [t for t in troubles if not t.interrupted]
+        first = (failures or troubles)[0]
+        if not failures:
+            restarts.interrupted += 1
+            restart_job = obs.trainer.uid
+            events.append(
+                EventRecord(
+                    "Warning",
+                    "TrainerInterrupted",
+                    f"{first.what}; restarting the trainer group from the last checkpoint "
+                    f"(not counted against backoffLimit; interruption {restarts.interrupted})",
                 )
-            else:
-                message = f"{what}; backoffLimit {spec.backoff_limit} reached"
-                outcome = Outcome(result="Failed", reason="BackoffLimitExceeded", message=message, time=now)
-                events.append(EventRecord("Warning", "BackoffLimitExceeded", message))
+            )
+        elif restarts.trainer < spec.backoff_limit:
+            restarts.trainer += 1
+            restart_job = obs.trainer.uid
+            events.append(
+                EventRecord(
+                    "Warning",
+                    "TrainerRestarting",
+                    f"{first.what}; restarting the trainer group from the last checkpoint "
+                    f"(restart {restarts.trainer}/{spec.backoff_limit})",
+                )
+            )
+        else:
+            message = f"{first.what}; backoffLimit {spec.backoff_limit} reached"
+            outcome = Outcome(result="Failed", reason="BackoffLimitExceeded", message=message, time=now)
+            events.append(EventRecord("Warning", "BackoffLimitExceeded", message))
+    if restart_job is not None:
+        restarts.last_trainer_restart_time = now
 
     if outcome is None and was_active and prev.start_time and spec.active_deadline_seconds:
         if (now - prev.start_time).total_seconds() >= spec.active_deadline_seconds:
@@ -290,7 +440,7 @@ def compute_status(
     desired_counts = pool_replicas(spec.rollout)
     if active:
         for pod in obs.lost_inference_pods:
-            key = f"{pod.uid}:lost"
+            key = failure_key(ROLE_INFERENCE, pod.uid, pod.restart_count)
             in_scale = pod.ordinal is not None and pod.ordinal < desired_counts.get(pod.pool or "", 0)
             if in_scale and key not in restarts.handled_failures:
                 restarts.handled_failures = _remember(restarts.handled_failures, [key])
@@ -333,6 +483,16 @@ def compute_status(
 
     # Conditions.
     conds = _Conditions(prev, generation, now)
+    observed_generation = prev.observed_generation
+    if applied is None:
+        conds.keep("ChildrenApplied")
+    elif applied.error is not None:
+        conds.set("ChildrenApplied", False, "ApplyFailed", applied.error)
+    elif applied.waiting:
+        conds.set("ChildrenApplied", False, "Recreating", f"waiting for the old {', '.join(applied.waiting)} to go")
+    else:
+        observed_generation = applied.generation
+        conds.set("ChildrenApplied", True, "Applied", f"children of generation {applied.generation} applied")
     short = [f"{p.name} {p.ready}/{p.desired}" for p in pools if p.ready < p.desired]
     rollout_ok = active and desired_total > 0 and not short and router_ready
     trainer_ok = active and trainer_ready_count >= trainer_desired
@@ -354,7 +514,7 @@ def compute_status(
         conds.set(
             "TrainerReady",
             trainer_ok,
-            "AllReplicasReady" if trainer_ok else ("Restarting" if restart_trainer else "ReplicasNotReady"),
+            "AllReplicasReady" if trainer_ok else ("Restarting" if restart_job is not None else "ReplicasNotReady"),
             f"{trainer_ready_count}/{trainer_desired} trainer pods ready",
         )
     ready = active and rollout_ok and trainer_ok and not degraded
@@ -396,9 +556,10 @@ def compute_status(
         if flip is not None:
             events.append(EventRecord(flip[0], flip[1], cond.message or cond.reason))
 
+    restarts.handled_failures = _prune(restarts.handled_failures, obs, obs.lost_inference_pods)
     status = RLJobStatus(
         phase=phase,
-        observed_generation=generation,
+        observed_generation=observed_generation,
         conditions=conds.as_list(),
         start_time=start_time,
         completion_time=outcome.time if outcome else None,
@@ -409,28 +570,28 @@ def compute_status(
         effective_knobs=_knobs(spec, prev.effective_knobs),
         metrics=prev.metrics,
     )
-    return Decision(
-        status=status, active=active, restart_trainer=restart_trainer, restart_peers=restart_peers, events=events
-    )
+    return Decision(status=status, active=active, restart_trainer_job=restart_job, events=events)
 
 
-def operator_patch(prev: RLJobStatus, new: RLJobStatus) -> dict[str, Any]:
-    """JSON merge patch of the keys the operator owns (never the runtime's progress or the autotuner's knobs)."""
+OPERATOR_STATUS_KEYS = ("phase", "observedGeneration", "startTime", "completionTime", "rollout", "restarts", "outcome")
+
+
+def operator_apply(new: RLJobStatus) -> dict[str, Any]:
+    """The status the operator server-side applies: exactly the fields it owns.
+
+    Its own condition types only (`conditions` is a list-map keyed by type, so the autotuner's stay
+    its own), never the runtime's progress, and the effectiveKnobs entries whose source is the spec:
+    a knob the autotuner has taken over is left out, so its value stays the autotuner's.
+    """
     wire = new.to_wire()
-    patch: dict[str, Any] = {
-        key: wire.get(key)
-        for key in ("phase", "observedGeneration", "conditions", "startTime", "completionTime", "rollout", "restarts")
+    body: dict[str, Any] = {key: wire[key] for key in OPERATOR_STATUS_KEYS if key in wire}
+    body["conditions"] = [c.to_wire() for c in new.conditions if c.type in CONDITION_TYPES]
+    body["trainer"] = {k: wire["trainer"][k] for k in ("desired", "ready", "summary")}
+    knobs = {
+        wire_name: value.to_wire()
+        for name, wire_name in (("over_sampling", "overSampling"), ("truncation", "truncation"))
+        if (value := getattr(new.effective_knobs, name)) is not None and value.source == "spec"
     }
-    if new.outcome is not None:
-        patch["outcome"] = wire["outcome"]
-    patch["trainer"] = {k: wire["trainer"][k] for k in ("desired", "ready", "summary")}
-    knobs: dict[str, Any] = {}
-    for name, wire_name in (("over_sampling", "overSampling"), ("truncation", "truncation")):
-        old, value = getattr(prev.effective_knobs, name), getattr(new.effective_knobs, name)
-        if value is not None and value.source == "spec":
-            knobs[wire_name] = value.to_wire()
-        elif value is None and old is not None and old.source == "spec":
-            knobs[wire_name] = None
     if knobs:
-        patch["effectiveKnobs"] = knobs
-    return patch
+        body["effectiveKnobs"] = knobs
+    return body

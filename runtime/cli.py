@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections import deque
 from pathlib import Path
@@ -144,6 +145,8 @@ async def _run(args: argparse.Namespace) -> int:
             summary = await runner.run(on_step)
     else:
         summary = await runner.run(on_step)
+    if summary.interrupted:
+        return _interrupted(summary.last_step)
 
     comparison = None
     if args.compare_rounds:
@@ -160,6 +163,23 @@ async def _run(args: argparse.Namespace) -> int:
     written = write_report(output / "report", records, comparison, evals)
     _print_summary(summary, records, evals, output / "report", written)
     return 0
+
+
+def _interrupted(step: int) -> int:
+    """SIGTERM before the last step: say so (termination message, for the operator) and exit EXIT_INTERRUPTED.
+
+    Never 0: a drained or evicted trainer is not a finished one.
+    """
+    from rljob.api.status import EXIT_INTERRUPTED, INTERRUPTED_REASON, TERMINATION_MESSAGE_PATH
+
+    message = f"{INTERRUPTED_REASON}: SIGTERM after step {step}; its checkpoint is written, the next run resumes there"
+    console.print(message)
+    path = Path(os.environ.get("RLJOB_TERMINATION_MESSAGE_PATH", TERMINATION_MESSAGE_PATH))
+    try:
+        path.write_text(message)
+    except OSError:
+        pass  # not in a pod (or not writable there): the exit code says it
+    return EXIT_INTERRUPTED
 
 
 def _print_summary(summary, records, evals, report_dir: Path, written: list[Path]) -> None:  # type: ignore[no-untyped-def]

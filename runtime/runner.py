@@ -55,6 +55,8 @@ class RunSummary:
     wall_seconds: float
     records: list[StepRecord]
     metrics_port: int | None
+    # SIGTERM stopped the run before its last step (checkpointed): not a success.
+    interrupted: bool = False
 
 
 def dynamic_sampling_keep(group: Group) -> bool:
@@ -329,6 +331,7 @@ class JobRunner:
             wall_seconds=time.perf_counter() - started,
             records=records,
             metrics_port=self.metrics_port,
+            interrupted=self.stop_requested and self.step < self.total_steps,
         )
 
     def poll_knobs(self) -> None:

@@ -3,7 +3,8 @@
 The kopf timer (timer.py) does the I/O around it: it asks `due` whether to read Prometheus now,
 reads, calls `on_reading` or `on_failure`, patches status and posts the Events.
 
-Status written here (JSON merge patch, keys owned by the autotuner only):
+Status written here (a JSON merge patch onto the status the tick read; `autotuner_status` turns the
+merged status into what the autotuner server-side applies as field manager `rljob-autotuner`):
 - `effectiveKnobs.<knob>` with source `autotune` (mode Apply only: the runtime applies these);
 - `recommendedKnobs` (mode Recommend: shown, never applied);
 - `autotune` bookkeeping (last decision, last change, backoff);
@@ -273,3 +274,38 @@ def on_reading(
                 AutotuneEvent("Normal", "KnobsRecommended", f"{name}: {decision.message} (mode Recommend: not applied)")
             )
     return result
+
+
+def merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """RFC 7386 JSON merge patch of `patch` onto a copy of `target` (null removes a key, lists are replaced)."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_patch(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def autotuner_status(status: RLJobStatus) -> dict[str, Any]:
+    """Exactly the status fields the autotuner owns, as its server-side apply body.
+
+    The AutotuneActive condition, `autotune`, `recommendedKnobs` and the effectiveKnobs entries whose
+    source is `autotune`. A knob reverted to the spec is left out: the autotuner gives it up, and the
+    operator fills it from the spec again.
+    """
+    wire = status.to_wire()
+    body: dict[str, Any] = {"conditions": [c.to_wire() for c in status.conditions if c.type == CONDITION]}
+    for key in ("autotune", "recommendedKnobs"):
+        if key in wire:
+            body[key] = wire[key]
+    knobs = {
+        wire_name: value.to_wire()
+        for name, wire_name in (("over_sampling", "overSampling"), ("truncation", "truncation"))
+        if (value := getattr(status.effective_knobs, name)) is not None and value.source == "autotune"
+    }
+    if knobs:
+        body["effectiveKnobs"] = knobs
+    return body

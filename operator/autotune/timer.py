@@ -1,9 +1,10 @@
-"""The kopf timer that runs the autotuner for every RLJob.
+"""The autotuner tick for every RLJob, run by the operator's resync loop (operator/resync.py).
 
-kopf fixes a timer's interval when it is registered, so the timer ticks every TICK_S seconds and
-`tick.due` decides from the job's spec.autotune.intervalSeconds (and the failure backoff) whether
-this tick reads Prometheus. A failure never raises out of the handler: it becomes the
-AutotuneActive condition, an Event and a later retry.
+Not a kopf timer: kopf adds a finalizer to every object a timer runs on. The loop ticks every
+TICK_S seconds and `tick.due` decides from the job's spec.autotune.intervalSeconds (and the failure
+backoff) whether this tick reads Prometheus. A failure never raises out of the tick: it becomes the
+AutotuneActive condition, an Event and a later retry. The status is server-side applied as field
+manager `rljob-autotuner`, with only the fields the autotuner owns.
 
 Operator settings (environment, set by the chart):
 - RLJOB_PROMETHEUS_ADDRESS: default Prometheus URL when spec.autotune.prometheus.address is unset;
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import logging
 import os
 from datetime import datetime
@@ -33,6 +35,7 @@ from rljob.common.autotune.prometheus import (
     PrometheusUnavailable,
 )
 from rljob.common.autotune.queries import read_observation
+from rljob.common.kube import AUTOTUNER_FIELD_MANAGER, Kube, shared_kube
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +50,6 @@ class PrometheusNotConfigured(PrometheusError):
 
 
 def _read_secret_key(namespace: str, name: str, key: str) -> str:
-    from rljob.common.kube import shared_kube
-
     secret = shared_kube().request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
     data = (secret.get("data") or {}).get(key)
     if data is None:
@@ -88,25 +89,34 @@ async def run_tick(name: str, namespace: str, spec: RLJobSpec, status: RLJobStat
     return tick.on_reading(name, spec, status, reading, generation, now)
 
 
-@kopf.timer(API_GROUP, API_VERSION, "rljobs", id="autotune", interval=TICK_S, initial_delay=TICK_S, retries=3, backoff=TICK_S)
-async def autotune_timer(
-    name: str, namespace: str, spec: Any, status: Any, meta: Any, body: Any, patch: kopf.Patch, **_: Any
-) -> None:
+def autotuner_kube() -> Kube:
+    """The shared API client, writing as the autotuner's field manager."""
+    return dataclasses.replace(shared_kube(), field_manager=AUTOTUNER_FIELD_MANAGER)
+
+
+async def autotune_job(namespace: str, name: str) -> None:
     """Run the autotuner for one RLJob and write its status and Events."""
+    kube = autotuner_kube()
+    body = await asyncio.to_thread(kube.get_rljob, namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return
+    status_wire = body.get("status") or {}
     try:
-        job_spec = RLJobSpec.model_validate(dict(spec))
-        job_status = RLJobStatus.model_validate(dict(status or {}))
+        job_spec = RLJobSpec.model_validate(body.get("spec") or {})
+        job_status = RLJobStatus.model_validate(status_wire)
     except ValidationError as err:  # the lifecycle handlers report an invalid spec; nothing to tune
         log.warning("autotune %s/%s: spec or status unreadable: %s", namespace, name, err)
         return
     if job_status.outcome is not None:
         return  # finished jobs are not tuned
     previous = tick.current_knobs(job_spec, job_status)
-    result = await run_tick(name, namespace, job_spec, job_status, int(meta.get("generation") or 0), utcnow())
-    for key, value in result.patch.items():
-        patch.status[key] = value
+    generation = int(body["metadata"].get("generation") or 0)
+    result = await run_tick(name, namespace, job_spec, job_status, generation, utcnow())
+    if result.patch:
+        merged = RLJobStatus.model_validate(tick.merge_patch(status_wire, result.patch))
+        await asyncio.to_thread(kube.apply_rljob_status, namespace, name, tick.autotuner_status(merged))
     for event in result.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+        await asyncio.to_thread(kube.post_event, body, event.type, event.reason, event.message)
     METRICS.observe(namespace, name, job_spec.autotune.mode, previous, result)
     if result.decision is not None:
         log.info("autotune %s/%s: %s (%s)", namespace, name, result.decision.reason, result.decision.message)

@@ -1,8 +1,17 @@
-"""The trainer group: runtime config, RBAC, checkpoint volume, StatefulSet and rendezvous Service."""
+"""The trainer group: runtime config, RBAC, checkpoint volume, an Indexed Job (a gang) and its rendezvous Service.
+
+The group runs to completion: one Indexed Job with `parallelism = completions = replicas`, every pod
+running `torchrun` with its completion index as node rank and index 0's stable hostname as the
+rendezvous. The Job never retries a rank by itself (`backoffLimit: 0`): the operator restarts the whole
+group by deleting and recreating the Job (status_logic decides, reconcile acts). The pod template is
+immutable, so any change to it (config, image, replicas) also recreates the Job as a whole instead of
+rolling pods one at a time.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import yaml
@@ -44,10 +53,15 @@ PVC_URI_PREFIX = "pvc://"
 HOME_DIR = "/home/rljob"
 # The runtime checkpoints on SIGTERM (suspend, restart); give it time to finish.
 TERMINATION_GRACE_SECONDS = 300
+# Set by the Job controller on every pod of an Indexed Job (label and annotation).
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
+# Hash of the Job's immutable part: a different hash means the Job must be recreated, not patched.
+ANNOTATION_TEMPLATE_HASH = f"{API_GROUP}/template-hash"
 
 
 def trainer_name(job: JobRef) -> str:
-    """Name of the trainer StatefulSet, its headless Service, ServiceAccount, Role and RoleBinding."""
+    """Name of the trainer Job, its headless Service, ServiceAccount, Role and RoleBinding."""
     return child_name(job, "trainer")
 
 
@@ -69,6 +83,10 @@ def checkpoint_claim_name(job: JobRef, spec: RLJobSpec) -> str | None:
 def runtime_document(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
     """The RLJob the trainer runs: the user's spec wired to the cluster's engines and volumes."""
     wire = spec.to_wire()
+    # Lifecycle fields the runtime does not read: changing them must not change the config hash (that
+    # would recreate the trainer Job on a suspend).
+    for key in ("suspend", "backoffLimit", "activeDeadlineSeconds"):
+        wire.pop(key, None)
     rollout = wire["rollout"]
     rollout["engine"] = "sglang"
     # Workers are discovered through the API server (the pods' labels), not listed: the config, and with
@@ -178,15 +196,9 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 
 
 def trainer_container(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
-    """The runtime container: `rljob run` on the rendered config."""
+    """The runtime container: `torchrun` launching `rljob run` on the rendered config."""
     trainer = spec.trainer
-    name = trainer_name(job)
-    defaults = [
-        EnvVar(name="RLJOB_STATUS_REPORT", value="1"),
-        EnvVar(name="WORLD_SIZE", value=str(trainer.replicas)),
-        EnvVar(name="MASTER_ADDR", value=f"{name}-0.{name}.{job.namespace}.svc"),
-        EnvVar(name="MASTER_PORT", value=str(RENDEZVOUS_PORT)),
-    ]
+    defaults = [EnvVar(name="RLJOB_STATUS_REPORT", value="1")]
     resources: dict[str, Any] = {}
     if trainer.vendor != "cpu":
         profile = PROFILES[trainer.vendor]
@@ -207,12 +219,12 @@ def trainer_container(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
     return {
         "name": "trainer",
         "image": trainer.image or TRAINER_IMAGES[trainer.vendor],
-        "command": ["rljob", "run", f"{CONFIG_DIR}/{CONFIG_KEY}"],
+        "command": torchrun_command(job, spec),
         "env": [
             _field_env("RLJOB_NAMESPACE", "metadata.namespace"),
             {"name": "RLJOB_NAME", "value": job.name},
             _field_env("POD_NAME", "metadata.name"),
-            _field_env("RANK", "metadata.labels['apps.kubernetes.io/pod-index']"),
+            _field_env("NODE_RANK", f"metadata.annotations['{COMPLETION_INDEX_LABEL}']"),
             *files.env,
             *merge_env(defaults, trainer.env),
         ],
@@ -232,8 +244,56 @@ def trainer_storage(spec: RLJobSpec) -> PodStorage:
     return model_storage(spec).add(data_storage(spec)).add(weights_storage(spec, writable=True))
 
 
-def trainer_statefulset(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str, Any]:
-    """StatefulSet of trainer pods; the config hash restarts them when the rendered config changes."""
+def rendezvous_host(job: JobRef) -> str:
+    """Stable DNS name of the trainer pod with completion index 0 (hostname `<job>-0`, subdomain the Service)."""
+    name = trainer_name(job)
+    return f"{name}-0.{name}.{job.namespace}.svc"
+
+
+def nproc_per_node(spec: RLJobSpec) -> int:
+    """torchrun worker processes per pod: one per GPU, one on CPU."""
+    return spec.trainer.gpus_per_replica if spec.trainer.vendor != "cpu" and spec.trainer.gpus_per_replica > 0 else 1
+
+
+def torchrun_command(job: JobRef, spec: RLJobSpec) -> list[str]:
+    """`torchrun` (static rendezvous at index 0) launching `rljob run` once per local GPU.
+
+    `$(NODE_RANK)` is expanded by the kubelet from the container env (the pod's completion index).
+    torchrun exports RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT to each worker.
+    """
+    return [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={spec.trainer.replicas}",
+        "--node-rank=$(NODE_RANK)",
+        f"--nproc-per-node={nproc_per_node(spec)}",
+        f"--master-addr={rendezvous_host(job)}",
+        f"--master-port={RENDEZVOUS_PORT}",
+        "--no-python",
+        "rljob",
+        "run",
+        f"{CONFIG_DIR}/{CONFIG_KEY}",
+    ]
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """Disruptions (eviction, preemption, node shutdown) never fail the Job; any other rank failure
+    fails it at once, so the Job controller stops the remaining ranks and the operator restarts the gang."""
+    return {
+        "rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "NotIn", "values": [0]}},
+        ]
+    }
+
+
+def trainer_job(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str, Any]:
+    """Indexed Job of trainer pods: a gang that runs to completion; the leader's success ends it.
+
+    `active=False` suspends the Job (its pods are deleted, the object is kept). The template hash
+    annotation tells the operator when the Job must be recreated (the template is immutable).
+    """
     name = trainer_name(job)
     trainer = spec.trainer
     config_hash = hashlib.sha256(render_config(job, spec).encode()).hexdigest()[:16]
@@ -253,6 +313,8 @@ def trainer_statefulset(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str,
         "serviceAccountName": name,
         "securityContext": pod_security_context(spec.pods, RUNTIME_UID),
         **scheduling_fields(spec.pods),
+        "subdomain": name,
+        "restartPolicy": "Never",
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "containers": [trainer_container(job, spec)],
         "nodeSelector": dict(trainer.node_selector),
@@ -265,28 +327,34 @@ def trainer_statefulset(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str,
         pod_spec["tolerations"] = tolerations(trainer.vendor, trainer.tolerations)
     elif trainer.tolerations:
         pod_spec["tolerations"] = [t.to_wire() for t in trainer.tolerations]
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": object_meta(job, name, ROLE_TRAINER),
-        "spec": {
-            "replicas": trainer.replicas if active else 0,
-            "serviceName": name,
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": selector_labels(job, ROLE_TRAINER)},
-            "template": {
-                "metadata": {
-                    "labels": labels(job, ROLE_TRAINER),
-                    "annotations": {ANNOTATION_CONFIG_HASH: config_hash},
-                },
-                "spec": pod_spec,
+    immutable = {
+        "completionMode": "Indexed",
+        "completions": trainer.replicas,
+        "parallelism": trainer.replicas,
+        "backoffLimit": 0,
+        "podFailurePolicy": pod_failure_policy(),
+        "successPolicy": {"rules": [{"succeededIndexes": "0"}]},
+        "template": {
+            "metadata": {
+                "labels": labels(job, ROLE_TRAINER),
+                "annotations": {ANNOTATION_CONFIG_HASH: config_hash},
             },
+            "spec": pod_spec,
         },
+    }
+    template_hash = hashlib.sha256(json.dumps(immutable, sort_keys=True).encode()).hexdigest()[:16]
+    meta = object_meta(job, name, ROLE_TRAINER)
+    meta["annotations"] = {ANNOTATION_TEMPLATE_HASH: template_hash}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {**immutable, "suspend": not active},
     }
 
 
 def trainer_service(job: JobRef) -> dict[str, Any]:
-    """Headless Service for rendezvous (MASTER_ADDR is pod 0's stable DNS name)."""
+    """Headless Service for rendezvous: it gives every trainer pod a stable DNS name (`<job>-trainer-<index>`)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",

@@ -31,7 +31,7 @@ from kubernetes import client as k8s
 
 from tests.cluster.fixtures import PrometheusFactory
 from tests.cluster.prometheus import PrometheusServer, free_port
-from tests.integration.test_operator import (  # noqa: F401 (crd, api and operator are fixtures)
+from tests.integration.test_operator import (  # noqa: F401 (crd, api, kubelet and operator are fixtures)
     GROUP,
     PLURAL,
     VERSION,
@@ -41,9 +41,11 @@ from tests.integration.test_operator import (  # noqa: F401 (crd, api and operat
     crd,
     events,
     get,
+    kubelet,
     operator,
     wait_for,
 )
+from tests.helpers.trainer_pods import TRAINER_NODE_SELECTOR
 
 pytestmark = [pytest.mark.cluster, pytest.mark.prometheus, pytest.mark.slow]
 
@@ -72,7 +74,10 @@ def job_spec(prom_url: str, mode: str) -> dict[str, Any]:
             # maxStaleness 23 keeps the segment-cap floor (48 / 24 = 2 tokens) below the starting cap.
             "partial": {"overSampling": 1.5, "maxStaleness": 23, "truncation": {"mode": "tokens", "maxTokens": START_CAP}},
         },
-        "trainer": {"steps": 400, "microBatchSize": 16, "vendor": "cpu", "gpusPerReplica": 0},
+        # The trainer really runs here as a local process; the operator's trainer Job stays unscheduled
+        # (kwok would complete its pods at once and end the job).
+        "trainer": {"steps": 400, "microBatchSize": 16, "vendor": "cpu", "gpusPerReplica": 0,
+                    "nodeSelector": TRAINER_NODE_SELECTOR},
         "checkpoint": {"everySteps": 1000},
         "autotune": {
             "mode": mode,

@@ -37,6 +37,7 @@ from rljob.operator.builders.trainer import checkpoint_claim_name
 
 from tests.cluster.kube import KubeCluster, wait_until
 from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.trainer_pods import TRAINER_NODE_SELECTOR, SimulatedTrainerKubelet
 from tests.unit.test_chart import CHART, EXAMPLES, Yaml12Loader, helm_binary
 
 pytestmark = pytest.mark.cluster
@@ -207,7 +208,16 @@ class ChartOperator(OperatorProcess):
 
 
 @pytest.fixture
-def chart_operator(kube_cluster: KubeCluster, release: Release, namespace: str, tmp_path: Path) -> Iterator[ChartOperator]:
+def kubelet(kube_cluster: KubeCluster, namespace: str) -> Iterator[SimulatedTrainerKubelet]:
+    """Runs the trainer Job's pods (kwok would complete them at once): see tests/helpers/trainer_pods.py."""
+    with SimulatedTrainerKubelet(kube_cluster.core(), namespace) as sim:
+        yield sim
+
+
+@pytest.fixture
+def chart_operator(
+    kube_cluster: KubeCluster, release: Release, namespace: str, tmp_path: Path, kubelet: SimulatedTrainerKubelet
+) -> Iterator[ChartOperator]:
     op = ChartOperator(kube_cluster, release, namespace, tmp_path)
     op.start()
     yield op
@@ -326,10 +336,17 @@ def checkpoint_volume(kube_cluster: KubeCluster) -> Iterator[PersistentVolumeFac
 
 
 def apply_example(kube_cluster: KubeCluster, namespace: str, example: Path, provision: PersistentVolumeFactory) -> str:
-    """`kubectl apply` of an example RLJob (with a volume for its checkpoint claim); returns its name."""
+    """`kubectl apply` of an example RLJob (with a volume for its checkpoint claim); returns its name.
+
+    The trainer gets the simulated trainer node's selector (the `kubelet` fixture runs its pods).
+    """
     provision(namespace, example)
-    kube_cluster.kubectl("apply", "-n", namespace, "-f", str(example))
-    return str(yaml.safe_load(example.read_text())["metadata"]["name"])
+    doc = yaml.safe_load(example.read_text())
+    doc["spec"]["trainer"]["nodeSelector"] = {**doc["spec"]["trainer"].get("nodeSelector", {}), **TRAINER_NODE_SELECTOR}
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"{namespace}-{example.name}"
+    path.write_text(yaml.safe_dump(doc))
+    kube_cluster.kubectl("apply", "-n", namespace, "-f", str(path))
+    return str(doc["metadata"]["name"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -509,10 +526,21 @@ def test_upgrade_with_changed_values_and_a_refused_bad_value(kube_cluster: KubeC
     assert [h["revision"] for h in history] == [1, 2] and history[-1]["status"] == "deployed"
 
 
-def test_uninstall_removes_the_operator_and_keeps_the_crd_and_jobs(kube_cluster: KubeCluster, release: Release, namespace: str) -> None:
+def test_uninstall_removes_the_operator_and_keeps_the_crd_and_jobs_which_then_delete_at_once(
+    kube_cluster: KubeCluster, release: Release, namespace: str, chart_operator: ChartOperator,
+    checkpoint_volume: PersistentVolumeFactory,
+) -> None:
     example = CHART / "examples/nvidia-only.yaml"
-    kube_cluster.kubectl("apply", "-n", namespace, "-f", str(example))
+    name = apply_example(kube_cluster, namespace, example, checkpoint_volume)
+    # A live job the operator has been reconciling (its resync and autotune passes ran on it).
+    wait_job(kube_cluster, namespace, name, is_ready, "Ready", chart_operator)
+    # The autotune pass has run on it too (it records AutotuneActive=False/AutotuneOff): kopf timers, as
+    # these passes were, added kopf's finalizer by now.
+    wait_job(kube_cluster, namespace, name, lambda j: condition(j, "AutotuneActive") is not None, "autotune pass",
+             chart_operator)
+    assert not get_job(kube_cluster, namespace, name)["metadata"].get("finalizers"), "no finalizer on RLJobs"
     release.run("uninstall", release.name, "--wait")
+    chart_operator.stop()  # what deleting the Deployment does to the operator pod
     apps, rbac = kube_cluster.apps(), k8s.RbacAuthorizationV1Api(kube_cluster.api)
     with pytest.raises(ApiException) as gone:
         apps.read_namespaced_deployment(release.fullname, release.namespace)
@@ -524,5 +552,10 @@ def test_uninstall_removes_the_operator_and_keeps_the_crd_and_jobs(kube_cluster:
         rbac.read_cluster_role("rljob-viewer")
     assert gone.value.status == 404
     assert crd_established(kube_cluster, "rljobs.rljob.io"), "helm.sh/resource-policy: keep"
-    name = yaml.safe_load(example.read_text())["metadata"]["name"]
     assert get_job(kube_cluster, namespace, name)["metadata"]["name"] == name
+    # With no operator left, `kubectl delete` still returns at once (it used to hang on kopf's finalizer).
+    deleted = kube_cluster.kubectl("delete", "rljob", name, "-n", namespace, "--wait=true", "--timeout=30s", check=False)
+    assert deleted.returncode == 0, deleted.stderr
+    with pytest.raises(ApiException) as gone:
+        get_job(kube_cluster, namespace, name)
+    assert gone.value.status == 404

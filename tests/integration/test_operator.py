@@ -1,8 +1,10 @@
 """The operator against the real local control plane (etcd, kube-apiserver, controllers, scheduler, kwok).
 
 The operator runs as a subprocess (`python -m rljob.operator -n <test namespace>`), so tests can kill
-and restart it. kwok's fake GPU nodes (nv-*, amd-*, cpu-*) run the pods: they become Ready but never
-execute, so crashes and completions are simulated by patching pod status through the API.
+and restart it. kwok's fake GPU nodes (nv-*, amd-*, cpu-*) run the inference and router pods: they
+become Ready but never execute. kwok would complete the trainer Job's pods at once, so those stay
+unscheduled and `SimulatedTrainerKubelet` plays their kubelet (tests/helpers/trainer_pods.py):
+crashes, completions and node shutdowns are simulated by patching pod status through the API.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from rljob.operator import crdgen
 
 from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.trainer_pods import TRAINER_NODE_SELECTOR, SimulatedTrainerKubelet
 
 pytestmark = pytest.mark.cluster
 
@@ -71,7 +74,13 @@ def api(kube_cluster: Any, crd: None) -> k8s.CustomObjectsApi:
 
 
 @pytest.fixture
-def operator(namespace: str, crd: None, tmp_path: Path) -> Iterator[OperatorProcess]:
+def kubelet(kube_cluster: Any, namespace: str) -> Iterator[SimulatedTrainerKubelet]:
+    with SimulatedTrainerKubelet(kube_cluster.core(), namespace) as sim:
+        yield sim
+
+
+@pytest.fixture
+def operator(namespace: str, crd: None, tmp_path: Path, kubelet: SimulatedTrainerKubelet) -> Iterator[OperatorProcess]:
     op = namespaced_operator(namespace, tmp_path / "operator.log")
     op.start()
     yield op
@@ -121,7 +130,7 @@ def rljob(name: str, **spec_overrides: Any) -> dict[str, Any]:
                 {"name": "mi", "vendor": "amd", "replicas": 1, "gpusPerReplica": 1},
             ],
         },
-        "trainer": {"vendor": "cpu", "gpusPerReplica": 0},
+        "trainer": {"vendor": "cpu", "gpusPerReplica": 0, "nodeSelector": TRAINER_NODE_SELECTOR},
         "backoffLimit": 1,
     }
     spec.update(spec_overrides)
@@ -165,6 +174,7 @@ def children(kube_cluster: Any, ns: str, name: str) -> dict[str, list[str]]:
     rbac = k8s.RbacAuthorizationV1Api(kube_cluster.api)
     listing = {
         "StatefulSet": apps.list_namespaced_stateful_set(ns, label_selector=selector).items,
+        "Job": k8s.BatchV1Api(kube_cluster.api).list_namespaced_job(ns, label_selector=selector).items,
         "Deployment": apps.list_namespaced_deployment(ns, label_selector=selector).items,
         "Service": core.list_namespaced_service(ns, label_selector=selector).items,
         "ConfigMap": core.list_namespaced_config_map(ns, label_selector=selector).items,
@@ -177,7 +187,8 @@ def children(kube_cluster: Any, ns: str, name: str) -> dict[str, list[str]]:
 
 
 EXPECTED_CHILDREN = {
-    "StatefulSet": ["{n}-infer-mi", "{n}-infer-nv", "{n}-trainer"],
+    "StatefulSet": ["{n}-infer-mi", "{n}-infer-nv"],
+    "Job": ["{n}-trainer"],
     "Deployment": ["{n}-router"],
     "Service": ["{n}-infer-mi", "{n}-infer-nv", "{n}-router", "{n}-trainer"],
     "ConfigMap": ["{n}-config"],
@@ -374,65 +385,199 @@ def test_lost_inference_pod_degrades_then_recovers(
     assert {"InferenceReplicaLost", "Degraded", "Recovered"} <= set(reasons)
 
 
-def _fail_pod(kube_cluster: Any, ns: str, pod: str) -> None:
-    """Simulate a crash: kwok pods never exit, so mark the pod Failed through the status subresource."""
-    kube_cluster.core().patch_namespaced_pod_status(pod, ns, {"status": {"phase": "Failed", "reason": "Error"}})
+def running_pods(kube_cluster: Any, ns: str, name: str) -> list[str]:
+    """Pods of one RLJob that still hold resources (a finished Job keeps its terminal pods as a record)."""
+    return [p.metadata.name for p in pods(kube_cluster, ns, f"rljob.io/job-name={name}")
+            if p.status.phase not in ("Succeeded", "Failed")]
 
 
-def test_trainer_failure_restarts_group_then_fails_past_backoff_limit(
-    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any
+def trainer_job_uid(kube_cluster: Any, ns: str, name: str) -> str | None:
+    try:
+        job = k8s.BatchV1Api(kube_cluster.api).read_namespaced_job(f"{name}-trainer", ns)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return None if job.metadata.deletion_timestamp else job.metadata.uid
+
+
+def new_gang(kube_cluster: Any, kubelet: SimulatedTrainerKubelet, ns: str, name: str, old_uid: str, size: int) -> list[Any]:
+    """Wait for a new trainer Job (not `old_uid`) whose `size` pods all run; returns them by index."""
+    def ready() -> list[Any] | None:
+        uid = trainer_job_uid(kube_cluster, ns, name)
+        current = kubelet.pods(name)
+        ok = uid not in (None, old_uid) and len(current) == size and all(
+            p.status.phase == "Running" and p.metadata.labels["batch.kubernetes.io/controller-uid"] == uid for p in current
+        )
+        return current if ok else None
+
+    return wait_for(ready, f"a new trainer gang of {size} pods", timeout=90)
+
+
+def test_trainer_failure_restarts_the_whole_gang_then_fails_past_backoff_limit(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any,
+    kubelet: SimulatedTrainerKubelet,
 ) -> None:
     volumes("crashy")
-    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("crashy"))
+    spec = rljob("crashy")
+    spec["spec"]["trainer"]["replicas"] = 2
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, spec)
     wait_phase(api, namespace, "crashy", "Running")
-    first_uid = pods(kube_cluster, namespace, "rljob.io/job-name=crashy,rljob.io/role=trainer")[0].metadata.uid
-    _fail_pod(kube_cluster, namespace, "crashy-trainer-0")
-
-    def restarted() -> dict[str, Any] | None:
-        job = get(api, namespace, "crashy")
-        return job if job["status"]["restarts"]["trainer"] == 1 else None
-
-    wait_for(restarted, "trainer restart counted", timeout=60)
-
-    def new_trainer_ready() -> str | None:
-        current = pods(kube_cluster, namespace, "rljob.io/job-name=crashy,rljob.io/role=trainer")
-        fresh = [p for p in current if p.metadata.uid != first_uid and p.status.phase == "Running"]
-        return fresh[0].metadata.uid if fresh else None
-
-    wait_for(new_trainer_ready, "replacement trainer pod running", timeout=60)
+    first_job = trainer_job_uid(kube_cluster, namespace, "crashy")
+    gang = kubelet.pods("crashy")
+    assert len(gang) == 2
+    # Rank 1 crashes: the whole group (rank 0 included) is replaced by a new Job.
+    kubelet.fail(gang[1], code=1)
+    wait_for(lambda: get(api, namespace, "crashy")["status"]["restarts"]["trainer"] == 1 or None, "restart counted", 60)
+    fresh = new_gang(kube_cluster, kubelet, namespace, "crashy", first_job, 2)
+    assert not {p.metadata.uid for p in fresh} & {p.metadata.uid for p in gang}, "every rank is new"
     wait_phase(api, namespace, "crashy", "Running")
     assert "TrainerRestarting" in events(kube_cluster, namespace, "crashy")
 
-    _fail_pod(kube_cluster, namespace, "crashy-trainer-0")
+    kubelet.fail(fresh[0], code=137)
     job = wait_phase(api, namespace, "crashy", "Failed")
     failed = condition(job, "Failed")
     assert failed["status"] == "True" and failed["reason"] == "BackoffLimitExceeded"
     assert job["status"]["completionTime"] and job["status"]["restarts"]["trainer"] == 1
     assert "BackoffLimitExceeded" in events(kube_cluster, namespace, "crashy")
     # Finished jobs release their GPUs but keep the checkpoint volume.
-    wait_for(lambda: not pods(kube_cluster, namespace, "rljob.io/job-name=crashy"), "pods scaled away", 60)
+    wait_for(lambda: not running_pods(kube_cluster, namespace, "crashy"), "pods scaled away", 60)
     assert children(kube_cluster, namespace, "crashy") == expected_children("crashy")
 
 
-def test_trainer_exit_zero_completes_the_job(
-    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any
+def test_node_shutdown_and_sigterm_restart_the_gang_without_counting_and_never_complete(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any,
+    kubelet: SimulatedTrainerKubelet,
+) -> None:
+    """backoffLimit is 1: two disruptions in a row would fail the job if they were counted."""
+    volumes("drained")
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("drained"))
+    wait_phase(api, namespace, "drained", "Running")
+    job_uid = trainer_job_uid(kube_cluster, namespace, "drained")
+    (leader,) = kubelet.pods("drained")
+    kubelet.shut_down(leader, message="Interrupted: SIGTERM after step 3")
+    (leader,) = new_gang(kube_cluster, kubelet, namespace, "drained", job_uid, 1)
+    job_uid = trainer_job_uid(kube_cluster, namespace, "drained")
+    # A drain of the leader: torchrun exits 1, the runtime's termination message says Interrupted.
+    kubelet.fail(leader, code=1, message="Interrupted: SIGTERM after step 5; its checkpoint is written")
+    new_gang(kube_cluster, kubelet, namespace, "drained", job_uid, 1)
+    job = wait_phase(api, namespace, "drained", "Running")
+    restarts = job["status"]["restarts"]
+    assert restarts["interrupted"] == 2 and restarts["trainer"] == 0, restarts
+    assert job["status"].get("outcome") is None
+    assert events(kube_cluster, namespace, "drained").count("TrainerInterrupted") == 2
+
+
+def test_leader_exit_zero_completes_the_job(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any,
+    kubelet: SimulatedTrainerKubelet,
 ) -> None:
     volumes("done")
-    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("done"))
+    spec = rljob("done")
+    spec["spec"]["trainer"]["replicas"] = 2
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, spec)
     wait_phase(api, namespace, "done", "Running")
-    pod = kube_cluster.core().read_namespaced_pod("done-trainer-0", namespace)
-    status = pod.status.container_statuses[0]
-    terminated = {"exitCode": 0, "reason": "Completed", "startedAt": "2026-01-01T00:00:00Z",
-                  "finishedAt": "2026-01-01T00:01:00Z"}
-    kube_cluster.core().patch_namespaced_pod_status(
-        "done-trainer-0", namespace,
-        {"status": {"containerStatuses": [{"name": "trainer", "image": status.image, "imageID": status.image_id or "",
-                                           "ready": False, "restartCount": 0, "state": {"terminated": terminated}}]}},
-    )
+    leader, _worker = kubelet.pods("done")
+    kubelet.succeed(leader)
     job = wait_phase(api, namespace, "done", "Complete")
     assert condition(job, "Complete")["reason"] == "TrainerSucceeded"
     assert condition(job, "Ready")["status"] == "False"
-    wait_for(lambda: not pods(kube_cluster, namespace, "rljob.io/job-name=done"), "pods scaled away", 60)
+    assert job["status"]["restarts"]["trainer"] == 0
+    # The Job's success policy ends the other rank; the inference side is scaled away.
+    wait_for(lambda: not running_pods(kube_cluster, namespace, "done"), "the other rank and the engines stopped", 60)
+    assert [p.status.phase for p in kubelet.pods("done")] == ["Succeeded"]
+
+
+def test_config_change_recreates_the_gang_at_once(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any,
+    kubelet: SimulatedTrainerKubelet,
+) -> None:
+    """A StatefulSet rolled trainer pods one at a time; the Job is replaced as a whole (all ranks new together)."""
+    volumes("reconf")
+    spec = rljob("reconf")
+    spec["spec"]["trainer"]["replicas"] = 2
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, spec)
+    wait_phase(api, namespace, "reconf", "Running")
+    old_uid = trainer_job_uid(kube_cluster, namespace, "reconf")
+    old = {p.metadata.uid for p in kubelet.pods("reconf")}
+    api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "reconf", {"spec": {"trainer": {"steps": 7}}})
+    fresh = new_gang(kube_cluster, kubelet, namespace, "reconf", old_uid, 2)
+    assert not old & {p.metadata.uid for p in fresh}
+    job = wait_phase(api, namespace, "reconf", "Running")
+    assert job["status"]["observedGeneration"] == job["metadata"]["generation"] == 2
+    assert condition(job, "ChildrenApplied")["status"] == "True"
+    assert job["status"]["restarts"]["trainer"] == 0 and job["status"]["restarts"]["interrupted"] == 0
+
+
+def test_a_refused_child_becomes_a_condition_and_observed_generation_waits(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any,
+) -> None:
+    volumes("refused")
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("refused"))
+    wait_phase(api, namespace, "refused", "Running")
+    # The CRD accepts any nodeSelector map; the API server refuses this key on the Job's pod template.
+    bad = {"spec": {"trainer": {"nodeSelector": {**TRAINER_NODE_SELECTOR, "no spaces allowed": "x"}}}}
+    api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "refused", bad)
+
+    def refused() -> dict[str, Any] | None:
+        job = get(api, namespace, "refused")
+        cond = condition(job, "ChildrenApplied")
+        return job if cond and cond["status"] == "False" and cond["reason"] == "ApplyFailed" else None
+
+    job = wait_for(refused, "ChildrenApplied=False", timeout=60)
+    message = condition(job, "ChildrenApplied")["message"]
+    assert "Job refused-trainer" in message and "no spaces allowed" in message, message
+    assert job["metadata"]["generation"] == 2 and job["status"]["observedGeneration"] == 1
+    assert "ApplyFailed" in events(kube_cluster, namespace, "refused")
+
+
+def test_status_writers_never_clobber_each_other(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any,
+) -> None:
+    """Operator, autotuner and trainer each server-side apply their own fields (own field manager)."""
+    from rljob.common.kube import Kube, load_api_client
+    from rljob.common.status_reporter import kubernetes_sender
+
+    volumes("shared")
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("shared"))
+    wait_phase(api, namespace, "shared", "Running")
+    # Another controller's condition, applied as its own field manager (as the autotuner does with its own).
+    other = Kube(load_api_client(), field_manager="another-controller")
+    other.apply_rljob_status(namespace, "shared", {"conditions": [
+        {"type": "ExternalCheck", "status": "False", "reason": "Waiting", "message": "not yet",
+         "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}]})
+    send = kubernetes_sender()
+    send(namespace, "shared", {"trainer": {"step": 3, "lastCheckpoint": {"step": 2, "uri": "/ckpt/step-2"}}})
+    # A restarted trainer (a new sender) reports a step only: its checkpoint stays.
+    kubernetes_sender()(namespace, "shared", {"trainer": {"step": 4}})
+    # Make the operator write after the others: a new generation changes its status (knob, generation).
+    api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "shared",
+                                       {"spec": {"rollout": {"partial": {"overSampling": 1.5}}}})
+    wait_for(lambda: get(api, namespace, "shared")["status"].get("observedGeneration") == 2 or None,
+             "the operator applied generation 2", 60)
+    job = wait_phase(api, namespace, "shared", "Running")
+    assert condition(job, "ExternalCheck")["reason"] == "Waiting", "the operator keeps other managers' conditions"
+    assert condition(job, "AutotuneActive")["reason"] == "AutotuneOff", "the autotuner applied its own"
+    assert condition(job, "Ready")["status"] == "True"
+    assert job["status"]["trainer"]["step"] == 4 and job["status"]["trainer"]["lastCheckpoint"]["step"] == 2
+    assert job["status"]["trainer"]["summary"] == "1/1"
+    managers = {m["manager"] for m in job["metadata"]["managedFields"] if m.get("subresource") == "status"}
+    assert {"rljob-operator", "rljob-autotuner", "rljob-trainer", "another-controller"} <= managers, managers
+
+
+def test_a_finalizer_left_by_an_older_operator_is_removed_and_delete_never_waits(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any,
+) -> None:
+    """Older operators ran kopf timers, which put kopf's finalizer on every RLJob."""
+    volumes("legacy")
+    body = rljob("legacy")
+    body["metadata"]["finalizers"] = ["rljob.io/finalizer"]
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    wait_phase(api, namespace, "legacy", "Running")
+    wait_for(lambda: not get(api, namespace, "legacy")["metadata"].get("finalizers"), "legacy finalizer removed", 30)
+    operator.kill()
+    deleted = kube_cluster.kubectl("delete", "rljob", "legacy", "-n", namespace, "--timeout=30s", check=False)
+    assert deleted.returncode == 0, deleted.stderr
 
 
 def test_suspend_scales_to_zero_and_resume_comes_back(
@@ -447,6 +592,8 @@ def test_suspend_scales_to_zero_and_resume_comes_back(
     wait_for(lambda: not pods(kube_cluster, namespace, "rljob.io/job-name=pause"), "pods gone while suspended", 60)
     sets = kube_cluster.apps().list_namespaced_stateful_set(namespace, label_selector="rljob.io/job-name=pause").items
     assert sets and all(s.spec.replicas == 0 for s in sets)
+    trainer_job = k8s.BatchV1Api(kube_cluster.api).read_namespaced_job("pause-trainer", namespace)
+    assert trainer_job.spec.suspend is True and trainer_job.metadata.deletion_timestamp is None, "suspended, not recreated"
     assert children(kube_cluster, namespace, "pause") == expected_children("pause"), "PVC and config are kept"
     api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "pause", {"spec": {"suspend": False}})
     job = wait_phase(api, namespace, "pause", "Running")

@@ -4,6 +4,7 @@ duplicates no buffered sample."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -175,3 +176,29 @@ def test_cli_run_then_resume(tmp_path: Path, model_dir: Path):
     assert second.returncode == 0, second.stdout + second.stderr
     assert "resumed from" in second.stdout and "at step 2" in second.stdout
     assert "step 3:" in second.stdout and "step 1:" not in second.stdout
+
+
+def test_cli_sigterm_before_the_last_step_exits_interrupted_never_zero(tmp_path: Path, model_dir: Path):
+    """A drain (SIGTERM) checkpoints and exits 75 with an Interrupted termination message: it used to
+    exit 0, which the operator read as the trainer having finished."""
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job_doc(model_dir, tmp_path / "ckpt", steps=50, every=10)))
+    message = tmp_path / "termination-log"
+    cmd = [sys.executable, "-m", "rljob.runtime.cli", "run", str(job_file), "--output", str(tmp_path / "out"),
+           "--no-live"]
+    env = {**os.environ, "COLUMNS": "300", "PYTHONUNBUFFERED": "1", "RLJOB_TERMINATION_MESSAGE_PATH": str(message)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step 1:"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=600)
+    output = "".join(lines) + rest
+    assert proc.returncode == 75, output
+    text = message.read_text()
+    assert text.startswith("Interrupted: SIGTERM after step "), text
+    step = int(text.split("after step ")[1].split(";")[0])
+    assert 1 <= step < 50 and any(p.name.endswith(f"{step:08d}") for p in (tmp_path / "ckpt").iterdir()), output

@@ -249,7 +249,12 @@ def operator_rules(objects: list[Manifest], namespaced: bool = False) -> list[di
 def test_operator_role_covers_every_kind_it_applies_and_what_it_grants_the_trainer(helm: Path) -> None:
     rules = operator_rules(render(helm))
     # Server-side apply of a child reads it, and creates or patches it.
-    special = {"events": ("create",), "pods": ("list", "watch", "delete"), "rljobs": ("get", "list", "watch", "patch")}
+    special = {
+        "events": ("create",),
+        "pods": ("list", "watch"),
+        "jobs": ("get", "watch", "create", "patch", "delete"),
+        "rljobs": ("get", "list", "watch", "patch"),
+    }
     for (api_version, _kind), resource in PLURALS.items():
         group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
         for verb in special.get(resource, ("get", "create", "patch")):
@@ -304,7 +309,7 @@ def pod_templates(children: list[Manifest], role: str) -> list[dict[str, Any]]:
     return [
         c["spec"]["template"]
         for c in children
-        if c["kind"] == "StatefulSet" and c["spec"]["template"]["metadata"]["labels"].get(LABEL_ROLE) == role
+        if c["kind"] in ("StatefulSet", "Job") and c["spec"]["template"]["metadata"]["labels"].get(LABEL_ROLE) == role
     ]
 
 
@@ -429,3 +434,15 @@ def test_rljob_validate_cluster_rejects_a_model_gpu_pools_cannot_load(tmp_path: 
     assert local.returncode == 0, "a laptop run may use a local folder"
     cluster = subprocess.run([rljob, "validate", "--cluster", str(path)], capture_output=True, text=True, timeout=120)
     assert cluster.returncode == 2 and "spec.model.path" in cluster.stdout and "pvc://" in cluster.stdout, cluster.stdout
+
+
+def test_runbook_urls_are_absolute_under_the_chart_value(helm: Path) -> None:
+    def urls(*sets: str) -> dict[str, str]:
+        rule = find(render(helm, sets=["prometheusRule.enabled=true", *sets]), "PrometheusRule")
+        return {r["alert"]: r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]}
+
+    default = urls()
+    assert default["RLJobFailed"] == "https://github.com/rljob/rljob/blob/main/docs/runbooks/rljobfailed.md"
+    custom = urls("prometheusRule.runbookBaseUrl=https://wiki.example.com/ml/runbooks/")
+    assert set(custom) == set(default)
+    assert all(url == f"https://wiki.example.com/ml/runbooks/{alert.lower()}.md" for alert, url in custom.items())

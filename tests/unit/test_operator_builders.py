@@ -69,7 +69,7 @@ def test_children_are_complete_unique_and_owned() -> None:
         ("Service", "demo-router"),
         ("Deployment", "demo-router"),
         ("Service", "demo-trainer"),
-        ("StatefulSet", "demo-trainer"),
+        ("Job", "demo-trainer"),
     }
     for c in children:
         meta = c["metadata"]
@@ -171,11 +171,24 @@ def test_inference_pools_are_vendor_correct() -> None:
 def test_trainer_runs_the_rendered_config_with_least_privilege() -> None:
     spec = _spec()
     children = build_children(JOB, spec, active=True)
-    sts = _by(children, "StatefulSet", "demo-trainer")["spec"]
-    pod = sts["template"]["spec"]
+    gang = _by(children, "Job", "demo-trainer")["spec"]
+    pod = gang["template"]["spec"]
     (container,) = pod["containers"]
-    assert sts["replicas"] == 2
-    assert container["command"] == ["rljob", "run", "/etc/rljob/job.yaml"]
+    # A run-to-completion gang: one Indexed Job, every rank at once, never a rank retried alone.
+    assert gang["completionMode"] == "Indexed" and gang["parallelism"] == gang["completions"] == 2
+    assert gang["backoffLimit"] == 0 and pod["restartPolicy"] == "Never" and gang["suspend"] is False
+    assert gang["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}, "the leader's success ends the job"
+    rules = gang["podFailurePolicy"]["rules"]
+    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert rules[1]["action"] == "FailJob" and rules[1]["onExitCodes"]["operator"] == "NotIn"
+    assert pod["subdomain"] == "demo-trainer"
+    assert container["command"] == [
+        "python", "-m", "torch.distributed.run", "--nnodes=2", "--node-rank=$(NODE_RANK)", "--nproc-per-node=8",
+        "--master-addr=demo-trainer-0.demo-trainer.team-a.svc", "--master-port=29500",
+        "--no-python", "rljob", "run", "/etc/rljob/job.yaml",
+    ]
+    rank = next(e for e in container["env"] if e["name"] == "NODE_RANK")
+    assert rank["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
     assert container["resources"]["limits"] == {"amd.com/gpu": "8"}
     assert pod["serviceAccountName"] == "demo-trainer"
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -198,17 +211,41 @@ def test_trainer_runs_the_rendered_config_with_least_privilege() -> None:
 
 def test_config_change_changes_trainer_pod_template() -> None:
     def config_hash(spec: RLJobSpec) -> str:
-        sts = _by(build_children(JOB, spec, active=True), "StatefulSet", "demo-trainer")
-        return sts["spec"]["template"]["metadata"]["annotations"]["rljob.io/config-hash"]
+        gang = _by(build_children(JOB, spec, active=True), "Job", "demo-trainer")
+        return gang["spec"]["template"]["metadata"]["annotations"]["rljob.io/config-hash"]
 
     assert config_hash(_spec()) == config_hash(_spec())
     assert config_hash(_spec()) != config_hash(_spec(rolloutBatchSize=16))
 
 
+def test_trainer_template_hash_marks_a_recreate_not_a_suspend() -> None:
+    """The Job's template is immutable: a config change means a new Job (the whole gang), suspend does not."""
+    def template_hash(spec: RLJobSpec, active: bool = True) -> str:
+        return _by(build_children(JOB, spec, active=active), "Job", "demo-trainer")["metadata"]["annotations"][
+            "rljob.io/template-hash"
+        ]
+
+    assert template_hash(_spec()) == template_hash(_spec(), active=False)
+    suspended_spec = _spec()
+    suspended_spec.suspend = True
+    assert template_hash(_spec()) == template_hash(suspended_spec, active=False), "suspend is not a config change"
+    assert template_hash(_spec()) != template_hash(_spec(rolloutBatchSize=16))
+    suspended = _by(build_children(JOB, _spec(), active=False), "Job", "demo-trainer")["spec"]
+    assert suspended["suspend"] is True
+
+
+def test_cpu_trainer_runs_one_process_per_pod() -> None:
+    spec = _spec()
+    spec.trainer.vendor, spec.trainer.gpus_per_replica = "cpu", 0
+    (container,) = _by(build_children(JOB, spec, active=True), "Job", "demo-trainer")["spec"]["template"]["spec"]["containers"]
+    assert "--nproc-per-node=1" in container["command"]
+
+
 def test_inactive_job_scales_every_workload_to_zero_and_keeps_the_pvc() -> None:
     children = build_children(JOB, _spec(), active=False)
     workloads = [c for c in children if c["kind"] in ("StatefulSet", "Deployment")]
-    assert len(workloads) == 4 and all(w["spec"]["replicas"] == 0 for w in workloads)
+    assert len(workloads) == 3 and all(w["spec"]["replicas"] == 0 for w in workloads)
+    assert _by(children, "Job", "demo-trainer")["spec"]["suspend"] is True
     assert _by(children, "PersistentVolumeClaim", "demo-checkpoints")
 
 
@@ -217,7 +254,7 @@ def test_checkpoint_uri_variants() -> None:
     spec.checkpoint.uri = "pvc://shared-ckpt"
     children = build_children(JOB, spec, active=True)
     assert not [c for c in children if c["kind"] == "PersistentVolumeClaim"]
-    pod = _by(children, "StatefulSet", "demo-trainer")["spec"]["template"]["spec"]
+    pod = _by(children, "Job", "demo-trainer")["spec"]["template"]["spec"]
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "shared-ckpt"}} in pod["volumes"]
     spec.checkpoint.uri = "/mnt/lustre/ckpt"
     assert runtime_document(JOB, spec)["spec"]["checkpoint"]["dir"] == "/mnt/lustre/ckpt"

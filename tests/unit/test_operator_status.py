@@ -7,15 +7,19 @@ from typing import Any
 
 from rljob.api.spec import RLJobSpec
 from rljob.api.status import KnobValue, RLJobStatus
+from rljob.common.autotune.tick import autotuner_status, merge_patch
 from rljob.operator.builders import JobRef
 from rljob.operator.status_logic import (
+    ApplyResult,
     Decision,
     Observed,
     PodObs,
+    TrainerJobObs,
     WorkloadObs,
     compute_status,
-    operator_patch,
+    operator_apply,
     pod_observation,
+    trainer_job_observation,
 )
 
 JOB = JobRef("demo", "ns", "uid-1")
@@ -38,26 +42,34 @@ def _obs(nv: int = 2, mi: int = 1, router: int = 1, trainer: int = 1, **kw: Any)
     return Observed(
         pools={"nv": WorkloadObs(2, nv), "mi": WorkloadObs(1, mi)},
         router=WorkloadObs(1, router),
-        trainer=WorkloadObs(1, trainer),
+        trainer=kw.pop("job", TrainerJobObs(uid="job-1", replicas=1, ready=trainer)),
         **kw,
     )
 
 
-def _pod(phase: str = "Running", uid: str = "p1", ordinal: int = 0, role: str = "trainer", **state: Any) -> dict:
+def _pod(
+    phase: str = "Running", uid: str = "p1", ordinal: int = 0, role: str = "trainer", job_uid: str = "job-1", **state: Any
+) -> dict:
     container: dict[str, Any] = {"name": "trainer", "restartCount": state.pop("restarts", 0)}
+    conditions = state.pop("conditions", [])
     container.update(state)
+    labels = {"rljob.io/role": role, "rljob.io/pool": "nv"}
+    if role == "trainer":
+        labels |= {"batch.kubernetes.io/job-completion-index": str(ordinal), "batch.kubernetes.io/controller-uid": job_uid}
+    else:
+        labels["apps.kubernetes.io/pod-index"] = str(ordinal)
     return {
-        "metadata": {
-            "name": f"demo-{role}-{ordinal}",
-            "uid": uid,
-            "labels": {"rljob.io/role": role, "rljob.io/pool": "nv", "apps.kubernetes.io/pod-index": str(ordinal)},
-        },
-        "status": {"phase": phase, "containerStatuses": [container]},
+        "metadata": {"name": f"demo-{role}-{ordinal}", "uid": uid, "labels": labels},
+        "status": {"phase": phase, "containerStatuses": [container], "conditions": conditions},
     }
 
 
-def _run(spec: RLJobSpec, prev: RLJobStatus, obs: Observed, now: datetime = T0, gen: int = 1) -> Decision:
-    return compute_status(JOB, spec, gen, prev, obs, now)
+def _run(
+    spec: RLJobSpec, prev: RLJobStatus, obs: Observed, now: datetime = T0, gen: int = 1, applied: Any = "ok"
+) -> Decision:
+    """One evaluation; by default as after reconcile applied generation `gen` (applied=None: a plain resync)."""
+    result = ApplyResult(gen) if applied == "ok" else applied
+    return compute_status(JOB, spec, gen, prev, obs, now, applied=result)
 
 
 def _cond(status: RLJobStatus, type_: str) -> tuple[str, str]:
@@ -71,7 +83,7 @@ def test_all_ready_is_ready_with_every_condition() -> None:
     s = d.status
     assert s.phase == "Running" and d.active
     assert [c.type for c in s.conditions] == [
-        "RolloutReady", "TrainerReady", "Ready", "Progressing", "Degraded", "Suspended", "Complete", "Failed"
+        "ChildrenApplied", "RolloutReady", "TrainerReady", "Ready", "Progressing", "Degraded", "Suspended", "Complete", "Failed"
     ]
     assert all(c.observed_generation == 3 for c in s.conditions) and s.observed_generation == 3
     assert _cond(s, "Ready") == ("True", "JobReady")
@@ -130,16 +142,24 @@ def test_scale_down_is_not_a_loss() -> None:
 def test_trainer_failure_restarts_group_until_backoff_limit() -> None:
     status = _run(_spec(), RLJobStatus(), _obs()).status
     for n in (1, 2):
-        failed = pod_observation(_pod(phase="Failed", uid=f"t{n}"))
-        d = _run(_spec(), status, _obs(trainer_pods=[failed]))
-        assert d.restart_trainer and d.status.restarts.trainer == n and d.active
+        job_uid = f"job-{n}"
+        failed = pod_observation(_pod(phase="Failed", uid=f"t{n}", job_uid=job_uid))
+        job = TrainerJobObs(uid=job_uid, replicas=1, ready=0)
+        d = _run(_spec(), status, _obs(trainer_pods=[failed], job=job))
+        # The whole gang restarts: the operator deletes this Job (a new one resumes from the checkpoint).
+        assert d.restart_trainer_job == job_uid and d.status.restarts.trainer == n and d.active
         assert d.events[0].reason == "TrainerRestarting" and f"restart {n}/2" in d.events[0].message
-        # Seen again (timer + watch): acted on once.
-        again = _run(_spec(), d.status, _obs(trainer_pods=[failed]))
+        assert d.status.restarts.handled_failures == [f"trainer/t{n}/0"]
+        # Seen again before the Job is gone (timer + watch): acted on once.
+        again = _run(_spec(), d.status, _obs(trainer_pods=[failed], job=job))
         assert not again.restart_trainer and again.status.restarts.trainer == n
-        status = again.status
-    crashed = pod_observation(_pod(uid="t3", restarts=1, lastState={"terminated": {"exitCode": 137, "reason": "OOMKilled"}}))
-    d = _run(_spec(), status, _obs(trainer_pods=[crashed]))
+        deleting = TrainerJobObs(uid=job_uid, replicas=1, ready=0, deleting=True)
+        gone = _run(_spec(), again.status, _obs(trainer_pods=[failed], job=deleting))
+        assert not gone.restart_trainer and gone.status.restarts.trainer == n
+        status = gone.status
+    crashed = pod_observation(_pod(phase="Failed", uid="t3", job_uid="job-3",
+                                   state={"terminated": {"exitCode": 137, "reason": "OOMKilled"}}))
+    d = _run(_spec(), status, _obs(trainer_pods=[crashed], job=TrainerJobObs(uid="job-3", replicas=1, ready=0)))
     assert not d.restart_trainer and not d.active
     assert d.status.phase == "Failed" and _cond(d.status, "Failed") == ("True", "BackoffLimitExceeded")
     assert "OOMKilled" in d.status.condition("Failed").message
@@ -149,26 +169,77 @@ def test_trainer_failure_restarts_group_until_backoff_limit() -> None:
     assert d2.status.phase == "Failed" and not d2.active and d2.status.completion_time == T0
 
 
-def test_group_restart_deletes_only_the_failed_pods_healthy_peers() -> None:
+def test_pods_of_an_old_trainer_job_are_history() -> None:
     status = _run(_spec(), RLJobStatus(), _obs()).status
-    failed = pod_observation(_pod(phase="Failed", uid="old-0", ordinal=0))
-    replacement = pod_observation(_pod(uid="new-0", ordinal=0))  # the StatefulSet was quicker than us
-    peer = pod_observation(_pod(uid="peer-1", ordinal=1))
-    d = _run(_spec(), status, _obs(trainer_pods=[failed, replacement, peer]))
-    assert d.restart_trainer and [p.uid for p in d.restart_peers] == ["peer-1"]
+    old = pod_observation(_pod(phase="Failed", uid="old-0", job_uid="job-0"))
+    d = _run(_spec(), status, _obs(trainer_pods=[old]))
+    assert not d.restart_trainer and d.status.restarts.trainer == 0
 
 
-def test_pods_being_deleted_by_a_restart_are_not_failures() -> None:
+def test_pods_stopped_on_purpose_are_not_failures() -> None:
     status = _run(_spec(), RLJobStatus(), _obs()).status
     dying = _pod(uid="t1", state={"terminated": {"exitCode": 143, "reason": "Error"}})
     dying["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     d = _run(_spec(), status, _obs(trainer_pods=[pod_observation(dying)]))
     assert not d.restart_trainer and d.status.restarts.trainer == 0
+    # While the Job is suspended, ranks it stops are not failures either.
+    suspended = TrainerJobObs(uid="job-1", replicas=0, ready=0, suspended=True)
+    failed = pod_observation(_pod(phase="Failed", uid="t2"))
+    assert not _run(_spec(), status, _obs(trainer_pods=[failed], job=suspended)).restart_trainer
+
+
+def test_sigterm_before_the_last_step_is_an_interruption_never_success() -> None:
+    status = _run(_spec(), RLJobStatus(), _obs()).status
+    # torchrun exits 1 when its worker stopped on SIGTERM; the worker's termination message says why.
+    leader = pod_observation(_pod(phase="Failed", uid="t1", state={"terminated": {
+        "exitCode": 1, "reason": "Error", "message": "Interrupted: SIGTERM after step 7; its checkpoint is written"}}))
+    d = _run(_spec(), status, _obs(trainer_pods=[leader]))
+    assert d.status.phase != "Complete" and d.status.outcome is None and d.active
+    assert d.restart_trainer_job == "job-1"
+    assert d.status.restarts.interrupted == 1 and d.status.restarts.trainer == 0, "not counted against backoffLimit"
+    assert [e.reason for e in d.events][0] == "TrainerInterrupted"
+    # Without torchrun, the runtime's own exit code says the same.
+    bare = pod_observation(_pod(phase="Failed", uid="t2", state={"terminated": {"exitCode": 75, "reason": "Error"}}))
+    assert _run(_spec(), status, _obs(trainer_pods=[bare])).status.restarts.interrupted == 1
+
+
+def test_disruption_target_restarts_the_group_without_counting() -> None:
+    status = _run(_spec(), RLJobStatus(), _obs()).status
+    evicted = _pod(uid="t1", conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}])
+    evicted["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    for _ in range(5):  # many more than backoffLimit=2
+        d = _run(_spec(), status, _obs(trainer_pods=[pod_observation(evicted)]))
+        assert d.restart_trainer and d.status.outcome is None
+        status = d.status.model_copy(update={"restarts": d.status.restarts.model_copy(update={"handled_failures": []})})
+    assert status.restarts.interrupted == 5 and status.restarts.trainer == 0
+
+
+def test_a_failed_job_without_a_visible_failed_rank_is_a_failure() -> None:
+    status = _run(_spec(), RLJobStatus(), _obs()).status
+    failed_job = TrainerJobObs(uid="job-1", replicas=1, ready=0, failed_message="Pod default/x was deleted")
+    d = _run(_spec(), status, _obs(job=failed_job))
+    assert d.restart_trainer_job == "job-1" and d.status.restarts.trainer == 1
+
+
+def test_handled_failures_have_no_shared_cap() -> None:
+    """A trainer failure key survives any number of inference losses (was: 32 keys shared by both)."""
+    status = _run(_spec(), RLJobStatus(), _obs()).status
+    failed = pod_observation(_pod(phase="Failed", uid="t1"))
+    d = _run(_spec(), status, _obs(trainer_pods=[failed]))
+    status = d.status
+    for i in range(40):
+        lost = pod_observation(_pod(uid=f"inf-{i}", role="inference", ordinal=1))
+        status = _run(_spec(), status, _obs(trainer_pods=[failed], lost_inference_pods=[lost])).status
+    assert "trainer/t1/0" in status.restarts.handled_failures
+    again = _run(_spec(), status, _obs(trainer_pods=[failed]))
+    assert not again.restart_trainer and again.status.restarts.trainer == 1
+    # Keys of pods that can no longer be seen are dropped (no unbounded growth).
+    assert _run(_spec(), again.status, _obs(job=TrainerJobObs(uid="job-2", replicas=1, ready=1))).status.restarts.handled_failures == []
 
 
 def test_rank0_exit_zero_completes_and_scales_down() -> None:
     status = _run(_spec(), RLJobStatus(), _obs()).status
-    done = pod_observation(_pod(state={"terminated": {"exitCode": 0, "reason": "Completed"}}))
+    done = pod_observation(_pod(phase="Succeeded", state={"terminated": {"exitCode": 0, "reason": "Completed"}}))
     d = _run(_spec(), status, _obs(trainer_pods=[done]))
     assert d.status.phase == "Complete" and not d.active
     assert _cond(d.status, "Complete") == ("True", "TrainerSucceeded")
@@ -204,18 +275,61 @@ def test_autotuned_knobs_are_not_overwritten() -> None:
     d = _run(spec, prev, _obs())
     assert d.status.effective_knobs.over_sampling.value == 1.5
     assert d.status.effective_knobs.truncation == KnobValue(value=2.5, unit="sigma", source="spec", reason="FromSpec")
-    patch = operator_patch(prev, d.status)
-    assert patch["effectiveKnobs"] == {"truncation": {"value": 2.5, "unit": "sigma", "source": "spec",
-                                                      "reason": "FromSpec", "query": ""}}
+    body = operator_apply(d.status)
+    assert body["effectiveKnobs"] == {"truncation": {"value": 2.5, "unit": "sigma", "source": "spec",
+                                                     "reason": "FromSpec", "query": ""}}
 
 
-def test_operator_patch_leaves_runtime_progress_alone() -> None:
-    d = _run(_spec(), RLJobStatus(), _obs())
-    patch = operator_patch(RLJobStatus(), d.status)
-    assert patch["trainer"] == {"desired": 1, "ready": 1, "summary": "1/1"}
-    assert "metrics" not in patch and "outcome" not in patch
-    assert patch["startTime"] == "2026-01-01T00:00:00Z"
-    assert RLJobStatus.model_validate({**RLJobStatus().to_wire(), **patch}).phase == "Running"
+def test_operator_apply_holds_only_operator_fields() -> None:
+    prev = RLJobStatus.model_validate(
+        {"conditions": [{"type": "AutotuneActive", "status": "True", "reason": "Apply",
+                         "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+         "trainer": {"step": 7}, "metrics": {"entropy": 1.5}}
+    )
+    d = _run(_spec(), prev, _obs())
+    body = operator_apply(d.status)
+    assert body["trainer"] == {"desired": 1, "ready": 1, "summary": "1/1"}
+    assert "metrics" not in body and "outcome" not in body and "autotune" not in body
+    assert "AutotuneActive" not in [c["type"] for c in body["conditions"]], "the autotuner's condition is its own"
+    assert body["startTime"] == "2026-01-01T00:00:00Z"
+
+
+def test_autotuner_apply_holds_only_autotuner_fields() -> None:
+    status = _run(_spec(), RLJobStatus(), _obs()).status.to_wire()
+    patch = {"conditions": [*status["conditions"], {"type": "AutotuneActive", "status": "False", "reason": "NoMetrics",
+                                                    "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+             "autotune": {"mode": "Apply", "consecutiveFailures": 1, "nextAttemptTime": None}}
+    body = autotuner_status(RLJobStatus.model_validate(merge_patch(status, patch)))
+    assert [c["type"] for c in body["conditions"]] == ["AutotuneActive"]
+    assert body["autotune"]["consecutiveFailures"] == 1 and "nextAttemptTime" not in body["autotune"]
+    assert "phase" not in body and "effectiveKnobs" not in body, "spec-sourced knobs are the operator's"
+
+
+def test_observed_generation_only_after_that_generations_children_applied() -> None:
+    applied = _run(_spec(), RLJobStatus(), _obs(), gen=1).status
+    assert applied.observed_generation == 1 and _cond(applied, "ChildrenApplied") == ("True", "Applied")
+    # Generation 2's apply was refused: the condition carries the API server's message.
+    refused = ApplyResult(2, error='StatefulSet demo-infer-nv: HTTP 422: spec.template: Invalid value: "x"')
+    d = _run(_spec(), applied, _obs(), gen=2, applied=refused).status
+    assert d.observed_generation == 1
+    cond = d.condition("ChildrenApplied")
+    assert cond.status == "False" and cond.reason == "ApplyFailed" and "HTTP 422" in cond.message
+    # A resync that applies nothing changes neither.
+    again = _run(_spec(), d, _obs(), gen=2, applied=None).status
+    assert again.observed_generation == 1 and again.condition("ChildrenApplied") == cond
+    waiting = _run(_spec(), again, _obs(), gen=2, applied=ApplyResult(2, waiting=("Job demo-trainer",))).status
+    assert waiting.observed_generation == 1 and _cond(waiting, "ChildrenApplied") == ("False", "Recreating")
+    assert _run(_spec(), waiting, _obs(), gen=2).status.observed_generation == 2
+
+
+def test_trainer_job_observation() -> None:
+    job = {"metadata": {"uid": "j1"}, "spec": {"parallelism": 2, "suspend": False},
+           "status": {"ready": 2, "conditions": [{"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
+                                                  "message": "Container trainer for pod x failed with exit code 1"}]}}
+    obs = trainer_job_observation(job)
+    assert obs == TrainerJobObs(uid="j1", replicas=2, ready=2, failed_message="Container trainer for pod x failed with exit code 1")
+    job["spec"]["suspend"] = True
+    assert trainer_job_observation(job).replicas == 0 and not trainer_job_observation(job).live
 
 
 def test_foreign_conditions_are_kept() -> None:
@@ -224,7 +338,7 @@ def test_foreign_conditions_are_kept() -> None:
                          "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
     )
     types = [c.type for c in _run(_spec(), prev, _obs()).status.conditions]
-    assert types[-1] == "AutotuneActive" and len(types) == 9
+    assert types[-1] == "AutotuneActive" and len(types) == 10
 
 
 def test_pod_observation_keys_are_stable_across_restart_counts() -> None:
@@ -232,6 +346,6 @@ def test_pod_observation_keys_are_stable_across_restart_counts() -> None:
     now = pod_observation(_pod(uid="x", state={"terminated": {"exitCode": 1}}))
     later = pod_observation(_pod(uid="x", restarts=1, lastState={"terminated": {"exitCode": 1}}, state={"running": {}}))
     failed_phase = pod_observation(_pod(phase="Failed", uid="x", state={"terminated": {"exitCode": 1}}))
-    assert [e.key for e in now.failures()] == [e.key for e in later.failures()] == ["x:0"]
-    assert [e.key for e in failed_phase.failures()] == ["x:0"]
-    assert isinstance(now, PodObs) and now.ordinal == 0 and now.role == "trainer"
+    assert [e.key for e in now.failures()] == [e.key for e in later.failures()] == ["trainer/x/0"]
+    assert [e.key for e in failed_phase.failures()] == ["trainer/x/0"]
+    assert isinstance(now, PodObs) and now.ordinal == 0 and now.role == "trainer" and now.job_uid == "job-1"

@@ -26,7 +26,12 @@ RLJobAutotuneDegraded:
   - {value: autotuneFailures, default: 2, field: expr, old: "[15m]) > 2", format: "[15m]) > %v"}
 {{- end }}
 
-{{/* One alert rule of the file with the chart's thresholds, `for`, severity and extra labels applied. */}}
+{{/* The runbook URL base of files/rljob-alerts.rules.yaml, replaced by prometheusRule.runbookBaseUrl. */}}
+{{- define "rljob-operator.runbookBase" -}}
+https://github.com/rljob/rljob/blob/main/docs/runbooks
+{{- end }}
+
+{{/* One alert rule of the file with the chart's thresholds, `for`, severity, runbook URL base and extra labels applied. */}}
 {{- define "rljob-operator.alertRule" -}}
 {{- $root := index . 0 }}
 {{- $rule := deepCopy (index . 1) }}
@@ -56,6 +61,11 @@ RLJobAutotuneDegraded:
 {{- end }}
 {{- end }}
 {{- end }}
+{{- $base := include "rljob-operator.runbookBase" $root }}
+{{- if not (hasPrefix (printf "%s/" $base) $rule.annotations.runbook_url) }}
+{{- fail (printf "files/rljob-alerts.rules.yaml: the runbook_url of alert %s does not start with %s/" $rule.alert $base) }}
+{{- end }}
+{{- $_ := set $rule.annotations "runbook_url" (printf "%s/%s" (trimSuffix "/" $values.runbookBaseUrl) (trimPrefix (printf "%s/" $base) $rule.annotations.runbook_url)) }}
 {{- with get $values.for $rule.alert }}
 {{- $_ := set $rule "for" . }}
 {{- end }}

@@ -19,9 +19,13 @@ it create those Roles and their RoleBindings without the `escalate` or `bind` ve
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
-# Inference pools and the trainer group; pools removed from a spec are pruned.
+# Inference pools; pools removed from a spec are pruned.
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# The trainer group (an Indexed Job): deleted and recreated to restart the whole gang.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # The sglang router.
 - apiGroups: ["apps"]
@@ -31,10 +35,10 @@ it create those Roles and their RoleBindings without the `escalate` or `bind` ve
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "create", "patch", "delete"]
-# Pods: watched for failures; trainer pods are deleted to restart the group from its checkpoint.
+# Pods: watched for failures, evictions and the trainer leader's success.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "delete"]
+  verbs: ["get", "list", "watch"]
 # Headless Services of pools (pruned with them), the router's and the trainer's Service.
 - apiGroups: [""]
   resources: ["services"]

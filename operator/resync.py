@@ -1,0 +1,71 @@
+"""Periodic passes over every RLJob, without kopf timers (so without finalizers).
+
+kopf adds its finalizer (`rljob.io/finalizer`) to every object that has a timer or daemon, so that
+it can stop them before the object goes. An RLJob needs no clean-up before deletion (owner
+references delete the children), and a finalizer would make `kubectl delete rljob` hang whenever
+the operator is not running (after `helm uninstall`, for example). These loops do what the timers
+did: every `interval` seconds they list the RLJobs in the watched namespaces and run one pass per
+job. A failing pass is logged and counted; it never stops the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from rljob.api.spec import API_GROUP, API_VERSION
+from rljob.common.kube import RLJOB_PLURAL, Kube
+from rljob.operator.metrics import RECONCILE_ERRORS
+
+log = logging.getLogger(__name__)
+
+JobPass = Callable[[str, str], Awaitable[None]]
+
+
+def list_rljobs(kube: Kube, namespaces: Sequence[str]) -> list[tuple[str, str]]:
+    """(namespace, name) of every RLJob in `namespaces` (all namespaces when empty)."""
+    paths = (
+        [f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{ns}/{RLJOB_PLURAL}" for ns in namespaces]
+        if namespaces
+        else [f"/apis/{API_GROUP}/{API_VERSION}/{RLJOB_PLURAL}"]
+    )
+    jobs: list[tuple[str, str]] = []
+    for path in paths:
+        for item in kube.request("GET", path).get("items", []):
+            meta = item["metadata"]
+            if not meta.get("deletionTimestamp"):
+                jobs.append((meta["namespace"], meta["name"]))
+    return jobs
+
+
+@dataclass(frozen=True)
+class ResyncLoop:
+    """Runs `job_pass` for every RLJob every `interval` seconds (metrics step: `step`)."""
+
+    step: str
+    interval: float
+    list_jobs: Callable[[], list[tuple[str, str]]]
+    job_pass: JobPass
+
+    async def run_once(self) -> None:
+        """One pass over all RLJobs; errors are logged and counted per job."""
+        try:
+            jobs = await asyncio.to_thread(self.list_jobs)
+        except Exception as err:  # noqa: BLE001 - the loop must survive an unreachable API server
+            RECONCILE_ERRORS.labels(f"{self.step}-list").inc()
+            log.warning("%s: cannot list RLJobs: %s", self.step, err)
+            return
+        for namespace, name in jobs:
+            try:
+                await self.job_pass(namespace, name)
+            except Exception:  # noqa: BLE001 - one broken job must not starve the others
+                RECONCILE_ERRORS.labels(self.step).inc()
+                log.exception("%s of %s/%s failed", self.step, namespace, name)
+
+    async def run_forever(self) -> None:
+        """Sleep, pass, repeat (cancelled at operator shutdown)."""
+        while True:
+            await asyncio.sleep(self.interval)
+            await self.run_once()

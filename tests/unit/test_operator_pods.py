@@ -41,7 +41,8 @@ def _by(children: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 
 def _pod(children: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    return _by(children, kind, name)["spec"]["template"]["spec"]
+    """The pod template of a workload; the trainer's is a Job whatever `kind` the caller names."""
+    return _by(children, "Job" if name.endswith("-trainer") else kind, name)["spec"]["template"]["spec"]
 
 
 def _pods(children: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -134,7 +135,7 @@ def test_data_files_on_claims_are_mounted_into_the_trainer_and_rewritten() -> No
         evaluation={"everySteps": 5, "parquet": "pvc://eval.sets/gsm8k/test.parquet"},
     )
     children = build_children(JOB, spec, active=True)
-    pod = _pod(children, "StatefulSet", "demo-trainer")
+    pod = _pod(children, "Job", "demo-trainer")
     volumes = _volumes(pod)
     assert volumes["data-datasets"]["persistentVolumeClaim"] == {"claimName": "datasets", "readOnly": True}
     assert volumes["data-eval-sets"]["persistentVolumeClaim"] == {"claimName": "eval.sets", "readOnly": True}
@@ -148,7 +149,7 @@ def test_data_files_on_claims_are_mounted_into_the_trainer_and_rewritten() -> No
 
 def test_weights_volume_is_shared_writable_by_the_trainer_and_read_only_by_the_engines() -> None:
     children = build_children(JOB, _spec(rollout={"weightsVolume": {"claim": "pvc://rl-weights/demo"}}), active=True)
-    trainer = _pod(children, "StatefulSet", "demo-trainer")
+    trainer = _pod(children, "Job", "demo-trainer")
     engine = _pod(children, "StatefulSet", "demo-infer-nv")
     assert _mounts(trainer)[WEIGHTS_DIR] == {"name": "weights", "mountPath": WEIGHTS_DIR, "readOnly": False, "subPath": "demo"}
     assert _mounts(engine)[WEIGHTS_DIR]["readOnly"] is True
@@ -195,7 +196,7 @@ def test_model_storage_needs_a_hub_id() -> None:
 @pytest.mark.parametrize("vendor", ["nvidia", "amd", "cpu"])
 def test_trainer_image_follows_the_vendor(vendor: str) -> None:
     gpus = 0 if vendor == "cpu" else 1
-    pod = _pod(build_children(JOB, _spec(trainer={"vendor": vendor, "gpusPerReplica": gpus}), active=True), "StatefulSet", "demo-trainer")
+    pod = _pod(build_children(JOB, _spec(trainer={"vendor": vendor, "gpusPerReplica": gpus}), active=True), "Job", "demo-trainer")
     image = pod["containers"][0]["image"]
     assert image == TRAINER_IMAGES[vendor]
     assert len(set(TRAINER_IMAGES.values())) == 3, "one image per vendor"
@@ -214,7 +215,7 @@ def test_router_runs_the_small_router_image_not_the_cuda_sglang_one() -> None:
 
 def _trainer_and_router(spec: RLJobSpec) -> tuple[str, dict[str, Any], dict[str, Any]]:
     children = build_children(JOB, spec, active=True)
-    trainer = _by(children, "StatefulSet", "demo-trainer")["spec"]["template"]
+    trainer = _by(children, "Job", "demo-trainer")["spec"]["template"]
     router = _by(children, "Deployment", "demo-router")["spec"]["template"]
     config = _by(children, "ConfigMap", "demo-config")["data"]["job.yaml"]
     return config, trainer, router
@@ -315,7 +316,7 @@ def test_inference_and_router_pods_request_cpu_and_memory_with_defaults_and_over
     assert router["resources"] == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
     default_router = _pod(build_children(JOB, _spec(), active=True), "Deployment", "demo-router")["containers"][0]
     assert default_router["resources"]["requests"] == {"cpu": "500m", "memory": "512Mi"}
-    assert _volumes(_pod(children, "StatefulSet", "demo-trainer"))["shm"]["emptyDir"]["sizeLimit"] == "16Gi"
+    assert _volumes(_pod(children, "Job", "demo-trainer"))["shm"]["emptyDir"]["sizeLimit"] == "16Gi"
 
 
 def test_env_can_come_from_secrets_and_config_maps() -> None:
@@ -327,7 +328,7 @@ def test_env_can_come_from_secrets_and_config_maps() -> None:
     )
     children = build_children(JOB, spec, active=True)
     assert token in _pod(children, "StatefulSet", "demo-infer-nv")["containers"][0]["env"]
-    trainer_env = _pod(children, "StatefulSet", "demo-trainer")["containers"][0]["env"]
+    trainer_env = _pod(children, "Job", "demo-trainer")["containers"][0]["env"]
     assert level in trainer_env and {"name": "PLAIN", "value": "1"} in trainer_env
     for bad, message in (
         ({"name": "X", "value": "v", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}, "exclusive"),

@@ -139,7 +139,10 @@ class SGLangEngine(Engine):
         self.config = config
         self.weight_version = weight_version
         self.router_url = _strip(config.router_url) if config.router_url else None
-        self.workers: dict[str, WorkerState] = {_strip(u): WorkerState(_strip(u)) for u in config.worker_urls}
+        # Until the first probe (start(), the monitor, health()) a worker is taken at the initial version.
+        self.workers: dict[str, WorkerState] = {
+            _strip(u): WorkerState(_strip(u), served_version=weight_version) for u in config.worker_urls
+        }
         self._semaphore = asyncio.Semaphore(config.max_concurrency)
         self._abort_epoch = 0  # bumped by abort_all: requests older than it must not be retried
         self.router_up = True
@@ -275,7 +278,7 @@ class SGLangEngine(Engine):
     async def start(self) -> None:
         """Discover workers if none are configured, then wait until each answers ``/health_generate``."""
         if not self.workers:
-            self.workers = {u: WorkerState(u) for u in await self.discover_workers()}
+            self.workers = {u: WorkerState(u, served_version=self.weight_version) for u in await self.discover_workers()}
         deadline = time.monotonic() + self.config.health_timeout_s
         pending = set(self.workers)
         while pending and time.monotonic() < deadline:
@@ -671,9 +674,13 @@ class SGLangEngine(Engine):
 
     async def commit_version(self, version: int, replies: dict[str, str | None]) -> WorkerSyncResult:
         """After a sync to ``version``: make it the current version, read every worker's served
-        version (authoritative), and let the rotation and the router follow."""
-        self.weight_version = version
+        version (authoritative), and let the rotation and the router follow. When no worker serves
+        ``version``, the previous version stays current (its workers keep serving; the caller retries)."""
+        previous, self.weight_version = self.weight_version, version
         await self.probe_all()
+        if not self.rotation_workers():
+            self.weight_version = previous
+            await self.probe_all()
         result = WorkerSyncResult()
         for url, worker in self.workers.items():
             if in_rotation(worker, version):

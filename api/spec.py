@@ -322,7 +322,7 @@ class WeightTransportSpec(ApiModel):
     master_address: str | None = Field(
         default=None,
         description="Address the engines reach trainer rank 0 on for the weight-update group (distributed); "
-        "default: the trainer pod's IP (POD_IP), else 127.0.0.1.",
+        "default: the trainer pod's IP (POD_IP), else the address the trainer's host name resolves to.",
     )
     master_port: int = Field(default=29600, ge=0, le=65535, description="Port of the weight-update group's store; 0: any free port.")
     timeout_seconds: float = Field(default=300.0, gt=0, description="Most one sync may take before it counts as failed.")

@@ -33,14 +33,20 @@ log = logging.getLogger(__name__)
 class DistributedOptions:
     """Where rank 0 hosts the group and how long its collectives may take."""
 
-    master_address: str | None = None  # None: POD_IP, else 127.0.0.1
+    master_address: str | None = None  # None: see address()
     master_port: int = 0  # 0: a free port per rebuild
     backend: Backend = "gloo"
     timeout_s: float = 300.0
 
     def address(self) -> str:
-        """The address engines dial to reach rank 0's store."""
-        return self.master_address or os.environ.get("POD_IP") or "127.0.0.1"
+        """The address engines dial to reach rank 0's store: the spec's, the pod's IP (POD_IP, set
+        through the downward API), else what this host's name resolves to (a pod's IP too)."""
+        if self.master_address or os.environ.get("POD_IP"):
+            return self.master_address or os.environ["POD_IP"]
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"
 
 
 def _free_port(host: str) -> int:

@@ -30,9 +30,11 @@ Failure policy:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +57,6 @@ from rljob.runtime.engines.membership import (
     in_rotation,
     observe_probe,
     retry_call,
-    rotation,
     router_plan,
 )
 from rljob.runtime.engines.protocol import error_message, parse_generate_reply, parse_load
@@ -149,6 +150,7 @@ class SGLangEngine(Engine):
         self._probes = ProbePolicy(config.probe_interval_s, config.probe_backoff_s, config.probe_backoff_max_s)
         self._monitor_task: asyncio.Task[None] | None = None
         self._membership_lock = asyncio.Lock()
+        self._syncing = False  # a weight sync is under way: versions move, the monitor waits (see syncing())
         self._http = httpx.AsyncClient(
             limits=httpx.Limits(max_connections=config.max_concurrency + 64, max_keepalive_connections=64),
             timeout=httpx.Timeout(config.control_timeout_s),
@@ -370,6 +372,8 @@ class SGLangEngine(Engine):
         """Background probes: each worker when its turn (membership.probe_delay) has come, and the router."""
         while True:
             await asyncio.sleep(min(self.config.probe_interval_s, self.config.probe_backoff_s))
+            if self._syncing:
+                continue
             try:
                 workers = due(list(self.workers.values()), time.monotonic())
                 await asyncio.gather(self._probe_router(), *(self._probe_worker(w) for w in workers))  # type: ignore[arg-type]
@@ -640,12 +644,23 @@ class SGLangEngine(Engine):
                 + "; ".join(f"{u}: {e}" for u, e in result.failed.items())
             )
 
+    @contextlib.asynccontextmanager
+    async def syncing(self) -> AsyncIterator[None]:
+        """Hold the background monitor while a weight sync runs: workers reach the new version before
+        it becomes the target, and a probe in between would take them out of the rotation for nothing."""
+        self._syncing = True
+        try:
+            yield
+        finally:
+            self._syncing = False
+
     async def update_weights_from_disk(self, path: str, version: int) -> WorkerSyncResult:
         """``/update_weights_from_disk`` on every answering worker (also those out of the rotation:
         this is how they catch up), then membership by the versions the workers report."""
         body = {"model_path": path, "weight_version": str(version), "flush_cache": True, "abort_all_requests": False}
-        replies = await self.post_workers([w.url for w in self.healthy_workers()], "/update_weights_from_disk", body)
-        return await self.commit_version(version, replies)
+        async with self.syncing():
+            replies = await self.post_workers([w.url for w in self.healthy_workers()], "/update_weights_from_disk", body)
+            return await self.commit_version(version, replies)
 
     async def post_worker(self, url: str, path: str, body: dict[str, Any], timeout: float | None = None) -> str | None:
         """One control POST to a worker (weight-update endpoints); None on success, else the reason."""

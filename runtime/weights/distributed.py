@@ -14,6 +14,7 @@ Per sync (sglang_protocol.md §8, distributed_training.md):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -129,6 +130,12 @@ class DistributedTransport(WeightTransport):
 
     async def sync(self, version: int, weights: WeightSource) -> SyncReport:
         """See the module docstring; never raises for a worker's failure."""
+        async with contextlib.AsyncExitStack() as stack:
+            for engine in self.engines:
+                await stack.enter_async_context(engine.syncing())
+            return await self._sync(version, weights)
+
+    async def _sync(self, version: int, weights: WeightSource) -> SyncReport:
         started = time.perf_counter()
         report = SyncReport(version=version, mode=self.mode)
         for engine in self.engines:

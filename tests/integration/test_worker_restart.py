@@ -16,7 +16,6 @@ import math
 import os
 import signal
 from dataclasses import asdict
-from pathlib import Path
 
 import httpx
 import pytest
@@ -28,7 +27,7 @@ from rljob.runtime.rollout.strategy import AprilStrategy
 from rljob.runtime.weights.distributed import DistributedOptions, DistributedTransport
 from rljob.runtime.weights.factory import sync_until_served
 from rljob.runtime.weights.transport import module_buckets
-from tests.helpers.processes import start_router, start_worker, wait_http
+from tests.helpers.processes import start_router, wait_http
 from tests.helpers.waiting import wait_until
 from tests.integration.test_weight_transport_http import Pool, engine_of, perturb, pool, router_workers  # noqa: F401
 from tests.unit.test_rollout_scheduler import make_scheduler

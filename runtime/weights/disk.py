@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from rljob.runtime.engines.sglang_client import SGLangEngine
-from rljob.runtime.weights.transport import Bucket, SyncReport, WeightSource, WeightTransport, bucket_bytes
+from rljob.runtime.weights.transport import Bucket, SyncReport, WeightSource, WeightTransport, bucket_bytes, drain
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +40,21 @@ def write_snapshot(folder: Path, buckets: Iterable[Bucket], write_config: Callab
     from safetensors.torch import save_file
 
     tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     weight_map: dict[str, str] = {}
     total = 0
-    for i, bucket in enumerate(buckets):  # streamed: one bucket in memory at a time
-        shard = f"model-{i + 1:05d}.safetensors"
-        save_file({n: t.contiguous() for n, t in bucket}, str(tmp / shard), metadata={"format": "pt"})
-        weight_map.update({n: shard for n, _ in bucket})
-        total += bucket_bytes(bucket)
+    stream = iter(buckets)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for i, bucket in enumerate(stream):  # streamed: one bucket in memory at a time
+            shard = f"model-{i + 1:05d}.safetensors"
+            save_file({n: t.contiguous() for n, t in bucket}, str(tmp / shard), metadata={"format": "pt"})
+            weight_map.update({n: shard for n, _ in bucket})
+            total += bucket_bytes(bucket)
+    except OSError:
+        drain(stream)  # a collective source must still be consumed to the end
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     (tmp / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
     write_config(tmp)
     shutil.rmtree(folder, ignore_errors=True)
@@ -78,7 +84,14 @@ class DiskTransport(WeightTransport):
         started = time.perf_counter()
         report = SyncReport(version=version, mode=self.mode)
         path = self.folder / snapshot_name(version)
-        report.bytes_sent = await asyncio.to_thread(write_snapshot, path, weights(), self.write_config)
+        try:
+            report.bytes_sent = await asyncio.to_thread(write_snapshot, path, weights(), self.write_config)
+        except OSError as exc:
+            reason = f"snapshot {path} could not be written ({exc}); check rollout.weightTransport.diskDir"
+            log.error("weight sync of version %d: %s", version, reason)
+            report.failed = {w.url: reason for e in self.engines for w in e.workers.values()}
+            report.seconds = time.perf_counter() - started
+            return report
         for engine in self.engines:
             result = await engine.update_weights_from_disk(str(path), version)
             report.updated += result.updated

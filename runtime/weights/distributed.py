@@ -25,7 +25,15 @@ from dataclasses import dataclass
 
 from rljob.runtime.engines.sglang_client import SGLangEngine
 from rljob.runtime.weights.collective import Backend, WeightGroup, dtype_name, open_store
-from rljob.runtime.weights.transport import Bucket, SyncReport, WeightSource, WeightTransport, bucket_bytes, with_last
+from rljob.runtime.weights.transport import (
+    Bucket,
+    SyncReport,
+    WeightSource,
+    WeightTransport,
+    bucket_bytes,
+    drain,
+    with_last,
+)
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +155,8 @@ class DistributedTransport(WeightTransport):
         replies: dict[str, str | None] = {u: "no weight-update group" for u in candidates}
         if members:
             replies = await self._push(version, weights, members, report)
+        else:
+            drain(weights())
         for engine in self.engines:
             result = await engine.commit_version(version, {u: r for u, r in replies.items() if u in engine.workers})
             report.updated += result.updated
@@ -161,8 +171,9 @@ class DistributedTransport(WeightTransport):
                     report: SyncReport) -> dict[str, str | None]:
         replies: dict[str, str | None] = dict.fromkeys(members)
         await self._all(members, "/pause_generation", {"mode": "in_place"})
+        buckets = with_last(weights())
         try:
-            for bucket, last in with_last(weights()):
+            for bucket, last in buckets:
                 body = {
                     "names": [n for n, _ in bucket],
                     "dtypes": [dtype_name(t.dtype) for _, t in bucket],
@@ -188,6 +199,7 @@ class DistributedTransport(WeightTransport):
                       "at the next sync", version, exc)
             for url in members:
                 replies[url] = replies[url] or str(exc)
+            drain(buckets)
             await self._destroy()
         finally:
             await self._all([u for u in members if self._owner(u).workers[u].reachable], "/continue_generation", {})

@@ -52,8 +52,10 @@ class WeightTransport(abc.ABC):
     async def sync(self, version: int, weights: WeightSource) -> SyncReport:
         """Install the weights of ``weights()`` as ``version`` on every engine that can take them.
 
-        Never raises because one engine failed: failures are in the report, and an engine that
-        failed is out of the rotation until a later sync catches it up.
+        Calls ``weights()`` exactly once and consumes it to the end, whatever fails, so a collective
+        source stays in step with the trainer ranks that gather it. Never raises because one engine
+        failed: failures are in the report, and an engine that failed is out of the rotation until a
+        later sync catches it up.
         """
 
     async def close(self) -> None:
@@ -93,3 +95,9 @@ def with_last(buckets: Iterable[Bucket]) -> Iterator[tuple[Bucket, bool]]:
         yield current, False
         current = following
     yield current, True
+
+
+def drain(buckets: Iterable[object]) -> None:
+    """Consume what is left of a bucket iterator (nobody to send it to, or a failed sync)."""
+    for _ in buckets:
+        pass

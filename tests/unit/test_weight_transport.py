@@ -110,3 +110,25 @@ def test_ledger_helper_finds_a_missing_group():
     assert ledger_imbalance(rec) == (0, 0)
     rec.buffered_groups = 1
     assert ledger_imbalance(rec) == (1, 0)
+
+
+async def test_disk_transport_reports_an_unwritable_folder_and_consumes_the_source(tmp_path: Path):
+    from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
+    from rljob.runtime.weights.disk import DiskTransport
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the snapshot folder should go")
+    engine = SGLangEngine(SGLangClientConfig(worker_urls=["http://127.0.0.1:9"]))
+    consumed = []
+
+    def source():  # type: ignore[no-untyped-def]
+        for i in range(3):
+            consumed.append(i)
+            yield [(f"w{i}", torch.zeros(4))]
+
+    try:
+        report = await DiskTransport([engine], blocker, 2, lambda _p: None).sync(1, source)
+    finally:
+        await engine.close()
+    assert not report.ok and "diskDir" in report.failed["http://127.0.0.1:9"]
+    assert consumed == [0, 1, 2], "every bucket is consumed even when the sync fails"

@@ -31,6 +31,13 @@ def cel(*rules_and_messages: str) -> dict[str, Any]:
 IMMUTABLE = cel("self == oldSelf", "field is immutable")
 # A list of objects keyed by their `name` (merged per item by server-side apply, names unique).
 LIST_MAP_BY_NAME: dict[str, Any] = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]}
+# `pvc://<claim>[/<path inside the claim>]`: a file tree on a PersistentVolumeClaim of the job's namespace.
+PVC_URI_PREFIX = "pvc://"
+PVC_URI_PATTERN = r"^pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/.*)?$"
+# Kubernetes resource quantities (cpu: 500m, 4; memory: 512Mi, 32Gi).
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
+# GPU vendors of inference pools: their SGLang pods load a Hugging Face model folder they must see.
+GPU_VENDORS = ("nvidia", "amd")
 
 
 class ApiModel(BaseModel):
@@ -51,6 +58,51 @@ class ApiModel(BaseModel):
 # ----------------------------------------------------------------------------------------------
 # model, data, reward
 
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the RLJob's namespace."""
+
+    name: str = Field(min_length=1)
+    key: str = Field(min_length=1)
+
+
+class HubDownloadSpec(ApiModel):
+    """A download step on a cluster: an init container runs the Hugging Face CLI (`hf download`)."""
+
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding a Hugging Face token (HF_TOKEN) for gated or private repos."
+    )
+    image: str | None = Field(
+        default=None, description="Image with the `hf` CLI (huggingface_hub); default: the CPU runtime image."
+    )
+    size_limit: str = Field(
+        default="100Gi",
+        pattern=QUANTITY_PATTERN,
+        description="Size limit of the emptyDir the files are downloaded into (unless a cache claim holds them).",
+    )
+    include: list[str] = Field(
+        default_factory=list, max_length=MAX_LIST, description="Glob patterns of the files to fetch (--include)."
+    )
+
+
+class ModelStorageSpec(ApiModel):
+    """How the pods of a cluster job see model.huggingFace (operator only).
+
+    A model folder on a claim needs none of this: write `model.path: pvc://<claim>/<folder>`.
+    """
+
+    hugging_face_cache: str | None = Field(
+        default=None,
+        pattern=PVC_URI_PATTERN,
+        description="pvc://<claim>[/<dir>]: a Hugging Face hub cache (HF_HUB_CACHE layout) mounted read-only into "
+        "the inference and trainer pods, which then run offline.",
+    )
+    download: HubDownloadSpec | None = Field(
+        default=None,
+        description="Download the model in an init container of every pod: into huggingFaceCache when set "
+        "(mounted writable for that step only), else into an emptyDir.",
+    )
+
+
 
 class ModelSpec(ApiModel):
     """Where the policy comes from. Exactly one source must be set."""
@@ -59,6 +111,8 @@ class ModelSpec(ApiModel):
         json_schema_extra=cel(
             "[has(self.builtin), has(self.path), has(self.huggingFace)].filter(x, x).size() == 1",
             "exactly one of builtin, path, huggingFace must be set",
+            "!has(self.storage) || has(self.huggingFace)",
+            "model.storage applies to model.huggingFace (a model folder on a claim is model.path: pvc://<claim>/<dir>)",
         )
     )
 
@@ -69,7 +123,9 @@ class ModelSpec(ApiModel):
         "trained tokenizer and chat template, built into the cache on first use.",
     )
     path: str | None = Field(
-        default=None, description="Local Hugging Face model folder (config.json, safetensors, tokenizer)."
+        default=None,
+        description="Hugging Face model folder (config.json, safetensors, tokenizer): a local path, or on a cluster "
+        "pvc://<claim>/<folder>, mounted read-only into the inference and trainer pods.",
     )
     hugging_face: str | None = Field(
         default=None,
@@ -77,12 +133,19 @@ class ModelSpec(ApiModel):
         "Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub); SGLang pods load it.",
     )
     revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit) of huggingFace.")
+    storage: ModelStorageSpec | None = Field(
+        default=None, description="On a cluster: where the pods find model.huggingFace (cache claim or download)."
+    )
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> ModelSpec:
         sources = [s for s in (self.builtin, self.path, self.hugging_face) if s]
         if len(sources) != 1:
             raise ValueError("exactly one of builtin, path, huggingFace must be set")
+        if self.storage is not None and self.hugging_face is None:
+            raise ValueError(
+                "model.storage applies to model.huggingFace (a model folder on a claim is model.path: pvc://<claim>/<dir>)"
+            )
         return self
 
 
@@ -106,8 +169,12 @@ class DataSpec(ApiModel):
     )
 
     synthetic: SyntheticDataSpec | None = None
-    jsonl: str | None = Field(default=None, description="Path of a JSONL file, one row per line.")
-    parquet: str | None = Field(default=None, description="Path of a Parquet file, one row per record.")
+    jsonl: str | None = Field(
+        default=None, description="Path of a JSONL file, one row per line; on a cluster also pvc://<claim>/<file>."
+    )
+    parquet: str | None = Field(
+        default=None, description="Path of a Parquet file, one row per record; on a cluster also pvc://<claim>/<file>."
+    )
     prompt_key: str = Field(default="prompt", description="Column holding the prompt text.")
     messages_key: str = Field(
         default="messages", description="Column holding chat messages ([{role, content}]), used when present."
@@ -290,6 +357,14 @@ class EmbeddedEngineSpec(ApiModel):
     dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="Precision of the served weights.")
 
 
+class PodDiscoverySpec(ApiModel):
+    """SGLang workers found through the Kubernetes API: the ready pods matching a label selector."""
+
+    namespace: str = Field(min_length=1)
+    selector: dict[str, str] = Field(min_length=1, description="Labels every worker pod carries.")
+    port: int = Field(default=30000, ge=1, le=65535, description="Port of the SGLang HTTP API on each pod.")
+
+
 class SGLangSpec(ApiModel):
     """External SGLang workers, reached through the sglang router for generation."""
 
@@ -302,6 +377,10 @@ class SGLangSpec(ApiModel):
     drain_timeout_seconds: float = Field(default=30.0, gt=0)
     weights_dir: str | None = Field(
         default=None, description="Shared directory the trainer writes weights to for /update_weights_from_disk."
+    )
+    discovery: PodDiscoverySpec | None = Field(
+        default=None,
+        description="Find the workers by listing pods (the operator sets it): scaling a pool then changes no config.",
     )
 
 
@@ -343,27 +422,92 @@ class Toleration(ApiModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
 
 
+class KeyRef(ApiModel):
+    """A key of a Secret or ConfigMap in the RLJob's namespace (env[].valueFrom)."""
+
+    name: str = Field(min_length=1)
+    key: str = Field(min_length=1)
+    optional: bool | None = Field(default=None, description="Start the container even if the key is missing.")
+
+
+class EnvVarSource(ApiModel):
+    """Where an environment variable's value comes from. Exactly one source must be set."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            "[has(self.secretKeyRef), has(self.configMapKeyRef)].filter(x, x).size() == 1",
+            "exactly one of secretKeyRef, configMapKeyRef must be set",
+        )
+    )
+
+    secret_key_ref: KeyRef | None = None
+    config_map_key_ref: KeyRef | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> EnvVarSource:
+        if (self.secret_key_ref is None) == (self.config_map_key_ref is None):
+            raise ValueError("exactly one of secretKeyRef, configMapKeyRef must be set")
+        return self
+
+
 class EnvVar(ApiModel):
-    """A plain environment variable."""
+    """An environment variable: a value, or (on a cluster) a key of a Secret or ConfigMap."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel("self.value == '' || !has(self.valueFrom)", "value and valueFrom are exclusive")
+    )
 
     name: str = Field(min_length=1)
     value: str = ""
+    value_from: EnvVarSource | None = Field(
+        default=None, description="secretKeyRef or configMapKeyRef (for example HF_TOKEN from a Secret)."
+    )
+
+    @model_validator(mode="after")
+    def _one_value(self) -> EnvVar:
+        if self.value and self.value_from is not None:
+            raise ValueError("value and valueFrom are exclusive")
+        return self
+
+
+class ResourceQuantities(ApiModel):
+    """CPU and memory quantities of a container."""
+
+    cpu: str | None = Field(default=None, pattern=QUANTITY_PATTERN)
+    memory: str | None = Field(default=None, pattern=QUANTITY_PATTERN)
+
+
+class ComputeResources(ApiModel):
+    """CPU and memory requests and limits (GPUs come from gpusPerReplica)."""
+
+    requests: ResourceQuantities = Field(default_factory=ResourceQuantities)
+    limits: ResourceQuantities = Field(default_factory=ResourceQuantities)
+
+
+def _router_resources() -> ComputeResources:
+    return ComputeResources(
+        requests=ResourceQuantities(cpu="500m", memory="512Mi"), limits=ResourceQuantities(memory="2Gi")
+    )
 
 
 class InferencePoolSpec(ApiModel):
-    """One pool of SGLang inference replicas on one GPU vendor (operator only)."""
+    """One pool of SGLang inference replicas on one vendor (operator only).
+
+    `cpu` pools run rljob's own SGLang-protocol server (the runtime image, no GPU): the same HTTP API
+    as SGLang, for clusters and test beds without accelerators.
+    """
 
     model_config = ConfigDict(
         json_schema_extra=cel(
             "self.tensorParallelSize <= self.gpusPerReplica",
             "tensorParallelSize must not exceed gpusPerReplica",
-            "!has(self.resourceName) || self.resourceName.startsWith(self.vendor + '.com/')",
-            "resourceName must belong to the pool's vendor (nvidia.com/... or amd.com/...)",
+            "!has(self.resourceName) || (self.vendor != 'cpu' && self.resourceName.startsWith(self.vendor + '.com/'))",
+            "resourceName must belong to the pool's vendor (nvidia.com/... or amd.com/...); cpu pools take none",
         )
     )
 
     name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    vendor: Literal["nvidia", "amd"]
+    vendor: Literal["nvidia", "amd", "cpu"]
     resource_name: str | None = Field(
         default=None, description="GPU resource; defaults to nvidia.com/gpu or amd.com/gpu by vendor."
     )
@@ -380,19 +524,47 @@ class InferencePoolSpec(ApiModel):
         max_length=MAX_LIST,
         description="Server command; defaults to python3 -m sglang.launch_server (model, tp, host and port are appended).",
     )
+    resources: ComputeResources | None = Field(
+        default=None,
+        description="CPU and memory of each server container. Default: GPU pools request 4 CPUs and 32Gi with a "
+        "96Gi memory limit; cpu pools request 1 CPU and 2Gi with an 8Gi limit.",
+    )
+    shm_size: str = Field(
+        default="16Gi", pattern=QUANTITY_PATTERN, description="Size limit of /dev/shm (counts against the memory limit)."
+    )
+    max_unavailable: int = Field(
+        default=1, ge=0, description="PodDisruptionBudget: replicas a voluntary disruption (drain) may take at once."
+    )
 
     @model_validator(mode="after")
     def _tp_fits_gpus(self) -> InferencePoolSpec:
         if self.tensor_parallel_size > self.gpus_per_replica:
             raise ValueError("tensorParallelSize must not exceed gpusPerReplica")
+        if self.resource_name is not None and (
+            self.vendor == "cpu" or not self.resource_name.startswith(f"{self.vendor}.com/")
+        ):
+            raise ValueError("resourceName must belong to the pool's vendor (nvidia.com/... or amd.com/...); cpu pools take none")
+        if self.vendor == "cpu" and self.tensor_parallel_size != 1:
+            raise ValueError("tensorParallelSize must be 1 on a cpu pool (the CPU server has no tensor parallelism)")
         return self
 
 
 class RouterSpec(ApiModel):
     """The sglang router in front of all pools (operator only)."""
 
-    image: str | None = None
+    image: str | None = Field(default=None, description="Router image; default: the rljob router image (images/router.Dockerfile).")
     policy: Literal["cache_aware", "round_robin", "random", "power_of_two", "consistent_hashing"] = "cache_aware"
+    resources: ComputeResources = Field(default_factory=_router_resources, description="CPU and memory of the router.")
+
+
+class WeightsVolumeSpec(ApiModel):
+    """A claim the trainer writes weight versions to and the SGLang pods read them from (operator only)."""
+
+    claim: str = Field(
+        pattern=PVC_URI_PATTERN,
+        description="pvc://<claim>[/<dir>], a ReadWriteMany claim: writable in the trainer pods, read-only in the "
+        "inference pods; the operator points rollout.sglang.weightsDir at it.",
+    )
 
 
 class RolloutSpec(ApiModel):
@@ -432,6 +604,10 @@ class RolloutSpec(ApiModel):
     )
     startup_budget_seconds: int = Field(
         default=900, ge=30, description="Time an SGLang pod may take to load weights before it is restarted."
+    )
+    weights_volume: WeightsVolumeSpec | None = Field(
+        default=None,
+        description="On a cluster: the volume shared by the trainer and the engines for disk weight updates.",
     )
 
     @model_validator(mode="after")
@@ -488,6 +664,7 @@ class TrainerSpec(ApiModel):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST)
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_LIST, json_schema_extra=LIST_MAP_BY_NAME)
+    shm_size: str = Field(default="16Gi", pattern=QUANTITY_PATTERN, description="On a cluster: size limit of /dev/shm.")
 
 
 class CheckpointSpec(ApiModel):
@@ -521,13 +698,6 @@ class MetricsSpec(ApiModel):
 
 # ----------------------------------------------------------------------------------------------
 # autotune
-
-
-class SecretKeyRef(ApiModel):
-    """A key of a Secret in the RLJob's namespace."""
-
-    name: str = Field(min_length=1)
-    key: str = Field(min_length=1)
 
 
 class AutotunePrometheusSpec(ApiModel):
@@ -644,7 +814,9 @@ class EvaluationSpec(ApiModel):
         "records of evaluation.jsonl.",
     )
     jsonl: str | None = Field(
-        default=None, description="Held-out JSONL file (rows like data's); required when the training data is a file."
+        default=None,
+        description="Held-out JSONL file (rows like data's; on a cluster also pvc://<claim>/<file>); required when "
+        "the training data is a file.",
     )
     parquet: str | None = Field(default=None, description="Held-out Parquet file, instead of jsonl.")
     temperature: float | None = Field(default=None, ge=0, description="Sampling temperature; default rollout.temperature.")
@@ -653,6 +825,75 @@ class EvaluationSpec(ApiModel):
     def file(self) -> str | None:
         """The held-out file (jsonl or parquet), if any."""
         return self.jsonl or self.parquet
+
+
+class ExtraVolume(ApiModel):
+    """A Kubernetes Volume object, passed through as written: the API server validates it in the pods."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+
+    name: str = Field(min_length=1, max_length=63)
+
+
+class VolumeMount(ApiModel):
+    """A mount of one of spec.pods.volumes into the main container."""
+
+    name: str = Field(min_length=1)
+    mount_path: str = Field(min_length=1, pattern=r"^/")
+    read_only: bool = False
+    sub_path: str | None = None
+
+
+class PodPolicySpec(ApiModel):
+    """What every pod the operator creates (inference, router, trainer) gets (operator only)."""
+
+    image_pull_secrets: list[str] = Field(
+        default_factory=list, max_length=MAX_LIST, description="Secrets (docker-registry) to pull the images with."
+    )
+    priority_class_name: str | None = None
+    scheduler_name: str | None = Field(default=None, description="For example a gang scheduler (volcano, kai).")
+    fs_group: int = Field(
+        default=1000, ge=0, description="Group that owns mounted volumes, so the non-root containers can write them."
+    )
+    volumes: list[ExtraVolume] = Field(
+        default_factory=list, max_length=MAX_LIST, description="Extra pod volumes (Kubernetes Volume objects)."
+    )
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list, max_length=MAX_LIST, description="Mounts of those volumes into the main container of every pod."
+    )
+
+
+_BUILTIN_ON_GPU = (
+    "model.builtin cannot run on GPU inference pools: their SGLang pods load a Hugging Face model; use "
+    "model.huggingFace or model.path: pvc://<claim>/<folder>"
+)
+_LOCAL_PATH_ON_GPU = (
+    "model.path must be pvc://<claim>/<folder> on GPU inference pools: their pods cannot see a local folder"
+)
+# Both rules hold for cluster objects only (the CRD); `rljob run` keeps local models. Pools default
+# to one NVIDIA pool when none is listed.
+_GPU_POOLS = "(!has(self.rollout.pools) || size(self.rollout.pools) == 0 || self.rollout.pools.exists(p, p.vendor in {vendors}))".format(
+    vendors=list(GPU_VENDORS)
+)
+CLUSTER_RULES = [
+    {"rule": f"!has(self.model.builtin) || !{_GPU_POOLS}", "message": _BUILTIN_ON_GPU, "fieldPath": ".model.builtin"},
+    {
+        "rule": f"!has(self.model.path) || self.model.path.startsWith('{PVC_URI_PREFIX}') || !{_GPU_POOLS}",
+        "message": _LOCAL_PATH_ON_GPU,
+        "fieldPath": ".model.path",
+    },
+]
+
+
+def cluster_problems(spec: RLJobSpec) -> list[str]:
+    """Why a cluster cannot run this spec (the CRD's CLUSTER_RULES, for `rljob validate --cluster`)."""
+    gpu_pools = not spec.rollout.pools or any(p.vendor in GPU_VENDORS for p in spec.rollout.pools)
+    problems = []
+    if gpu_pools and spec.model.builtin:
+        problems.append(f"spec.model.builtin: {_BUILTIN_ON_GPU}")
+    if gpu_pools and spec.model.path and not spec.model.path.startswith(PVC_URI_PREFIX):
+        problems.append(f"spec.model.path: {_LOCAL_PATH_ON_GPU}")
+    return problems
 
 
 class RLJobSpec(ApiModel):
@@ -676,6 +917,7 @@ class RLJobSpec(ApiModel):
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     autotune: AutotuneSpec = Field(default_factory=AutotuneSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
+    pods: PodPolicySpec = Field(default_factory=PodPolicySpec)
     suspend: bool = False
     active_deadline_seconds: int | None = Field(default=None, gt=0)
     backoff_limit: int = Field(default=3, ge=0)

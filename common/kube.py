@@ -34,6 +34,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Event"): "events",
     ("apps/v1", "StatefulSet"): "statefulsets",
     ("apps/v1", "Deployment"): "deployments",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     (f"{API_GROUP}/{API_VERSION}", KIND): RLJOB_PLURAL,
@@ -48,6 +49,11 @@ class KubeError(RuntimeError):
         self.body = body
         message = body.get("message", body) if isinstance(body, dict) else body
         super().__init__(f"HTTP {status}: {message}")
+
+
+def selector_string(selector: dict[str, str]) -> str:
+    """A label selector in its string form (`k=v,k2=v2`)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
 
 
 def collection_path(api_version: str, kind: str, namespace: str) -> str:

@@ -1,8 +1,8 @@
 # syntax=docker/dockerfile:1.7
-# The RL runtime and trainer: `rljob run <job.yaml>` (the operator's trainer pods run it on the rendered
-# config). Build from the repository root; pick the PyTorch wheel index of your accelerator:
-#   docker build -f images/runtime.Dockerfile -t rljob/runtime:0.1.0 .                         (CPU)
-#   docker build -f images/runtime.Dockerfile --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/<cuXXX|rocmX.Y> ...
+# The RL runtime and trainer on CPU: `rljob run <job.yaml>` (the operator's trainer pods run it on the rendered
+# config when trainer.vendor is cpu; runtime-cuda.Dockerfile and runtime-rocm.Dockerfile are the GPU images).
+# Build from the repository root:
+#   docker build -f images/runtime.Dockerfile -t rljob/runtime:0.1.0 .
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from rljob.api.spec import API_GROUP, API_VERSION, KIND, RLJobSpec
+from rljob.api.spec import API_GROUP, API_VERSION, CLUSTER_RULES, KIND, RLJobSpec
 from rljob.api.status import RLJobStatus
 
 log = logging.getLogger(__name__)
@@ -155,6 +155,13 @@ def _status_schema() -> dict[str, Any]:
     return schema
 
 
+def _spec_schema() -> dict[str, Any]:
+    schema = model_schema(RLJobSpec)
+    # Combinations only a cluster cannot run (a laptop `rljob run` accepts them): the CRD alone checks them.
+    schema["x-kubernetes-validations"] = schema.get("x-kubernetes-validations", []) + CLUSTER_RULES
+    return schema
+
+
 def build_crd() -> dict[str, Any]:
     """The complete CustomResourceDefinition as a dict."""
     root = {
@@ -164,7 +171,7 @@ def build_crd() -> dict[str, Any]:
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
-            "spec": model_schema(RLJobSpec),
+            "spec": _spec_schema(),
             "status": _status_schema(),
         },
         "x-kubernetes-validations": ROOT_RULES,

@@ -32,7 +32,7 @@ from rljob.operator.status_logic import Observed, PodObs, WorkloadObs, compute_s
 log = logging.getLogger(__name__)
 
 # Children the operator may prune when a pool disappears from the spec.
-_POOL_KINDS = (("apps/v1", "StatefulSet"), ("v1", "Service"))
+_POOL_KINDS = (("apps/v1", "StatefulSet"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"))
 _CONFLICT_RETRIES = 3
 
 _locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)

@@ -22,6 +22,7 @@ from rich.progress import (
 )
 from rich.table import Table
 from rljob.api import RLJobConfigError, load_rljob
+from rljob.api.spec import cluster_problems
 from rljob.runtime.engines.base import EngineError
 from rljob.runtime.models.errors import ExportError, ModelSourceError
 from rljob.runtime.metrics import StepRecord
@@ -183,6 +184,9 @@ def _print_summary(summary, records, evals, report_dir: Path, written: list[Path
 
 def _validate(args: argparse.Namespace) -> int:
     job = load_rljob(args.job)
+    problems = cluster_problems(job.spec) if args.cluster else []
+    if problems:
+        raise RLJobConfigError(f"{args.job}: a cluster cannot run this RLJob:\n" + "\n".join(problems))
     r = job.spec.rollout
     console.print(
         f"[green]ok[/]: RLJob {job.metadata.name}: {r.strategy} rollout on {r.engine} engine, "
@@ -242,6 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     validate = sub.add_parser("validate", help="check an RLJob file and print what it would run")
     validate.add_argument("job", help="path of the RLJob YAML file")
+    validate.add_argument(
+        "--cluster", action="store_true",
+        help="also reject what the operator cannot run (the CRD's rules): a builtin model or a local model.path "
+        "on GPU inference pools; use model.huggingFace or model.path: pvc://<claim>/<folder>",
+    )
     validate.set_defaults(func=_validate)
 
     export = sub.add_parser(

@@ -5,9 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 from rljob.api.spec import RLJobSpec
-from rljob.operator.builders.inference import effective_pools, pool_replicas, pool_service, pool_statefulset
+from rljob.operator.builders.inference import (
+    effective_pools,
+    pool_disruption_budget,
+    pool_replicas,
+    pool_service,
+    pool_statefulset,
+)
 from rljob.operator.builders.meta import JobRef
-from rljob.operator.builders.router import router_deployment, router_service
+from rljob.operator.builders.router import (
+    router_deployment,
+    router_role,
+    router_role_binding,
+    router_service,
+    router_service_account,
+)
 from rljob.operator.builders.trainer import (
     checkpoint_pvc,
     config_map,
@@ -33,7 +45,12 @@ def build_children(job: JobRef, spec: RLJobSpec, *, active: bool) -> list[dict[s
         children.append(pvc)
     counts = pool_replicas(spec.rollout)
     for pool in effective_pools(spec.rollout):
-        children += [pool_service(job, pool), pool_statefulset(job, spec, pool, counts[pool.name], active)]
+        children += [
+            pool_service(job, pool),
+            pool_disruption_budget(job, pool),
+            pool_statefulset(job, spec, pool, counts[pool.name], active),
+        ]
+    children += [router_service_account(job), router_role(job), router_role_binding(job)]
     children += [router_service(job), router_deployment(job, spec, active)]
     children += [trainer_service(job), trainer_statefulset(job, spec, active)]
     return children

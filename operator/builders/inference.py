@@ -1,11 +1,11 @@
-"""SGLang inference pools: one StatefulSet and one headless Service per pool."""
+"""SGLang inference pools: a StatefulSet, a headless Service and a PodDisruptionBudget per pool."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from rljob.api.spec import InferencePoolSpec, ModelSpec, RLJobSpec, RolloutSpec
+from rljob.api.spec import ComputeResources, EnvVar, InferencePoolSpec, ModelSpec, ResourceQuantities, RLJobSpec, RolloutSpec
 from rljob.operator.builders.meta import (
     LABEL_VENDOR,
     ROLE_INFERENCE,
@@ -15,10 +15,43 @@ from rljob.operator.builders.meta import (
     object_meta,
     selector_labels,
 )
-from rljob.operator.builders.vendor import PROFILES, merge_env, tolerations, vendor_affinity
+from rljob.operator.builders.pods import (
+    SCRATCH_DIR,
+    container_resources,
+    extra_mounts,
+    extra_volumes,
+    hardened_container_security,
+    merge_env,
+    pod_security_context,
+    scheduling_fields,
+    scratch_mount,
+    scratch_volume,
+    shm_mount,
+    shm_volume,
+)
+from rljob.operator.builders.storage import model_path_in_pods, model_storage, weights_storage
+from rljob.operator.builders.vendor import (
+    CPU_SERVER_COMMAND,
+    PROFILES,
+    RUNTIME_IMAGE,
+    RUNTIME_UID,
+    SGLANG_UID,
+    tolerations,
+    vendor_affinity,
+)
 
 SGLANG_PORT = 30000
 DEFAULT_SERVER_COMMAND = ["python3", "-m", "sglang.launch_server"]
+
+# The root filesystem is read-only and the upstream images' home is root's: every cache SGLang, Triton,
+# PyTorch and FlashInfer write goes under the writable /tmp.
+SCRATCH_ENV = (
+    ("HOME", f"{SCRATCH_DIR}/home"),
+    ("XDG_CACHE_HOME", f"{SCRATCH_DIR}/cache"),
+    ("HF_HOME", f"{SCRATCH_DIR}/cache/huggingface"),
+    ("TRITON_CACHE_DIR", f"{SCRATCH_DIR}/cache/triton"),
+    ("TORCHINDUCTOR_CACHE_DIR", f"{SCRATCH_DIR}/cache/inductor"),
+)
 
 # Probe timings (operator_conventions.md §7, after OME): generous, so a saturated server that answers
 # slowly is not restarted; the startup budget covers weight loading.
@@ -57,21 +90,17 @@ def pool_workload_name(job: JobRef, pool: InferencePoolSpec) -> str:
     return child_name(job, "infer", pool.name)
 
 
-def worker_urls(job: JobRef, rollout: RolloutSpec) -> list[str]:
-    """Stable per-pod URLs of every desired inference replica (StatefulSet DNS through the headless Service)."""
-    counts = pool_replicas(rollout)
-    urls = []
-    for pool in effective_pools(rollout):
-        name = pool_workload_name(job, pool)
-        urls += [f"http://{name}-{i}.{name}.{job.namespace}.svc:{SGLANG_PORT}" for i in range(counts[pool.name])]
-    return urls
+def worker_selector(job: JobRef) -> dict[str, str]:
+    """Labels of every inference pod of the job, over all pools: how the router and the runtime find
+    workers. It does not depend on any replica count, so scaling changes no config."""
+    return selector_labels(job, ROLE_INFERENCE)
 
 
 def model_args(model: ModelSpec) -> list[str]:
-    """`--model-path` (and revision) for the SGLang server."""
-    source = model.hugging_face or model.path or model.builtin
-    args = ["--model-path", str(source)]
-    if model.revision:
+    """`--model-path` (and revision) for the SGLang server: a path the pod sees, or a hub id."""
+    path = model_path_in_pods(model)
+    args = ["--model-path", path]
+    if model.revision and path == model.hugging_face:
         args += ["--revision", model.revision]
     return args
 
@@ -80,15 +109,33 @@ def _probe(path: str, **timing: int) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": "http"}, **timing}
 
 
+def pool_resources(pool: InferencePoolSpec) -> ComputeResources:
+    """The pool's CPU and memory: its spec, else the default of its kind (GPU server or CPU server)."""
+    if pool.resources is not None:
+        return pool.resources
+    # A GPU server stages weights through host memory while loading, and /dev/shm (memory-backed) counts
+    # against the limit; the CPU server holds a small model. No CPU limit: throttling stalls decoding.
+    if pool.vendor == "cpu":
+        return ComputeResources(requests=ResourceQuantities(cpu="1", memory="2Gi"), limits=ResourceQuantities(memory="8Gi"))
+    return ComputeResources(requests=ResourceQuantities(cpu="4", memory="32Gi"), limits=ResourceQuantities(memory="96Gi"))
+
+
 def pool_container(spec: RLJobSpec, pool: InferencePoolSpec) -> dict[str, Any]:
-    """The SGLang server container of one pool."""
-    profile = PROFILES[pool.vendor]
-    gpus = {pool.resource_name or profile.resource_name: str(pool.gpus_per_replica)}
+    """The SGLang server container of one pool (a `cpu` pool runs rljob's SGLang-protocol server)."""
+    scratch = [EnvVar(name=k, value=v) for k, v in SCRATCH_ENV]
+    accelerators: dict[str, str] = {}
+    if pool.vendor == "cpu":
+        image, command, defaults = RUNTIME_IMAGE, CPU_SERVER_COMMAND, scratch
+    else:
+        profile = PROFILES[pool.vendor]
+        accelerators = {pool.resource_name or profile.resource_name: str(pool.gpus_per_replica)}
+        image, command, defaults = profile.sglang_image, DEFAULT_SERVER_COMMAND, scratch + profile.env_vars()
     startup_failures = math.ceil(spec.rollout.startup_budget_seconds / STARTUP_PERIOD_SECONDS)
+    files = model_storage(spec).add(weights_storage(spec, writable=False))
     return {
         "name": "sglang",
-        "image": pool.image or profile.sglang_image,
-        "command": list(pool.command or DEFAULT_SERVER_COMMAND),
+        "image": pool.image or image,
+        "command": list(pool.command or command),
         "args": [
             *model_args(spec.model),
             "--tp",
@@ -101,14 +148,15 @@ def pool_container(spec: RLJobSpec, pool: InferencePoolSpec) -> dict[str, Any]:
             *pool.extra_args,
         ],
         "ports": [{"name": "http", "containerPort": SGLANG_PORT, "protocol": "TCP"}],
-        "env": merge_env(profile.env_vars(), pool.env),
-        "resources": {"limits": gpus, "requests": gpus},
+        "env": files.env + merge_env(defaults, pool.env),
+        "resources": container_resources(pool_resources(pool), accelerators),
+        "securityContext": hardened_container_security(),
         "startupProbe": _probe(
             "/health_generate", periodSeconds=STARTUP_PERIOD_SECONDS, timeoutSeconds=10, failureThreshold=startup_failures
         ),
         "readinessProbe": _probe("/health_generate", **READINESS),
         "livenessProbe": _probe("/health", **LIVENESS),
-        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [shm_mount(), scratch_mount(), *files.mounts, *extra_mounts(spec.pods)],
     }
 
 
@@ -118,6 +166,24 @@ def pool_statefulset(
     """StatefulSet of one pool's SGLang replicas (scaled to zero when the job is not active)."""
     name = pool_workload_name(job, pool)
     pod_labels = {**labels(job, ROLE_INFERENCE, pool.name), LABEL_VENDOR: pool.vendor}
+    files = model_storage(spec).add(weights_storage(spec, writable=False))
+    # The CPU server is the runtime image (uid 1000); GPU pools run SGLang as the sglang-* images' user.
+    uid = RUNTIME_UID if pool.vendor == "cpu" else SGLANG_UID
+    pod_spec: dict[str, Any] = {
+        "securityContext": pod_security_context(spec.pods, uid),
+        **scheduling_fields(spec.pods),
+        "containers": [pool_container(spec, pool)],
+        "nodeSelector": dict(pool.node_selector),
+        "volumes": [shm_volume(pool.shm_size), scratch_volume(), *files.volumes, *extra_volumes(spec.pods)],
+    }
+    if files.init_containers:
+        pod_spec["initContainers"] = files.init_containers
+    if pool.vendor == "cpu":
+        if pool.tolerations:
+            pod_spec["tolerations"] = [t.to_wire() for t in pool.tolerations]
+    else:
+        pod_spec["affinity"] = vendor_affinity(pool.vendor)
+        pod_spec["tolerations"] = tolerations(pool.vendor, pool.tolerations)
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -127,16 +193,22 @@ def pool_statefulset(
             "serviceName": name,
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": selector_labels(job, ROLE_INFERENCE, pool.name)},
-            "template": {
-                "metadata": {"labels": pod_labels},
-                "spec": {
-                    "containers": [pool_container(spec, pool)],
-                    "nodeSelector": dict(pool.node_selector),
-                    "affinity": vendor_affinity(pool.vendor),
-                    "tolerations": tolerations(pool.vendor, pool.tolerations),
-                    "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
-                },
-            },
+            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+        },
+    }
+
+
+def pool_disruption_budget(job: JobRef, pool: InferencePoolSpec) -> dict[str, Any]:
+    """PodDisruptionBudget: a node drain takes at most `maxUnavailable` replicas of the pool at once."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": object_meta(job, pool_workload_name(job, pool), ROLE_INFERENCE, pool.name),
+        "spec": {
+            "maxUnavailable": pool.max_unavailable,
+            "selector": {"matchLabels": selector_labels(job, ROLE_INFERENCE, pool.name)},
+            # A replica that never became ready (still loading, crash-looping) may always be evicted.
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }
 

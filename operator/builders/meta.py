@@ -12,6 +12,7 @@ from typing import Any
 
 from rljob.api.spec import API_GROUP, API_VERSION, KIND
 from rljob.common.kube import OPERATOR_FIELD_MANAGER
+from rljob.common.kube import selector_string as selector_string  # re-exported for the operator's modules
 
 MANAGER = OPERATOR_FIELD_MANAGER
 
@@ -94,8 +95,3 @@ def object_meta(job: JobRef, name: str, role: str, pool: str | None = None) -> d
         "labels": labels(job, role, pool),
         "ownerReferences": [owner_reference(job)],
     }
-
-
-def selector_string(selector: dict[str, str]) -> str:
-    """A label selector in its string form (`k=v,k2=v2`)."""
-    return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))

@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from rljob.api.spec import API_GROUP, API_VERSION, KIND, EnvVar, RLJobSpec
-from rljob.operator.builders.inference import worker_urls
+from rljob.operator.builders.inference import SGLANG_PORT, worker_selector
 from rljob.operator.builders.meta import (
     ANNOTATION_CONFIG_HASH,
     ROLE_TRAINER,
@@ -18,8 +18,21 @@ from rljob.operator.builders.meta import (
     object_meta,
     selector_labels,
 )
+from rljob.operator.builders.pods import (
+    extra_mounts,
+    extra_volumes,
+    hardened_container_security,
+    merge_env,
+    pod_security_context,
+    scheduling_fields,
+    scratch_mount,
+    scratch_volume,
+    shm_mount,
+    shm_volume,
+)
 from rljob.operator.builders.router import router_url
-from rljob.operator.builders.vendor import PROFILES, RUNTIME_IMAGE, merge_env, tolerations, vendor_affinity
+from rljob.operator.builders.storage import PodStorage, data_storage, model_storage, runtime_paths, weights_storage
+from rljob.operator.builders.vendor import PROFILES, RUNTIME_UID, TRAINER_IMAGES, tolerations, vendor_affinity
 
 CONFIG_DIR = "/etc/rljob"
 CONFIG_KEY = "job.yaml"
@@ -27,6 +40,8 @@ CHECKPOINT_DIR = "/var/lib/rljob/checkpoints"
 METRICS_PORT = 9400
 RENDEZVOUS_PORT = 29500
 PVC_URI_PREFIX = "pvc://"
+# The runtime image's home (HOME, working directory, runs/ output, Hugging Face cache): writable emptyDir.
+HOME_DIR = "/home/rljob"
 # The runtime checkpoints on SIGTERM (suspend, restart); give it time to finish.
 TERMINATION_GRACE_SECONDS = 300
 
@@ -56,11 +71,19 @@ def runtime_document(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
     wire = spec.to_wire()
     rollout = wire["rollout"]
     rollout["engine"] = "sglang"
+    # Workers are discovered through the API server (the pods' labels), not listed: the config, and with
+    # it the trainer's pod template, stays the same when a pool scales. Pools, replicas and the router
+    # are the operator's business, so they stay out of it too.
     rollout["sglang"] = {
         **rollout.get("sglang", {}),
         "routerUrl": router_url(job),
-        "workerUrls": worker_urls(job, spec.rollout),
+        "workerUrls": [],
+        "discovery": {"namespace": job.namespace, "selector": worker_selector(job), "port": SGLANG_PORT},
     }
+    for operator_only in ("pools", "replicas", "router"):
+        rollout.pop(operator_only, None)
+    wire.pop("pods", None)
+    runtime_paths(spec, wire)
     if spec.checkpoint.uri is None or spec.checkpoint.uri.startswith(PVC_URI_PREFIX):
         wire["checkpoint"]["dir"] = CHECKPOINT_DIR
     else:
@@ -100,7 +123,7 @@ def service_account(job: JobRef) -> dict[str, Any]:
 
 
 def role(job: JobRef) -> dict[str, Any]:
-    """Least privilege: read its own RLJob, patch its status, post Events."""
+    """Least privilege: read its own RLJob, patch its status, post Events, list pods (worker discovery)."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
@@ -114,6 +137,8 @@ def role(job: JobRef) -> dict[str, Any]:
                 "verbs": ["get", "patch"],
             },
             {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+            # Worker discovery lists the inference pods of the namespace.
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         ],
     }
 
@@ -168,21 +193,27 @@ def trainer_container(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
         defaults = profile.env_vars() + defaults
         gpus = {profile.resource_name: str(trainer.gpus_per_replica)}
         resources = {"limits": gpus, "requests": gpus}
+    files = trainer_storage(spec)
     mounts = [
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-        {"name": "shm", "mountPath": "/dev/shm"},
+        shm_mount(),
+        scratch_mount(),
+        {"name": "home", "mountPath": HOME_DIR},
+        *files.mounts,
+        *extra_mounts(spec.pods),
     ]
     if checkpoint_claim_name(job, spec) is not None:
         mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_DIR})
     return {
         "name": "trainer",
-        "image": trainer.image or RUNTIME_IMAGE,
+        "image": trainer.image or TRAINER_IMAGES[trainer.vendor],
         "command": ["rljob", "run", f"{CONFIG_DIR}/{CONFIG_KEY}"],
         "env": [
             _field_env("RLJOB_NAMESPACE", "metadata.namespace"),
             {"name": "RLJOB_NAME", "value": job.name},
             _field_env("POD_NAME", "metadata.name"),
             _field_env("RANK", "metadata.labels['apps.kubernetes.io/pod-index']"),
+            *files.env,
             *merge_env(defaults, trainer.env),
         ],
         "ports": [
@@ -190,9 +221,15 @@ def trainer_container(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
             {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"},
         ],
         "resources": resources,
+        "securityContext": hardened_container_security(),
         "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 10},
         "volumeMounts": mounts,
     }
+
+
+def trainer_storage(spec: RLJobSpec) -> PodStorage:
+    """Model (read-only), data (read-only) and shared weights (writable) of a trainer pod."""
+    return model_storage(spec).add(data_storage(spec)).add(weights_storage(spec, writable=True))
 
 
 def trainer_statefulset(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str, Any]:
@@ -200,20 +237,29 @@ def trainer_statefulset(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str,
     name = trainer_name(job)
     trainer = spec.trainer
     config_hash = hashlib.sha256(render_config(job, spec).encode()).hexdigest()[:16]
+    files = trainer_storage(spec)
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": config_map_name(job)}},
-        {"name": "shm", "emptyDir": {"medium": "Memory"}},
+        shm_volume(trainer.shm_size),
+        scratch_volume(),
+        {"name": "home", "emptyDir": {}},
+        *files.volumes,
+        *extra_volumes(spec.pods),
     ]
     claim = checkpoint_claim_name(job, spec)
     if claim is not None:
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}})
     pod_spec: dict[str, Any] = {
         "serviceAccountName": name,
+        "securityContext": pod_security_context(spec.pods, RUNTIME_UID),
+        **scheduling_fields(spec.pods),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "containers": [trainer_container(job, spec)],
         "nodeSelector": dict(trainer.node_selector),
         "volumes": volumes,
     }
+    if files.init_containers:
+        pod_spec["initContainers"] = files.init_containers
     if trainer.vendor != "cpu":
         pod_spec["affinity"] = vendor_affinity(trainer.vendor)
         pod_spec["tolerations"] = tolerations(trainer.vendor, trainer.tolerations)

@@ -13,8 +13,26 @@ from rljob.api.spec import EnvVar, Toleration
 Vendor = Literal["nvidia", "amd"]
 
 SGLANG_VERSION = "v0.5.5.post3"
-# Runtime/trainer image built from images/ (tag follows the rljob distribution version).
-RUNTIME_IMAGE = "rljob/runtime:0.1.0"
+# sglang-router release the router image (images/router.Dockerfile) installs.
+SGLANG_ROUTER_VERSION = "0.3.2"
+RLJOB_VERSION = "0.1.0"
+# Runtime/trainer images built from images/ (tags follow the rljob distribution version): one per
+# trainer vendor, so a GPU trainer never gets a CPU-only PyTorch.
+RUNTIME_IMAGE = f"rljob/runtime:{RLJOB_VERSION}"
+TRAINER_IMAGES: dict[str, str] = {
+    "cpu": RUNTIME_IMAGE,
+    "nvidia": f"rljob/runtime:{RLJOB_VERSION}-cuda",
+    "amd": f"rljob/runtime:{RLJOB_VERSION}-rocm",
+}
+# The router is CPU-only HTTP: a small image with the sglang-router package, not the CUDA SGLang image.
+ROUTER_IMAGE = f"rljob/router:{SGLANG_ROUTER_VERSION}"
+# Numeric users of the images (runAsNonRoot can only verify numeric ids). The upstream SGLang images
+# run as root; the pods run them as the user of images/sglang-*.Dockerfile instead.
+RUNTIME_UID = 1000
+SGLANG_UID = 10001
+ROUTER_UID = 65532
+# What a `cpu` inference pool runs: rljob's SGLang-protocol server from the runtime image.
+CPU_SERVER_COMMAND = ["python", "-m", "rljob.runtime.engines.server"]
 
 
 @dataclass(frozen=True)
@@ -51,13 +69,6 @@ PROFILES: dict[str, VendorProfile] = {
         env=(("HSA_NO_SCRATCH_RECLAIM", "1"), ("RLJOB_GPU_VENDOR", "amd")),
     ),
 }
-
-
-def merge_env(defaults: list[EnvVar], overrides: list[EnvVar]) -> list[dict[str, str]]:
-    """Environment as container env entries; an override replaces the default of the same name."""
-    merged = {e.name: e.value for e in defaults}
-    merged.update({e.name: e.value for e in overrides})
-    return [{"name": k, "value": v} for k, v in merged.items()]
 
 
 def vendor_affinity(vendor: Vendor) -> dict[str, Any]:

@@ -31,12 +31,14 @@ def build_engines(
             )
             for i in range(e.num_engines)
         ]
+    from rljob.runtime.engines.discovery import PodWorkerDiscovery
     from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
 
     s = spec.sglang
     config = SGLangClientConfig(
         worker_urls=list(s.worker_urls),
         router_url=s.router_url,
+        discover=PodWorkerDiscovery(s.discovery) if s.discovery is not None else None,
         retries=s.max_retries,
         drain_timeout_s=s.drain_timeout_seconds,
     )

@@ -581,6 +581,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "--max-batch-size", "--max-running-requests", dest="max_batch_size", type=int, default=32,
         help="most requests decoded together; further ones wait in a FIFO queue",
     )
+    p.add_argument(
+        "--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
+        help="tensor parallel size; accepted for SGLang compatibility, must be 1 (no tensor parallelism on CPU)",
+    )
     p.add_argument("--context-length", type=int, default=None, help="max prompt + generation tokens (default: model's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     p.add_argument("--weight-version", default="0", help="initial weight version reported in meta_info")
@@ -602,7 +606,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: parse flags, build engine and server, serve until SIGINT/SIGTERM."""
-    args = build_arg_parser().parse_args(argv)
+    parser = build_arg_parser()
+    args = parser.parse_args(argv)
+    if args.tp != 1:
+        parser.error(f"--tp {args.tp}: the CPU server has no tensor parallelism; use --tp 1 (or a GPU pool)")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not (Path(args.model_path) / "config.json").is_file():
         raise SystemExit(f"--model-path {args.model_path}: no config.json there; pass a save_pretrained() directory")

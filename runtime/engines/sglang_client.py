@@ -34,7 +34,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,8 +71,11 @@ _TRANSIENT_4XX = frozenset({408, 429})
 class SGLangClientConfig:
     """Where the workers are and how patient to be with them."""
 
-    worker_urls: list[str] = field(default_factory=list)  # empty: ask the router
+    worker_urls: list[str] = field(default_factory=list)  # empty: ask `discover`, else the router
     router_url: str | None = None  # None: generate straight on the workers
+    # Current worker URLs (the Kubernetes pods of the pools): re-asked before every weight update and
+    # health check, so replicas added or removed by scaling join and leave without a restart.
+    discover: Callable[[], Awaitable[list[str]]] | None = None
     max_concurrency: int = 512  # in-flight /generate calls (slime's default per engine)
     retries: int = 4
     backoff_s: float = 0.25  # first retry delay; doubles up to backoff_max_s (with jitter)
@@ -135,8 +138,8 @@ class SGLangEngine(Engine):
     name = "sglang"
 
     def __init__(self, config: SGLangClientConfig, weight_version: int = 0) -> None:
-        if not config.worker_urls and not config.router_url:
-            raise EngineError("SGLang engine needs worker_urls or a router_url to discover workers from")
+        if not config.worker_urls and not config.router_url and config.discover is None:
+            raise EngineError("SGLang engine needs worker_urls, a router_url or pod discovery to find workers")
         self.config = config
         self.weight_version = weight_version
         self.router_url = _strip(config.router_url) if config.router_url else None
@@ -277,11 +280,36 @@ class SGLangEngine(Engine):
                 return [_strip(str(u)) for u in body["urls"]]
         raise EngineError(f"the sglang router at {self.router_url} lists no workers (/workers, /list_workers)")
 
+    async def refresh_workers(self) -> None:
+        """Adopt the worker set `config.discover` reports: new workers join, vanished ones leave.
+
+        A discovery failure is logged and the known workers are kept (the next call retries).
+        """
+        if self.config.discover is None:
+            return
+        try:
+            urls = {_strip(u) for u in await self.config.discover()}
+        except Exception as exc:  # the discovery's own retries are spent; keep serving with what we know
+            log.warning("SGLang worker discovery failed, keeping %d known workers: %s", len(self.workers), exc)
+            return
+        for url in sorted(urls - set(self.workers)):
+            log.info("SGLang worker %s discovered; it joins the rotation once it serves the current weights", url)
+            self.workers[url] = WorkerState(url)  # version unknown until probed: out of the rotation
+        for url in sorted(set(self.workers) - urls):
+            log.info("SGLang worker %s is gone from discovery (scaled down or restarting)", url)
+            del self.workers[url]
+
     async def start(self) -> None:
         """Discover workers if none are configured, then wait until each answers ``/health_generate``."""
+        deadline = time.monotonic() + self.config.health_timeout_s
+        if not self.workers and self.config.discover is not None:
+            # The pools may still be loading weights: wait for the first ready worker.
+            await self.refresh_workers()
+            while not self.workers and time.monotonic() < deadline:
+                await asyncio.sleep(2.0)
+                await self.refresh_workers()
         if not self.workers:
             self.workers = {u: WorkerState(u, served_version=self.weight_version) for u in await self.discover_workers()}
-        deadline = time.monotonic() + self.config.health_timeout_s
         pending = set(self.workers)
         while pending and time.monotonic() < deadline:
             results = await asyncio.gather(*(self._probe(u, "/health_generate") for u in pending))
@@ -315,6 +343,7 @@ class SGLangEngine(Engine):
 
     async def health(self) -> bool:
         """Probe the router and every worker now; True when the router answers and a worker is in the rotation."""
+        await self.refresh_workers()
         await self.probe_all()
         return engine_healthy(self.router_url is not None, self.router_up, list(self.workers.values()), self.weight_version)
 
@@ -658,6 +687,7 @@ class SGLangEngine(Engine):
         """``/update_weights_from_disk`` on every answering worker (also those out of the rotation:
         this is how they catch up), then membership by the versions the workers report."""
         body = {"model_path": path, "weight_version": str(version), "flush_cache": True, "abort_all_requests": False}
+        await self.refresh_workers()  # a replica added since the last update gets this version too
         async with self.syncing():
             replies = await self.post_workers([w.url for w in self.healthy_workers()], "/update_weights_from_disk", body)
             return await self.commit_version(version, replies)

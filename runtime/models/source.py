@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from rljob.api.spec import ModelSpec
+from rljob.api.spec import PVC_URI_PREFIX, ModelSpec
 from rljob.runtime.models.errors import ModelSourceError
 
 __all__ = ["ModelSourceError", "hub_cache_dir", "resolve_hub_model", "resolve_model_dir"]
@@ -55,6 +55,11 @@ def resolve_hub_model(repo_id: str, revision: str | None = None, cache_dir: Path
 def resolve_model_dir(spec: ModelSpec, cache_dir: Path | None = None) -> tuple[Path, str]:
     """(model folder, the spec field it came from) for a `path` or `huggingFace` model spec."""
     if spec.path is not None:
+        if spec.path.startswith(PVC_URI_PREFIX):
+            raise ModelSourceError(
+                f"spec.model.path: {spec.path} names a claim, which only the operator can mount; `rljob run` needs "
+                "a local folder (on a cluster the trainer's config points at the mounted folder instead)"
+            )
         directory = Path(spec.path).expanduser()
         if not directory.is_dir():
             raise ModelSourceError(

@@ -147,6 +147,7 @@ class DistributedTransport(WeightTransport):
         started = time.perf_counter()
         report = SyncReport(version=version, mode=self.mode)
         for engine in self.engines:
+            await engine.refresh_workers()  # replicas added by scaling join the group
             await engine.probe_all()
         candidates = [w.url for e in self.engines for w in e.healthy_workers()]
         members = self._members

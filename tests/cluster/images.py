@@ -10,6 +10,7 @@ the node's containerd. Nothing is pulled from or pushed to a registry:
   Dockerfiles' `python:3.11.13-slim-bookworm` provides), the host's CA bundle (package access goes
   through a proxy with its own CA) and pip configuration;
 - `operator`: images/operator.Dockerfile, unchanged, `FROM base-python`;
+- `router`: images/router.Dockerfile (the sglang-router package), unchanged, `FROM base-python`;
 - `runtime-thin`: the final stage of images/runtime.Dockerfile, unchanged except that the virtualenv
   (`COPY --from=build /opt/rljob`) is mounted read-only from an installed one at run time instead of
   being built (torch is gigabytes); `RUNTIME_UNCOVERED` lists the lines this leaves untested.
@@ -57,7 +58,9 @@ HOST_PIP_CONF = Path("/etc/pip.conf")
 # final stage's copy of that virtualenv, which the tests replace by mounting an installed virtualenv.
 RUNTIME_UNCOVERED = "build stage (FROM ... AS build through `rljob --help`) and `COPY --from=build /opt/rljob /opt/rljob`"
 
-NAMES = ("pause", "busybox", "base-python", "operator", "runtime-thin")
+NAMES = ("pause", "busybox", "base-python", "operator", "router", "runtime-thin")
+# Images built from a Dockerfile of images/ as it is, on base-python.
+DOCKERFILE_IMAGES = {"operator": "operator.Dockerfile", "router": "router.Dockerfile"}
 
 
 class ImageBuildError(RuntimeError):
@@ -189,8 +192,8 @@ def image(name: str) -> Image:
     if name == "base-python":
         return Image(name, _sha(RECIPE_VERSION, DEBIAN_SUITE, DEBIAN_MIRROR, *BASE_PACKAGES,
                                 _file_sha(HOST_CA_BUNDLE), _file_sha(HOST_PIP_CONF)))
-    if name == "operator":
-        df = REPO / "images" / "operator.Dockerfile"
+    if name in DOCKERFILE_IMAGES:
+        df = REPO / "images" / DOCKERFILE_IMAGES[name]
         return Image(name, _sha(RECIPE_VERSION, image("base-python").key, _context_key(df.read_text(), context_files(df))))
     if name == "runtime-thin":
         df = REPO / "images" / "runtime.Dockerfile"
@@ -211,7 +214,10 @@ def thin_runtime_dockerfile() -> str:
     copy = "COPY --from=build /opt/rljob /opt/rljob"
     if copy not in final:
         raise ImageBuildError(f"images/runtime.Dockerfile changed: {copy!r} not found in its final stage")
-    final = ["RUN install -d /opt/rljob  # mount point of the installed virtualenv" if line == copy else line for line in final]
+    # The mounted virtualenv's interpreter lives at the host's own path (for pyenv, under /root), so
+    # uid 1000 must be able to traverse /root to reach it; nothing of /root is readable.
+    mount_point = "RUN install -d /opt/rljob && chmod o+x /root  # mount point of the installed virtualenv"
+    final = [mount_point if line == copy else line for line in final]
     return "\n".join(head + final) + "\n"
 
 
@@ -323,8 +329,8 @@ def _build(img: Image, work: Path) -> None:
         _build_busybox(img, work)
     elif img.name == "base-python":
         _build_base_python(img, work)
-    elif img.name == "operator":
-        df = REPO / "images" / "operator.Dockerfile"
+    elif img.name in DOCKERFILE_IMAGES:
+        df = REPO / "images" / DOCKERFILE_IMAGES[img.name]
         _bud(img, df.read_text(), context_files(df), work)
     elif img.name == "runtime-thin":
         _bud(img, thin_runtime_dockerfile(), [], work)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,21 @@ class RealCluster:
 
     def stop(self) -> None:
         self.cluster.stop(grace=STOP_GRACE_REAL_NODE_S)
+
+
+def mounted_runtime() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Volumes and mounts that give a `runtime-thin` container this test run's installed runtime.
+
+    All read-only hostPath mounts at the host's own paths: the virtualenv (also at /opt/rljob, the
+    image's PATH entry), its base interpreter (the venv's `bin/python` links there) and the repository
+    (the editable install maps `rljob.*` to its folders). See RUNTIME_UNCOVERED in tests/cluster/images.py.
+    """
+    repo = Path(__file__).resolve().parents[2]
+    paths = {"venv": Path(sys.prefix), "venv-opt": Path(sys.prefix), "python": Path(sys.base_prefix), "repo": repo}
+    targets = {"venv": str(sys.prefix), "venv-opt": "/opt/rljob", "python": str(sys.base_prefix), "repo": str(repo)}
+    volumes = [{"name": f"rt-{k}", "hostPath": {"path": str(v), "type": "Directory"}} for k, v in paths.items()]
+    mounts = [{"name": f"rt-{k}", "mountPath": targets[k], "readOnly": True} for k in paths]
+    return volumes, mounts
 
 
 def start_real_cluster(state_dir: Path, image_names: tuple[str, ...] = DEFAULT_IMAGES,

@@ -31,6 +31,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from rljob.api.load import load_rljob
+from rljob.operator.builders import build_children
 from rljob.operator.builders.meta import JobRef
 from rljob.operator.builders.trainer import checkpoint_claim_name
 
@@ -275,25 +276,45 @@ PersistentVolumeFactory = Callable[[str, Path], None]
 @pytest.fixture
 def checkpoint_volume(kube_cluster: KubeCluster) -> Iterator[PersistentVolumeFactory]:
     """Stand-in for a storage provisioner (the local control plane has none): a PersistentVolume
-    pre-bound to the checkpoint claim the operator will create for an example in a namespace."""
+    pre-bound to the checkpoint claim the operator will create for an example in a namespace, and a
+    bound claim for every other claim its pods mount (model, data, weights: the user's own)."""
     core, created = kube_cluster.core(), []
 
-    def provision(namespace: str, example: Path) -> None:
-        job = load_rljob(example)
-        claim = checkpoint_claim_name(JobRef(job.metadata.name, namespace, ""), job.spec)
-        assert claim is not None, f"{example.name} uses no checkpoint volume"
+    def volume(namespace: str, claim: str, size: str, mode: str) -> str:
         name = f"{namespace}-{claim}"[:63].rstrip("-")
         core.create_persistent_volume(k8s.V1PersistentVolume(
             metadata=k8s.V1ObjectMeta(name=name),
             spec=k8s.V1PersistentVolumeSpec(
-                capacity={"storage": job.spec.checkpoint.storage_size},
-                access_modes=[job.spec.checkpoint.access_mode],
+                capacity={"storage": size},
+                access_modes=[mode],
                 host_path=k8s.V1HostPathVolumeSource(path=f"/var/lib/rljob-test/{name}"),
                 claim_ref=k8s.V1ObjectReference(namespace=namespace, name=claim),
                 persistent_volume_reclaim_policy="Delete",
             ),
         ))
         created.append(name)
+        return name
+
+    def provision(namespace: str, example: Path) -> None:
+        job = load_rljob(example)
+        ref = JobRef(job.metadata.name, namespace, "")
+        claim = checkpoint_claim_name(ref, job.spec)
+        assert claim is not None, f"{example.name} uses no checkpoint volume"
+        volume(namespace, claim, job.spec.checkpoint.storage_size, job.spec.checkpoint.access_mode)
+        mounted = {
+            v["persistentVolumeClaim"]["claimName"]
+            for child in build_children(ref, job.spec, active=True) if child["kind"] == "StatefulSet"
+            for v in child["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v
+        }
+        for user_claim in sorted(mounted - {claim}):
+            pv = volume(namespace, user_claim, "1Gi", "ReadWriteMany")
+            core.create_namespaced_persistent_volume_claim(namespace, k8s.V1PersistentVolumeClaim(
+                metadata=k8s.V1ObjectMeta(name=user_claim),
+                spec=k8s.V1PersistentVolumeClaimSpec(
+                    access_modes=["ReadWriteMany"], volume_name=pv, storage_class_name="",
+                    resources=k8s.V1VolumeResourceRequirements(requests={"storage": "1Gi"}),
+                ),
+            ))
 
     yield provision
     for name in created:

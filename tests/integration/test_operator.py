@@ -181,10 +181,10 @@ EXPECTED_CHILDREN = {
     "Deployment": ["{n}-router"],
     "Service": ["{n}-infer-mi", "{n}-infer-nv", "{n}-router", "{n}-trainer"],
     "ConfigMap": ["{n}-config"],
-    "ServiceAccount": ["{n}-trainer"],
+    "ServiceAccount": ["{n}-router", "{n}-trainer"],
     "PersistentVolumeClaim": ["{n}-checkpoints"],
-    "Role": ["{n}-trainer"],
-    "RoleBinding": ["{n}-trainer"],
+    "Role": ["{n}-router", "{n}-trainer"],
+    "RoleBinding": ["{n}-router", "{n}-trainer"],
 }
 
 
@@ -271,6 +271,14 @@ INVALID: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("duplicate pool", lambda j: j["spec"]["rollout"]["pools"].append({"name": "nv", "vendor": "amd"}), "spec.rollout.pools[2]"),
     ("tokens without cap", lambda j: j["spec"]["rollout"].update(partial={"truncation": {"mode": "tokens"}}), "spec.rollout.partial.truncation"),
     ("negative deadline", lambda j: j["spec"].update(activeDeadlineSeconds=-5), "spec.activeDeadlineSeconds"),
+    ("builtin model on GPU pools", lambda j: j["spec"].update(model={"builtin": "tiny-arith"}), "spec.model.builtin"),
+    ("local model folder on GPU pools", lambda j: j["spec"].update(model={"path": "/models/q"}), "spec.model.path"),
+    ("model storage without a hub id", lambda j: j["spec"].update(model={"path": "pvc://m/q", "storage": {}}), "spec.model"),
+    ("env value and valueFrom", lambda j: j["spec"]["trainer"].update(
+        env=[{"name": "T", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]), "spec.trainer.env[0]"),
+    ("valueFrom without a source", lambda j: j["spec"]["trainer"].update(env=[{"name": "T", "valueFrom": {}}]),
+     "spec.trainer.env[0].valueFrom"),
+    ("volume without a name", lambda j: j["spec"].update(pods={"volumes": [{"emptyDir": {}}]}), "spec.pods.volumes"),
     ("evaluation without held-out set", lambda j: j["spec"].update(data={"jsonl": "/data/train.jsonl"},
                                                                      evaluation={"everySteps": 5}), "evaluation.jsonl"),
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,11 @@ async def test_runner_writes_step_checkpoint_and_metrics_into_status(
 ):
     doc = job_doc(tiny_policy(tmp_path / "model"), tmp_path / "ckpt", steps=2, every=1)
     doc["metadata"]["namespace"] = namespace
-    api.create_namespaced_custom_object("rljob.io", "v1alpha1", namespace, "rljobs", doc)
+    # The object names a model its (never created) inference pods could load: the CRD rejects a local
+    # folder. The runner here trains the local folder and only reports into this object's status.
+    cluster_doc = copy.deepcopy(doc)
+    cluster_doc["spec"]["model"] = {"path": "pvc://models/tiny"}
+    api.create_namespaced_custom_object("rljob.io", "v1alpha1", namespace, "rljobs", cluster_doc)
     monkeypatch.setenv("RLJOB_STATUS_REPORT", "1")
     monkeypatch.setenv("RLJOB_NAMESPACE", namespace)
     monkeypatch.setenv("RLJOB_NAME", doc["metadata"]["name"])

@@ -413,6 +413,19 @@ def test_examples_cover_both_vendors_and_validate() -> None:
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_rljob_validate_accepts_example(example: Path) -> None:
     proc = subprocess.run(
-        [str(Path(sys.executable).with_name("rljob")), "validate", str(example)], capture_output=True, text=True, timeout=120
+        [str(Path(sys.executable).with_name("rljob")), "validate", "--cluster", str(example)],
+        capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_rljob_validate_cluster_rejects_a_model_gpu_pools_cannot_load(tmp_path: Path) -> None:
+    job = yaml.safe_load(EXAMPLES[0].read_text())
+    job["spec"]["model"] = {"path": "/home/me/models/qwen"}
+    path = tmp_path / "local-model.yaml"
+    path.write_text(yaml.safe_dump(job))
+    rljob = str(Path(sys.executable).with_name("rljob"))
+    local = subprocess.run([rljob, "validate", str(path)], capture_output=True, text=True, timeout=120)
+    assert local.returncode == 0, "a laptop run may use a local folder"
+    cluster = subprocess.run([rljob, "validate", "--cluster", str(path)], capture_output=True, text=True, timeout=120)
+    assert cluster.returncode == 2 and "spec.model.path" in cluster.stdout and "pvc://" in cluster.stdout, cluster.stdout

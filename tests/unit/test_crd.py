@@ -52,9 +52,12 @@ def test_schema_is_structural() -> None:
             assert node.get(bound, True) is True, f"{path}: {bound} must be a boolean in OpenAPI v3"
 
 
-def test_preserve_unknown_fields_only_on_kopf_bookkeeping() -> None:
+def test_preserve_unknown_fields_only_on_kopf_bookkeeping_and_pass_through_volumes() -> None:
     preserved = [p for p, n in _walk(_root()) if n.get("x-kubernetes-preserve-unknown-fields")]
-    assert preserved == [".status.kopf"]
+    # spec.pods.volumes are Kubernetes Volume objects, validated by the API server in the pods.
+    assert preserved == [".spec.pods.volumes[]", ".status.kopf"]
+    volume = _root()["properties"]["spec"]["properties"]["pods"]["properties"]["volumes"]["items"]
+    assert volume["required"] == ["name"]
 
 
 def test_validation_rules_and_defaults() -> None:
@@ -62,7 +65,7 @@ def test_validation_rules_and_defaults() -> None:
     rollout = spec["rollout"]["properties"]
     assert rollout["partial"]["properties"]["overSampling"]["minimum"] == 1.0
     assert rollout["rolloutBatchSize"]["minimum"] == 0 and rollout["rolloutBatchSize"]["exclusiveMinimum"] is True
-    assert rollout["pools"]["items"]["properties"]["vendor"]["enum"] == ["nvidia", "amd"]
+    assert rollout["pools"]["items"]["properties"]["vendor"]["enum"] == ["nvidia", "amd", "cpu"]
     assert rollout["pools"]["x-kubernetes-list-type"] == "map"
     assert rollout["rolloutBatchSize"]["default"] == 8
     assert spec["algorithm"]["default"] == {}, "nested defaults apply only under a defaulted parent"

@@ -169,6 +169,8 @@ def test_missing_models_name_the_field_and_the_cache(tmp_path: Path, monkeypatch
         open_policy(ModelSpec(path=str(tmp_path / "nowhere")))
     with pytest.raises(ModelSourceError, match=r"spec.model.path: .*\(no config.json\)"):
         open_policy(ModelSpec(path=str(tmp_path)))
+    with pytest.raises(ModelSourceError, match=r"spec.model.path: pvc://models/q names a claim, which only the operator"):
+        open_policy(ModelSpec(path="pvc://models/q"))
 
 
 def test_unsupported_architecture_is_an_error_naming_the_field(tmp_path: Path) -> None:

@@ -20,12 +20,20 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
-from rljob.operator.builders.vendor import PROFILES, RUNTIME_IMAGE
+from rljob.operator.builders.vendor import PROFILES, ROUTER_IMAGE, RUNTIME_IMAGE, SGLANG_ROUTER_VERSION, TRAINER_IMAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "images"
 DOCKERFILES = sorted(IMAGES.glob("*.Dockerfile"))
-EXPECTED = {"operator.Dockerfile", "runtime.Dockerfile", "sglang-cuda.Dockerfile", "sglang-rocm.Dockerfile"}
+EXPECTED = {
+    "operator.Dockerfile",
+    "runtime.Dockerfile",
+    "runtime-cuda.Dockerfile",
+    "runtime-rocm.Dockerfile",
+    "router.Dockerfile",
+    "sglang-cuda.Dockerfile",
+    "sglang-rocm.Dockerfile",
+}
 SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSW|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL", re.IGNORECASE)
 OCI_LABELS = {"title", "description", "version", "licenses", "source"}
 
@@ -175,8 +183,38 @@ def test_image_tags_agree_with_the_operator_defaults() -> None:
     assert RUNTIME_IMAGE == f"rljob/runtime:{version.group(1)}"
     chart = yaml.safe_load((ROOT / "charts/rljob-operator/Chart.yaml").read_text())
     assert chart["appVersion"] == version.group(1), "chart appVersion is the operator image tag"
-    for name in ("operator.Dockerfile", "runtime.Dockerfile"):
+    for name in ("operator.Dockerfile", "runtime.Dockerfile", "runtime-cuda.Dockerfile", "runtime-rocm.Dockerfile"):
         assert parse(IMAGES / name).labels["org.opencontainers.image.version"] == version.group(1)
+
+
+# Which Dockerfile builds each trainer image, and the torch attribute its build asserts.
+TRAINER_DOCKERFILES = {"cpu": ("runtime.Dockerfile", None), "nvidia": ("runtime-cuda.Dockerfile", "torch.version.cuda"),
+                       "amd": ("runtime-rocm.Dockerfile", "torch.version.hip")}
+
+
+@pytest.mark.parametrize("vendor", sorted(TRAINER_DOCKERFILES))
+def test_each_trainer_vendor_has_its_own_image_with_the_right_torch(vendor: str) -> None:
+    name, check = TRAINER_DOCKERFILES[vendor]
+    df = parse(IMAGES / name)
+    tag = TRAINER_IMAGES[vendor].rsplit(":", 1)[1]
+    assert f"-t {TRAINER_IMAGES[vendor]} " in (IMAGES / name).read_text(), f"{name}: its build line names another tag"
+    assert tag.startswith(df.labels["org.opencontainers.image.version"])
+    build_stage = stages(df)[0]
+    (index,) = [i["value"].split("=", 1)[1] for i in build_stage if i["instruction"] == "ARG" and i["value"].startswith("TORCH_INDEX_URL=")]
+    build = " ".join(i["value"] for i in build_stage if i["instruction"] == "RUN")
+    if check is None:
+        assert index.endswith("/cpu")
+    else:
+        assert not index.endswith("/cpu") and check in build, f"{name}: the build must fail on a wheel without {check}"
+
+
+def test_router_image_is_the_sglang_router_package_not_the_cuda_sglang_image() -> None:
+    df = parse(IMAGES / "router.Dockerfile")
+    assert "sglang" not in " ".join(df.parent_images), "the router must not build on an SGLang (CUDA) image"
+    assert pinned(IMAGES / "router-requirements.txt")["sglang-router"] == SGLANG_ROUTER_VERSION
+    assert ROUTER_IMAGE == f"rljob/router:{SGLANG_ROUTER_VERSION}"
+    assert df.labels["org.opencontainers.image.version"] == SGLANG_ROUTER_VERSION
+    assert "torch" not in pinned(IMAGES / "router-requirements.txt")
 
 
 def pinned(requirements: Path) -> dict[str, str]:

@@ -10,7 +10,7 @@ import yaml
 from rljob.api.load import parse_rljob
 from rljob.api.spec import RLJobSpec
 from rljob.operator.builders import JobRef, build_children
-from rljob.operator.builders.inference import pool_replicas, worker_urls
+from rljob.operator.builders.inference import pool_replicas
 from rljob.operator.builders.meta import MAX_CHILD_NAME, child_name
 from rljob.operator.builders.trainer import runtime_document
 
@@ -58,9 +58,14 @@ def test_children_are_complete_unique_and_owned() -> None:
         ("RoleBinding", "demo-trainer"),
         ("PersistentVolumeClaim", "demo-checkpoints"),
         ("Service", "demo-infer-nv"),
+        ("PodDisruptionBudget", "demo-infer-nv"),
         ("StatefulSet", "demo-infer-nv"),
         ("Service", "demo-infer-mi"),
+        ("PodDisruptionBudget", "demo-infer-mi"),
         ("StatefulSet", "demo-infer-mi"),
+        ("ServiceAccount", "demo-router"),
+        ("Role", "demo-router"),
+        ("RoleBinding", "demo-router"),
         ("Service", "demo-router"),
         ("Deployment", "demo-router"),
         ("Service", "demo-trainer"),
@@ -84,6 +89,50 @@ def test_children_are_complete_unique_and_owned() -> None:
     assert build_children(JOB, _spec(), active=True) == children
 
 
+def test_cpu_pool_runs_the_sglang_protocol_server_with_args_it_accepts() -> None:
+    """A cpu pool: the runtime image's SGLang-protocol server, no GPU request, no GPU-node affinity.
+
+    The rendered command line is parsed by the real server's own argument parser, so a flag the
+    builder adds that the CPU server does not know fails here, not in a crash-looping pod.
+    """
+    from rljob.runtime.engines.server import build_arg_parser
+
+    spec = RLJobSpec.model_validate({
+        "model": {"path": "/models/tiny"},
+        "data": {"synthetic": {}},
+        "rollout": {"engine": "sglang", "pools": [
+            {"name": "cpu", "vendor": "cpu", "replicas": 2, "extraArgs": ["--max-running-requests", "8"]},
+        ]},
+        "trainer": {"vendor": "cpu", "gpusPerReplica": 0},
+    })
+    sts = _by(build_children(JOB, spec, active=True), "StatefulSet", "demo-infer-cpu")["spec"]
+    pod = sts["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == "rljob/runtime:0.1.0"
+    assert container["command"] == ["python", "-m", "rljob.runtime.engines.server"]
+    assert not any("gpu" in name for kind in container["resources"].values() for name in kind), "no GPU request"
+    assert container["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}, "never BestEffort"
+    assert pod["securityContext"]["runAsUser"] == 1000, "the runtime image's user"
+    assert "affinity" not in pod and "tolerations" not in pod
+    args = build_arg_parser().parse_args(container["args"])
+    assert (args.model_path, args.tp, args.host, args.port, args.max_batch_size) == ("/models/tiny", 1, "0.0.0.0", 30000, 8)
+    assert "RLJOB_GPU_VENDOR" not in {e["name"] for e in container["env"]}
+
+
+@pytest.mark.parametrize(
+    ("pool", "message"),
+    [
+        ({"resourceName": "nvidia.com/gpu"}, "cpu pools take none"),
+        ({"tensorParallelSize": 2, "gpusPerReplica": 2}, "must be 1 on a cpu pool"),
+    ],
+)
+def test_cpu_pool_rejects_gpu_fields(pool: dict[str, Any], message: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=message):
+        _spec().rollout.pools[0].model_validate({"name": "c", "vendor": "cpu", **pool})
+
+
 def test_inference_pools_are_vendor_correct() -> None:
     children = build_children(JOB, _spec(), active=True)
     nv = _by(children, "StatefulSet", "demo-infer-nv")["spec"]
@@ -91,17 +140,17 @@ def test_inference_pools_are_vendor_correct() -> None:
     assert nv["replicas"] == 2 and mi["replicas"] == 1
     nv_pod, mi_pod = nv["template"]["spec"], mi["template"]["spec"]
     nv_c, mi_c = nv_pod["containers"][0], mi_pod["containers"][0]
-    assert nv_c["resources"]["limits"] == {"nvidia.com/gpu": "2"}
-    assert mi_c["resources"]["limits"] == {"amd.com/gpu": "1"}
+    assert nv_c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert mi_c["resources"]["limits"]["amd.com/gpu"] == "1"
     assert "rocm" not in nv_c["image"] and nv_c["image"].startswith("lmsysorg/sglang:v")
     assert "rocm" in mi_c["image"]
     assert nv_c["args"][:4] == ["--model-path", "Qwen/Qwen3-4B", "--revision", "main"]
     assert nv_c["args"][nv_c["args"].index("--tp") + 1] == "2"
     assert mi_c["args"][-2:] == ["--mem-fraction-static", "0.8"]
-    mi_env = {e["name"]: e["value"] for e in mi_c["env"]}
+    mi_env = {e["name"]: e.get("value") for e in mi_c["env"]}
     assert mi_env["SGLANG_USE_AITER"] == "0" and mi_env["HSA_NO_SCRATCH_RECLAIM"] == "0", "user env overrides"
     assert mi_env["RLJOB_GPU_VENDOR"] == "amd"
-    assert {e["name"]: e["value"] for e in nv_c["env"]}["RLJOB_GPU_VENDOR"] == "nvidia"
+    assert {e["name"]: e.get("value") for e in nv_c["env"]}["RLJOB_GPU_VENDOR"] == "nvidia"
     affinity = mi_pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert affinity["nodeSelectorTerms"][0]["matchExpressions"] == [
         {"key": "amd.com/gpu.product-name", "operator": "Exists"}
@@ -117,17 +166,6 @@ def test_inference_pools_are_vendor_correct() -> None:
     svc = _by(children, "Service", "demo-infer-nv")["spec"]
     assert svc["clusterIP"] == "None" and svc["selector"] == nv["selector"]["matchLabels"]
     assert nv["serviceName"] == "demo-infer-nv"
-
-
-def test_router_lists_every_worker_by_stable_dns() -> None:
-    children = build_children(JOB, _spec(), active=True)
-    args = _by(children, "Deployment", "demo-router")["spec"]["template"]["spec"]["containers"][0]["args"]
-    urls = args[args.index("--worker-urls") + 1 :]
-    assert urls == [
-        "http://demo-infer-nv-0.demo-infer-nv.team-a.svc:30000",
-        "http://demo-infer-nv-1.demo-infer-nv.team-a.svc:30000",
-        "http://demo-infer-mi-0.demo-infer-mi.team-a.svc:30000",
-    ]
 
 
 def test_trainer_runs_the_rendered_config_with_least_privilege() -> None:
@@ -148,7 +186,7 @@ def test_trainer_runs_the_rendered_config_with_least_privilege() -> None:
     job = parse_rljob(yaml.safe_load(text))
     assert job.spec.rollout.engine == "sglang"
     assert job.spec.rollout.sglang.router_url == "http://demo-router.team-a.svc:30000"
-    assert job.spec.rollout.sglang.worker_urls == worker_urls(JOB, spec.rollout)
+    assert job.spec.rollout.sglang.worker_urls == [] and job.spec.rollout.sglang.discovery is not None
     assert job.spec.checkpoint.dir == "/var/lib/rljob/checkpoints"
     assert job.spec.trainer.device == "cuda"
     rules = _by(children, "Role", "demo-trainer")["rules"]

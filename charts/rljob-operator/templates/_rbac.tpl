@@ -2,9 +2,10 @@
 What the operator does in a namespace it watches, verb by verb (see docs/install.md "RBAC").
 Server-side apply of a child needs get (read the resourceVersion), create (the first apply creates it)
 and patch; list/watch only where the operator lists or kopf watches; delete only where it deletes.
-The trainer's per-job Role grants get on its RLJob, get/patch on its status and create/patch on
-events: the operator holds all of these itself, so the API server lets it create that Role and its
-RoleBinding without the `escalate` or `bind` verbs.
+The trainer's per-job Role grants get on its RLJob, get/patch on its status, create/patch on events and
+get/list/watch on pods (worker discovery); the router's grants get/list/watch on pods (the sglang
+router's Kubernetes service discovery). The operator holds all of these itself, so the API server lets
+it create those Roles and their RoleBindings without the `escalate` or `bind` verbs.
 */}}
 {{- define "rljob-operator.namespacedRules" -}}
 # RLJobs: kopf lists and watches them and patches its progress annotations on them.
@@ -26,6 +27,10 @@ RoleBinding without the `escalate` or `bind` verbs.
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# PodDisruptionBudgets of the inference pools (pruned with their pool).
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 # Pods: watched for failures; trainer pods are deleted to restart the group from its checkpoint.
 - apiGroups: [""]
   resources: ["pods"]
@@ -34,11 +39,11 @@ RoleBinding without the `escalate` or `bind` verbs.
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "create", "patch", "delete"]
-# Per-job runtime config, trainer identity and checkpoint volume.
+# Per-job runtime config, trainer and router identities and checkpoint volume.
 - apiGroups: [""]
   resources: ["configmaps", "serviceaccounts", "persistentvolumeclaims"]
   verbs: ["get", "create", "patch"]
-# The trainer's Role and RoleBinding (see above: no escalate/bind needed).
+# The trainer's and the router's Role and RoleBinding (see above: no escalate/bind needed).
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "create", "patch"]

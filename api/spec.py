@@ -384,6 +384,35 @@ class SGLangSpec(ApiModel):
     )
 
 
+class WeightTransportSpec(ApiModel):
+    """How new weights reach the engines after every step (docs/weight_sync.md)."""
+
+    mode: Literal["distributed", "disk", "tensor"] | None = Field(
+        default=None,
+        description="distributed: one process group between trainer rank 0 and every engine rank, weights in "
+        "bucketed broadcasts (/update_weights_from_distributed); disk: snapshots in diskDir that both sides mount "
+        "(/update_weights_from_disk); tensor: in process (embedded engine). Default: distributed for engine sglang, "
+        "tensor for engine embedded.",
+    )
+    bucket_megabytes: float = Field(default=256.0, gt=0, description="Size of one broadcast bucket (distributed).")
+    backend: Literal["gloo", "nccl"] | None = Field(
+        default=None, description="Collective backend of the weight-update group (distributed); default: nccl on GPUs, gloo on CPU."
+    )
+    master_address: str | None = Field(
+        default=None,
+        description="Address the engines reach trainer rank 0 on for the weight-update group (distributed); "
+        "default: the trainer pod's IP (POD_IP), else the address the trainer's host name resolves to.",
+    )
+    master_port: int = Field(default=29600, ge=0, le=65535, description="Port of the weight-update group's store; 0: any free port.")
+    timeout_seconds: float = Field(default=300.0, gt=0, description="Most one sync may take before it counts as failed.")
+    disk_dir: str | None = Field(
+        default=None,
+        description="Folder both the trainer and the inference pods mount (disk); default: rollout.sglang.weightsDir, "
+        "else <output>/weights.",
+    )
+    keep_last: int = Field(default=2, ge=1, description="Snapshots kept in diskDir (disk); older ones are deleted.")
+
+
 class Toleration(ApiModel):
     """A Kubernetes toleration (subset)."""
 
@@ -566,6 +595,7 @@ class RolloutSpec(ApiModel):
         json_schema_extra=LIST_MAP_BY_NAME,
     )
     router: RouterSpec = Field(default_factory=RouterSpec)
+    weight_transport: WeightTransportSpec = Field(default_factory=WeightTransportSpec)
     replicas: int | None = Field(
         default=None,
         ge=0,
@@ -579,6 +609,28 @@ class RolloutSpec(ApiModel):
         default=None,
         description="On a cluster: the volume shared by the trainer and the engines for disk weight updates.",
     )
+
+    @model_validator(mode="after")
+    def _transport_fits_engine(self) -> RolloutSpec:
+        mode = self.weight_transport.mode
+        if mode == "tensor" and self.engine != "embedded":
+            raise ValueError(
+                "rollout.weightTransport.mode: tensor needs engines in the trainer's process (rollout.engine: embedded); "
+                "use distributed or disk for engine sglang"
+            )
+        if mode in ("distributed", "disk") and self.engine == "embedded":
+            raise ValueError(
+                f"rollout.weightTransport.mode: {mode} sends weights to HTTP engines (rollout.engine: sglang); "
+                "the embedded engine takes tensor"
+            )
+        return self
+
+    @property
+    def transport_mode(self) -> Literal["distributed", "disk", "tensor"]:
+        """The weight transport in force: the spec's, else the engine's default."""
+        if self.weight_transport.mode is not None:
+            return self.weight_transport.mode
+        return "tensor" if self.engine == "embedded" else "distributed"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -52,7 +52,19 @@ class StepRecord:
     wasted_tokens: int = 0
     abort_drain_seconds: float = 0.0
     engine_errors: int = 0
-    weight_sync_failures: int = 0
+    weight_sync_failures: int = 0  # engine ranks the step's weight sync did not reach
+    engines_in_rotation: int = 0  # engine ranks serving policy_version after the sync
+    # Ledger (see ledger_imbalance): where the round's groups and response tokens went.
+    new_groups: int = 0
+    buffer_groups_before: int = 0
+    trained_groups: int = 0
+    buffered_groups: int = 0  # pushed to the buffer this round
+    discarded_groups: int = 0  # baseline strategies without partial rollout
+    discarded_stale_tokens: int = 0
+    discarded_tokens: int = 0
+    trained_tokens: int = 0
+    buffer_tokens_before: int = 0
+    buffer_tokens_after: int = 0
     length_mean: float = 0.0
     length_std: float = 0.0
     length_p50: float = 0.0
@@ -71,6 +83,24 @@ class StepRecord:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
+
+
+def ledger_imbalance(rec: StepRecord | dict[str, Any]) -> tuple[int, int]:
+    """(groups, tokens) that the step's ledger fails to account for; (0, 0) when it closes.
+
+    Groups: every group that entered the round (from the buffer or a fresh prompt) was trained,
+    buffered again, filtered (``dropped_groups``, dynamic sampling) or discarded (baselines).
+    Regenerated samples stay in their groups: their thrown-away responses close the token ledger as
+    ``discarded_stale_tokens``. Tokens: what the buffer held plus what the round generated was
+    trained, is in the buffer, or was discarded (stale, filtered or by a baseline).
+    """
+    r = rec if isinstance(rec, dict) else asdict(rec)
+    groups_in = r["buffer_groups_before"] + r["new_groups"]
+    groups_out = r["trained_groups"] + r["buffered_groups"] + r["dropped_groups"] + r["discarded_groups"]
+    tokens_in = r["buffer_tokens_before"] + r["tokens_generated"]
+    tokens_out = (r["trained_tokens"] + r["buffer_tokens_after"] + r["discarded_stale_tokens"]
+                  + r["wasted_tokens"] + r["discarded_tokens"])
+    return groups_in - groups_out, tokens_in - tokens_out
 
 
 class RuntimeMetrics:
@@ -119,6 +149,13 @@ class RuntimeMetrics:
         self.wasted = counter("wasted_tokens", "Tokens of dropped groups.")
         self.engine_errors = counter("engine_errors", "Generate calls that failed on an engine.")
         self.sync_failures = counter("weight_sync_failures", "Weight updates that failed on an engine.")
+        self.in_rotation = gauge("engines_in_rotation", "Engine ranks serving the current policy version.")
+        self.new_groups = counter("new_groups", "Groups started from fresh prompts.")
+        self.trained_groups = counter("trained_groups", "Groups trained on.")
+        self.buffered_groups = counter("buffered_groups", "Groups pushed to the partial buffer at the end of a round.")
+        self.discarded_stale = counter(
+            "discarded_stale_tokens", "Response tokens thrown away because they were older than maxStaleness."
+        )
         self.staleness = Histogram(
             p + "sample_staleness_versions",
             "Policy versions between the trainer and a trained sample's oldest token.",
@@ -180,6 +217,11 @@ class RuntimeMetrics:
             self.wasted.inc(rec.wasted_tokens)
             self.engine_errors.inc(rec.engine_errors)
             self.sync_failures.inc(rec.weight_sync_failures)
+            self.in_rotation.set(rec.engines_in_rotation)
+            self.new_groups.inc(rec.new_groups)
+            self.trained_groups.inc(rec.trained_groups)
+            self.buffered_groups.inc(rec.buffered_groups)
+            self.discarded_stale.inc(rec.discarded_stale_tokens)
             for s in rec.staleness:
                 self.staleness.observe(s)
             if self.jsonl_path is not None:

@@ -20,7 +20,7 @@ from rljob.api.spec import RLJob
 from rljob.common.status_reporter import StatusReporter
 from rljob.runtime.batch_stats import summarize_batch
 from rljob.runtime.checkpoint import CheckpointManager, rng_state, set_rng_state
-from rljob.runtime.engines.base import Engine, WeightUpdate
+from rljob.runtime.engines.base import Engine
 from rljob.runtime.evaluation import EvalPrompt, EvalResult, evaluate_held_out
 from rljob.runtime.knobs import KnobSource, apply_knobs
 from rljob.runtime.metrics import RuntimeMetrics, StepRecord
@@ -28,6 +28,7 @@ from rljob.runtime.rollout.sample import Group, Sample
 from rljob.runtime.rollout.scheduler import RolloutConfig, RolloutScheduler, RoundResult
 from rljob.runtime.rollout.strategy import Strategy, make_strategy
 from rljob.runtime.rollout.truncation import TruncationPolicy
+from rljob.runtime.weights.transport import SyncReport, WeightTransport
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def step_record(
     timings: dict[str, float],
     knobs: dict[str, float],
     ceiling: float,
-    sync_failures: int,
+    sync: SyncReport | None,
 ) -> StepRecord:
     """Combine round, batch and training statistics into one record (pure)."""
     rs = result.stats
@@ -159,7 +160,18 @@ def step_record(
         wasted_tokens=rs.wasted_tokens,
         abort_drain_seconds=rs.abort_drain_seconds,
         engine_errors=rs.engine_errors,
-        weight_sync_failures=sync_failures,
+        weight_sync_failures=len(sync.failed) if sync is not None else 0,
+        engines_in_rotation=len(sync.updated) if sync is not None else 0,
+        new_groups=rs.new_groups,
+        buffer_groups_before=rs.buffer_groups_before,
+        trained_groups=rs.trained_groups,
+        buffered_groups=rs.buffered_groups,
+        discarded_groups=rs.discarded_groups,
+        discarded_stale_tokens=rs.discarded_stale_tokens,
+        discarded_tokens=rs.discarded_tokens,
+        trained_tokens=rs.trained_tokens,
+        buffer_tokens_before=rs.buffer_tokens_before,
+        buffer_tokens_after=rs.buffer_tokens_after,
         length_mean=bs.length_mean,
         length_std=bs.length_std,
         length_p50=bs.length_p50,
@@ -189,6 +201,7 @@ class JobRunner:
         self.step = 0
         self.scheduler: RolloutScheduler
         self.engines: list[Engine] = []
+        self.transport: WeightTransport | None = None
         self.checkpoints = CheckpointManager(self.spec.checkpoint.dir, keep=self.spec.checkpoint.keep)
         jsonl = Path(self.spec.metrics.jsonl) if self.spec.metrics.jsonl else self.output_dir / "metrics.jsonl"
         self.metrics = RuntimeMetrics(job.metadata.name, jsonl)
@@ -257,6 +270,9 @@ class JobRunner:
         on_status("starting the engines")
         self.engines = build_engines(spec.rollout, model, detokenize=self.tokenizer.decode)
         await asyncio.gather(*(e.start() for e in self.engines))
+        from rljob.runtime.weights.factory import build_transport
+
+        self.transport = build_transport(spec.rollout, self.engines, self.output_dir, self._write_model_config)
         self.scheduler = RolloutScheduler(
             self.engines,
             rollout_config(self.job, self.policy.stop_token_ids),
@@ -354,7 +370,7 @@ class JobRunner:
         t2 = time.perf_counter()
         self.version += 1
         self.step += 1
-        sync_failures = await self._sync_weights()
+        sync = await self._sync_weights()
         t3 = time.perf_counter()
         record = step_record(
             self.step,
@@ -364,7 +380,7 @@ class JobRunner:
             {"rollout": t1 - t0, "train": t2 - t1, "sync": t3 - t2},
             knobs,
             self._ceiling(),
-            sync_failures,
+            sync,
         )
         every = self.spec.evaluation.every_steps
         if self.eval_prompts and (self.step % every == 0 or self.step == self.total_steps):
@@ -419,27 +435,36 @@ class JobRunner:
         except (NotImplementedError, RuntimeError):  # not the main thread (tests, notebooks)
             pass
 
-    async def _sync_weights(self) -> int:
-        """Push the trainer's weights to every engine; returns the number of failures."""
-        update = WeightUpdate(version=self.version, module=self.trainer.model)
-        if self.spec.rollout.engine == "sglang":
-            weights_dir = Path(self.spec.rollout.sglang.weights_dir or self.output_dir / "weights")
-            path = weights_dir / f"v{self.version:06d}"
-            await asyncio.to_thread(self.trainer.model.save_pretrained, path)
-            update.path = str(path)
-        results = await asyncio.gather(*(e.update_weights(update) for e in self.engines), return_exceptions=True)
-        failures = 0
-        for engine, res in zip(self.engines, results):
-            if isinstance(res, Exception):
-                failures += 1
-                log.error("weight sync to %s failed: %s", engine.name, res)
-        return failures
+    async def _sync_weights(self) -> SyncReport:
+        """Push the trainer's weights as ``self.version`` through the job's weight transport; returns
+        once at least one engine serves that version (engines that missed it left the rotation)."""
+        from rljob.runtime.weights.factory import sync_until_served
+        from rljob.runtime.weights.transport import module_buckets
+
+        assert self.transport is not None
+        t = self.spec.rollout.weight_transport
+        bucket = int(t.bucket_megabytes * 2**20)
+        report = await sync_until_served(
+            self.transport, self.version, lambda: module_buckets(self.trainer.model, bucket), t.timeout_seconds
+        )
+        for rank, reason in report.failed.items():
+            log.error("weight sync of version %d to %s failed: %s", self.version, rank, reason)
+        return report
+
+    def _write_model_config(self, folder: Path) -> None:
+        """Config files beside a disk snapshot, so the engines can load it as a model folder."""
+        model = self.trainer.model
+        model.config.save_pretrained(folder)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(folder)
 
     def _ceiling(self) -> float:
         """Sum of the engines' bubble-free decode rates (engines that can estimate it)."""
         return sum(e.ceiling_tokens_per_s() or 0.0 for e in self.engines)
 
     async def close(self) -> None:
+        if self.transport is not None:
+            await self.transport.close()
         await asyncio.gather(*(e.close() for e in self.engines), return_exceptions=True)
 
 

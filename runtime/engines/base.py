@@ -105,6 +105,11 @@ class Engine(abc.ABC):
     async def health(self) -> bool:
         """True when the engine can generate."""
 
+    def served_version(self) -> int | None:
+        """The weight version new requests are served at, as the engine itself reports it; None
+        when the engine cannot tell (or no part of it serves at the moment)."""
+        return None
+
     def ceiling_tokens_per_s(self) -> float | None:
         """Bubble-free ceiling estimate (steady full-batch decode rate), when the engine knows it."""
         return None

@@ -337,6 +337,35 @@ class EmbeddedEngine(Engine):
             self.weight_version = update.version
         log.info("embedded engine now serves weight version %s", update.version)
 
+    def served_version(self) -> int | None:
+        """The version of the weights in this process's model."""
+        return self.weight_version
+
+    async def load_named_tensors(self, tensors: list[tuple[str, torch.Tensor]], version: int | None) -> None:
+        """Copy some full named parameters into the served model (one bucket of a weight sync);
+        ``version``, given with the last bucket, becomes the served weight version.
+
+        Raises EngineError naming parameters the model does not have or whose shape differs.
+        """
+        async with self._step_lock:
+            await asyncio.to_thread(self._copy_named, tensors)
+            if version is not None:
+                self.weight_version = version
+        if version is not None:
+            log.info("embedded engine now serves weight version %s", version)
+
+    def _copy_named(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.model.named_parameters())
+        unknown = [n for n, _ in tensors if n not in params]
+        wrong = [n for n, t in tensors if n in params and params[n].shape != t.shape]
+        if unknown or wrong:
+            raise EngineError(
+                f"weights do not match the served model (unknown {unknown[:5]}, wrong shape {wrong[:5]})"
+            )
+        with torch.no_grad():
+            for name, tensor in tensors:
+                params[name].copy_(tensor)
+
     def _install_weights(self, update: WeightUpdate) -> None:
         if update.module is not None:
             state = update.module.state_dict()

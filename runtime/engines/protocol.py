@@ -67,6 +67,41 @@ class UpdateWeightsFromDiskBody(BaseModel):
     abort_all_requests: bool = False
 
 
+class InitWeightsUpdateGroupBody(BaseModel):
+    """``POST /init_weights_update_group`` body: join the trainer's weight-update group."""
+
+    model_config = ConfigDict(extra="allow")
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+class UpdateWeightsFromDistributedBody(BaseModel):
+    """``POST /update_weights_from_distributed`` body: the tensors that follow in broadcasts from rank 0."""
+
+    model_config = ConfigDict(extra="allow")
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
+class DestroyWeightsUpdateGroupBody(BaseModel):
+    """``POST /destroy_weights_update_group`` body."""
+
+    model_config = ConfigDict(extra="allow")
+
+    group_name: str = "weight_update_group"
+
+
 class UpdateWeightVersionBody(BaseModel):
     """``POST /update_weight_version`` body; like SGLang, aborts everything unless told not to."""
 

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ValidationError
 import rljob.runtime.engines.protocol as proto
 from rljob.runtime.engines.base import EngineError, GenerateRequest, GenerateResult, WeightUpdate
 from rljob.runtime.engines.embedded import EmbeddedEngine, InvalidRequestError
+from rljob.runtime.weights.collective import WeightGroup, join_group, receive_tensors
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class ServerOptions:
     require_abort_rid: bool = False  # /abort_request without "rid" -> 422 (old versions)
     ignore_first_aborts: int = 0  # the first N /abort_request calls are acknowledged but do nothing
     health_generate_fault: Literal["none", "hang", "503"] = "none"
+    weight_group_timeout_s: float = 300.0  # joining and each broadcast of a weight-update group
 
 
 class _JsonError(Exception):
@@ -134,6 +136,7 @@ class SGLangProtocolServer:
         self._ready = False
         self._aborts_to_ignore = self.options.ignore_first_aborts
         self._startup: asyncio.Task[None] | None = None
+        self._groups: dict[str, WeightGroup] = {}  # weight-update groups joined, by name
         self._runner: web.AppRunner | None = None
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(_SGLangMetrics(self))
@@ -163,6 +166,9 @@ class SGLangProtocolServer:
             ("GET", "/get_weight_version", self._get_weight_version),
             ("POST", "/update_weight_version", self._update_weight_version),
             ("POST", "/update_weights_from_disk", self._update_weights_from_disk),
+            ("POST", "/init_weights_update_group", self._init_weights_update_group),
+            ("POST", "/update_weights_from_distributed", self._update_weights_from_distributed),
+            ("POST", "/destroy_weights_update_group", self._destroy_weights_update_group),
             ("POST", "/pause_generation", self._pause),
             ("POST", "/continue_generation", self._continue),
             ("GET", "/metrics", self._metrics),
@@ -196,6 +202,9 @@ class SGLangProtocolServer:
     async def _on_cleanup(self, _app: web.Application) -> None:
         if self._startup is not None:
             self._startup.cancel()
+        for group in self._groups.values():
+            group.close()
+        self._groups.clear()
         self._ready = False
         await self.engine.close()
 
@@ -473,6 +482,62 @@ class SGLangProtocolServer:
         return web.json_response(
             {"success": True, "message": f"loaded {body.model_path}", "num_paused_requests": 0}
         )
+
+    async def _init_weights_update_group(self, request: web.Request) -> web.Response:
+        """Join the trainer's weight-update group as rank ``rank_offset`` (gloo here: CPU tensors)."""
+        self._require_ready()
+        body: proto.InitWeightsUpdateGroupBody = await _read_body(request, proto.InitWeightsUpdateGroupBody)
+        if body.backend != "gloo":
+            return web.json_response({"success": False, "message": f"backend {body.backend!r}: this CPU server "
+                                      "joins weight-update groups with gloo only"}, status=400)
+        old = self._groups.pop(body.group_name, None)
+        if old is not None:  # rebuilt by the trainer (an engine was replaced or added)
+            old.close()
+        try:
+            group = await asyncio.to_thread(join_group, body.master_address, body.master_port, body.rank_offset,
+                                            body.world_size, body.group_name, self.options.weight_group_timeout_s)
+        except (RuntimeError, ValueError) as exc:
+            log.warning("init_weights_update_group %s failed: %s", body.group_name, exc)
+            return web.json_response({"success": False, "message": f"could not join {body.group_name}: {exc}"}, status=400)
+        self._groups[body.group_name] = group
+        return web.json_response({"success": True, "message": f"joined {body.group_name} as rank {body.rank_offset}"})
+
+    async def _update_weights_from_distributed(self, request: web.Request) -> web.Response:
+        """Receive the listed tensors by broadcast from rank 0 and install them; ``weight_version`` when given."""
+        self._require_ready()
+        body: proto.UpdateWeightsFromDistributedBody = await _read_body(request, proto.UpdateWeightsFromDistributedBody)
+        group = self._groups.get(body.group_name)
+        if group is None:
+            return web.json_response({"success": False, "message": f"no weight-update group {body.group_name}: "
+                                      "call /init_weights_update_group first"}, status=400)
+        if not len(body.names) == len(body.dtypes) == len(body.shapes):
+            raise _JsonError(400, "names, dtypes and shapes must have the same length")
+        if body.abort_all_requests:
+            await self.engine.abort_all()
+        try:
+            tensors = await asyncio.to_thread(receive_tensors, group, body.names, body.dtypes, body.shapes)
+        except (RuntimeError, ValueError) as exc:
+            # A broken group stays broken: drop it, the trainer rebuilds it.
+            self._groups.pop(body.group_name, None)
+            group.close()
+            log.warning("update_weights_from_distributed failed: %s", exc)
+            return web.json_response({"success": False, "message": f"broadcast failed: {exc}"}, status=400)
+        version = self._engine_version_for(body.weight_version) if body.weight_version is not None else None
+        try:
+            await self.engine.load_named_tensors(tensors, version)
+        except EngineError as exc:
+            return web.json_response({"success": False, "message": str(exc)}, status=400)
+        if body.weight_version is not None:
+            self.weight_version = body.weight_version
+        return web.json_response({"success": True, "message": f"updated {len(tensors)} tensors",
+                                  "num_paused_requests": 0})
+
+    async def _destroy_weights_update_group(self, request: web.Request) -> web.Response:
+        body: proto.DestroyWeightsUpdateGroupBody = await _read_body(request, proto.DestroyWeightsUpdateGroupBody)
+        group = self._groups.pop(body.group_name, None)
+        if group is not None:
+            group.close()
+        return web.json_response({"success": True, "message": f"{body.group_name} destroyed" if group else "no such group"})
 
     async def _pause(self, request: web.Request) -> web.Response:
         body: proto.PauseBody = await _read_body(request, proto.PauseBody)

@@ -5,10 +5,17 @@ healthy worker). Everything the router does not forward or cannot be trusted wit
 directly: aborts (the router answers 404 to /abort_request), load polling for drain verification, and
 weight updates. Follows the client rules of reference/sglang_protocol.md §4, §10, §11.
 
+Membership (membership.py holds the rules): the client owns the router's worker list. A worker is in
+the rotation only while it answers and serves the job's current weight version (its own
+``/get_weight_version``); a new, restarted or behind worker is removed from the router (and skipped
+for direct generation) and probed again with backoff until a weight sync has brought it up to date.
+A background monitor probes every worker and the router; ``health()`` probes at once.
+
 Failure policy:
-- idempotent calls (loads, health, info, aborts) retry with exponential backoff on connection errors
-  and 5xx; ``/generate`` retries only when nothing came back (connection refused/reset, 5xx from the
-  router because its worker vanished);
+- idempotent calls (loads, health, info, aborts) retry with exponential backoff on lost connections
+  and 5xx, but not on connection refused (nothing listens: the worker is dead, fail fast);
+  ``/generate`` retries only when nothing came back (connection refused/reset, 5xx from the router
+  because its worker vanished), and fails at once while the router itself is down;
 - a worker that fails a call and then its ``/health`` probe is marked unhealthy (warning logged) and
   left out of fan-outs until ``health()`` finds it answering again; fan-out never raises because one
   worker is down;
@@ -23,10 +30,11 @@ Failure policy:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +48,16 @@ from rljob.runtime.engines.base import (
     GenerateResult,
     InvalidRequestError,
     WeightUpdate,
+)
+from rljob.runtime.engines.membership import (
+    ProbePolicy,
+    WorkerView,
+    due,
+    engine_healthy,
+    in_rotation,
+    observe_probe,
+    retry_call,
+    router_plan,
 )
 from rljob.runtime.engines.protocol import error_message, parse_generate_reply, parse_load
 
@@ -69,17 +87,36 @@ class SGLangClientConfig:
     drain_poll_s: float = 0.2
     reabort_interval_s: float = 3.0
     probe_timeout_s: float = 2.0  # /health probe after a failure
+    probe_interval_s: float = 1.0  # monitor: workers in the rotation and the router
+    probe_backoff_s: float = 0.5  # monitor: first re-probe of a worker out of the rotation
+    probe_backoff_max_s: float = 8.0
+    manage_router: bool = True  # keep the router's worker list equal to the rotation
 
 
 @dataclass
-class WorkerState:
-    """What the client knows about one SGLang worker."""
+class WorkerState(WorkerView):
+    """What the client knows about one SGLang worker (membership fields from WorkerView)."""
 
-    url: str
-    healthy: bool = True
     failures: int = 0  # consecutive failed calls
     last_error: str = ""
     in_flight: int = 0
+
+    @property
+    def healthy(self) -> bool:
+        """Answers calls (it may still be out of the rotation: see membership.in_rotation)."""
+        return self.reachable
+
+    @healthy.setter
+    def healthy(self, value: bool) -> None:
+        self.reachable = value
+
+
+@dataclass
+class WorkerSyncResult:
+    """Per worker outcome of one weight update, by the workers' own served version."""
+
+    updated: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 class _NoReply(Exception):
@@ -106,9 +143,17 @@ class SGLangEngine(Engine):
         self.config = config
         self.weight_version = weight_version
         self.router_url = _strip(config.router_url) if config.router_url else None
-        self.workers: dict[str, WorkerState] = {_strip(u): WorkerState(_strip(u)) for u in config.worker_urls}
+        # Until the first probe (start(), the monitor, health()) a worker is taken at the initial version.
+        self.workers: dict[str, WorkerState] = {
+            _strip(u): WorkerState(_strip(u), served_version=weight_version) for u in config.worker_urls
+        }
         self._semaphore = asyncio.Semaphore(config.max_concurrency)
         self._abort_epoch = 0  # bumped by abort_all: requests older than it must not be retried
+        self.router_up = True
+        self._probes = ProbePolicy(config.probe_interval_s, config.probe_backoff_s, config.probe_backoff_max_s)
+        self._monitor_task: asyncio.Task[None] | None = None
+        self._membership_lock = asyncio.Lock()
+        self._syncing = False  # a weight sync is under way: versions move, the monitor waits (see syncing())
         self._http = httpx.AsyncClient(
             limits=httpx.Limits(max_connections=config.max_concurrency + 64, max_keepalive_connections=64),
             timeout=httpx.Timeout(config.control_timeout_s),
@@ -117,8 +162,16 @@ class SGLangEngine(Engine):
     # ----------------------------------------------------------------- plumbing
 
     def healthy_workers(self) -> list[WorkerState]:
-        """Workers currently included in fan-outs."""
+        """Workers that answer: included in aborts, load polls and weight updates."""
         return [w for w in self.workers.values() if w.healthy]
+
+    def rotation_workers(self) -> list[WorkerState]:
+        """Workers requests may go to: answering and at the current weight version."""
+        return [w for w in self.workers.values() if in_rotation(w, self.weight_version)]
+
+    def served_version(self) -> int | None:
+        """The version generation is served at: the current one while any worker is in the rotation."""
+        return self.weight_version if self.rotation_workers() else None
 
     async def _call(
         self, method: str, url: str, *, json: Any = None, timeout: httpx.Timeout | float | None = None
@@ -138,14 +191,15 @@ class SGLangEngine(Engine):
         self, method: str, url: str, *, json: Any = None, timeout: httpx.Timeout | float | None = None
     ) -> httpx.Response:
         """_call for idempotent requests: retried with exponential backoff, last _NoReply re-raised."""
-        for attempt in range(self.config.retries + 1):
+        attempt = 0
+        while True:
             try:
                 return await self._call(method, url, json=json, timeout=timeout)
-            except _NoReply:
-                if attempt == self.config.retries:
+            except _NoReply as exc:
+                if not retry_call(exc.sent, attempt, self.config.retries):
                     raise
                 await self._backoff(attempt)
-        raise AssertionError("unreachable")
+                attempt += 1
 
     async def _backoff(self, attempt: int) -> None:
         delay = min(self.config.backoff_max_s, self.config.backoff_s * (2**attempt))
@@ -161,7 +215,8 @@ class SGLangEngine(Engine):
         worker.failures = 0
         if not worker.healthy:
             worker.healthy = True
-            log.info("SGLang worker %s answers again; back in rotation", worker.url)
+            log.info("SGLang worker %s answers again; it rejoins the rotation once it serves weight version %d",
+                     worker.url, self.weight_version)
 
     async def _note_failure(self, worker: WorkerState, error: str) -> None:
         """Count a failure; a worker that also fails its /health probe leaves the rotation."""
@@ -172,12 +227,14 @@ class SGLangEngine(Engine):
         if await self._probe(worker.url, "/health") or not worker.healthy:
             return  # alive, or a concurrent failure already took it out of rotation
         worker.healthy = False
+        worker.next_probe_at = time.monotonic()  # the monitor re-probes it with backoff from now on
         log.warning(
-            "SGLang worker %s marked unhealthy (%s); it is left out of aborts, load polls and weight updates "
-            "until it answers /health_generate again. Check the inference pod's logs.",
+            "SGLang worker %s marked unhealthy (%s); it is out of the rotation (and the router) until it answers "
+            "and serves the current weights again. Check the inference pod's logs.",
             worker.url,
             error,
         )
+        await self.apply_membership()
 
     async def _probe(self, base: str, path: str) -> bool:
         try:
@@ -236,8 +293,8 @@ class SGLangEngine(Engine):
             log.warning("SGLang worker discovery failed, keeping %d known workers: %s", len(self.workers), exc)
             return
         for url in sorted(urls - set(self.workers)):
-            log.info("SGLang worker %s discovered; it joins weight updates, aborts and load polls", url)
-            self.workers[url] = WorkerState(url)
+            log.info("SGLang worker %s discovered; it joins the rotation once it serves the current weights", url)
+            self.workers[url] = WorkerState(url)  # version unknown until probed: out of the rotation
         for url in sorted(set(self.workers) - urls):
             log.info("SGLang worker %s is gone from discovery (scaled down or restarting)", url)
             del self.workers[url]
@@ -252,7 +309,7 @@ class SGLangEngine(Engine):
                 await asyncio.sleep(2.0)
                 await self.refresh_workers()
         if not self.workers:
-            self.workers = {u: WorkerState(u) for u in await self.discover_workers()}
+            self.workers = {u: WorkerState(u, served_version=self.weight_version) for u in await self.discover_workers()}
         pending = set(self.workers)
         while pending and time.monotonic() < deadline:
             results = await asyncio.gather(*(self._probe(u, "/health_generate") for u in pending))
@@ -272,20 +329,163 @@ class SGLangEngine(Engine):
                 if time.monotonic() > deadline:
                     raise EngineError(f"the sglang router at {self.router_url} does not answer /health; is it running?")
                 await asyncio.sleep(0.5)
+            await self._read_router_membership()
+        await self.probe_all()
+        self._monitor_task = asyncio.create_task(self._monitor(), name="sglang-membership-monitor")
 
     async def close(self) -> None:
-        """Close the HTTP connection pool."""
+        """Stop the monitor and close the HTTP connection pool."""
+        if self._monitor_task is not None:
+            self._monitor_task.cancel()
+            await asyncio.gather(self._monitor_task, return_exceptions=True)
+            self._monitor_task = None
         await self._http.aclose()
 
     async def health(self) -> bool:
-        """Probe every worker's ``/health_generate`` (re-admitting recovered ones); True if any is healthy."""
+        """Probe the router and every worker now; True when the router answers and a worker is in the rotation."""
         await self.refresh_workers()
-        for worker in self.workers.values():
-            if await self._probe(worker.url, "/health_generate"):
-                self._note_success(worker)
-            elif worker.healthy:
-                await self._note_failure(worker, "/health_generate did not answer 200")
-        return bool(self.healthy_workers())
+        await self.probe_all()
+        return engine_healthy(self.router_url is not None, self.router_up, list(self.workers.values()), self.weight_version)
+
+    # ----------------------------------------------------------------- membership
+
+    async def _probe_version(self, worker: WorkerState) -> tuple[bool, int | None]:
+        """(answers /health, its /get_weight_version as an int or None)."""
+        if not await self._probe(worker.url, "/health"):
+            return False, None
+        try:
+            resp = await self._http.get(worker.url + "/get_weight_version", timeout=self.config.probe_timeout_s)
+            raw = resp.json().get("weight_version") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return False, None
+        try:
+            return True, int(raw) if raw is not None else None
+        except (TypeError, ValueError):
+            return True, None  # a version the job did not set (e.g. a model name): never current
+
+    async def _probe_worker(self, worker: WorkerState) -> None:
+        was_in, was_reachable = in_rotation(worker, self.weight_version), worker.reachable
+        answered, version = await self._probe_version(worker)
+        observe_probe(worker, answered, version, self.weight_version, time.monotonic(), self._probes)
+        now_in = in_rotation(worker, self.weight_version)
+        if was_in and not now_in:
+            log.warning(
+                "SGLang worker %s left the rotation: %s; it is re-probed with backoff and rejoins once it serves "
+                "weight version %d", worker.url,
+                "it does not answer" if not answered else f"it serves weight version {worker.served_version}",
+                self.weight_version,
+            )
+        elif now_in and not was_in:
+            log.info("SGLang worker %s serves weight version %d: back in the rotation", worker.url, self.weight_version)
+        if answered and not was_reachable:
+            worker.failures = 0
+
+    async def _probe_router(self) -> None:
+        if self.router_url is None:
+            return
+        up = await self._probe(self.router_url, "/health")
+        if up != self.router_up:
+            if up:
+                log.info("the sglang router at %s answers again", self.router_url)
+                await self._read_router_membership()
+            else:
+                log.warning("the sglang router at %s does not answer /health; generation waits for it", self.router_url)
+        self.router_up = up
+
+    async def probe_all(self) -> None:
+        """Probe the router and every worker now, then bring the router in line with the rotation."""
+        await asyncio.gather(self._probe_router(), *(self._probe_worker(w) for w in self.workers.values()))
+        await self.apply_membership()
+
+    async def _monitor(self) -> None:
+        """Background probes: each worker when its turn (membership.probe_delay) has come, and the router."""
+        while True:
+            await asyncio.sleep(min(self.config.probe_interval_s, self.config.probe_backoff_s))
+            if self._syncing:
+                continue
+            try:
+                workers = due(list(self.workers.values()), time.monotonic())
+                await asyncio.gather(self._probe_router(), *(self._probe_worker(w) for w in workers))  # type: ignore[arg-type]
+                await self.apply_membership()
+            except Exception:  # noqa: BLE001 - the monitor must outlive any one bad probe
+                log.exception("SGLang membership monitor: probe failed")
+
+    async def _read_router_membership(self) -> None:
+        listed = await self._router_list()
+        if listed is None:
+            return
+        for url, worker in self.workers.items():
+            worker.in_router = url in listed
+
+    async def _router_list(self) -> dict[str, str] | None:
+        """url -> router worker id (``GET /workers``; ``/list_workers`` on old routers); None if unreachable."""
+        assert self.router_url is not None
+        for path in ("/workers", "/list_workers"):
+            try:
+                resp = await self._http.get(self.router_url + path, timeout=self.config.probe_timeout_s)
+            except httpx.HTTPError:
+                return None
+            if resp.status_code != 200:
+                continue
+            body = resp.json()
+            if isinstance(body.get("workers"), list):
+                return {
+                    _strip(w["url"] if isinstance(w, dict) else str(w)): str(w.get("id", w["url"]) if isinstance(w, dict) else w)
+                    for w in body["workers"]
+                }
+            if isinstance(body.get("urls"), list):
+                return {_strip(str(u)): _strip(str(u)) for u in body["urls"]}
+        return None
+
+    async def apply_membership(self) -> None:
+        """Add to / remove from the router what membership.router_plan says (no-op without a router)."""
+        if self.router_url is None or not self.config.manage_router or not self.router_up:
+            return
+        async with self._membership_lock:
+            plan = router_plan(list(self.workers.values()), self.weight_version)
+            if not plan.add and not plan.remove:
+                return
+            ids = await self._router_list() or {}
+            for url in plan.remove:
+                if await self._router_remove(url, ids.get(url)):
+                    self.workers[url].in_router = False
+            for url in plan.add:
+                if await self._router_add(url):
+                    self.workers[url].in_router = True
+
+    async def _router_add(self, url: str) -> bool:
+        assert self.router_url is not None
+        try:
+            resp = await self._http.post(self.router_url + "/workers", json={"url": url}, timeout=self.config.probe_timeout_s)
+            if resp.status_code == 404:  # old router API
+                resp = await self._http.post(self.router_url + "/add_worker", params={"url": url},
+                                             timeout=self.config.probe_timeout_s)
+        except httpx.HTTPError as exc:
+            log.warning("could not add worker %s to the sglang router: %s", url, exc)
+            return False
+        if resp.status_code >= 300 and "already" not in resp.text.lower():
+            log.warning("the sglang router refused to add %s: HTTP %d %s", url, resp.status_code, resp.text[:200])
+            return False
+        log.info("worker %s added to the sglang router", url)
+        return True
+
+    async def _router_remove(self, url: str, worker_id: str | None) -> bool:
+        assert self.router_url is not None
+        try:
+            if worker_id is None:
+                return True  # the router does not list it
+            resp = await self._http.delete(self.router_url + f"/workers/{worker_id}", timeout=self.config.probe_timeout_s)
+            if resp.status_code == 404:  # old router API
+                resp = await self._http.post(self.router_url + "/remove_worker", params={"url": url},
+                                             timeout=self.config.probe_timeout_s)
+        except httpx.HTTPError as exc:
+            log.warning("could not remove worker %s from the sglang router: %s", url, exc)
+            return False
+        if resp.status_code >= 300:
+            log.warning("the sglang router refused to remove %s: HTTP %d %s", url, resp.status_code, resp.text[:200])
+            return False
+        log.info("worker %s removed from the sglang router until it serves weight version %d", url, self.weight_version)
+        return True
 
     # ----------------------------------------------------------------- generation
 
@@ -309,14 +509,17 @@ class SGLangEngine(Engine):
 
     def _generate_target(self) -> tuple[str, WorkerState | None]:
         if self.router_url is not None:
+            if not self.router_up:
+                raise EngineError(f"the sglang router at {self.router_url} is down; generation waits until it answers")
             return self.router_url, None
-        healthy = self.healthy_workers()
-        if not healthy:
+        current = self.rotation_workers()
+        if not current:
             raise EngineError(
-                f"every SGLang worker is unhealthy ({', '.join(f'{w.url}: {w.last_error}' for w in self.workers.values())}); "
-                "check the inference pods, then call health() to re-admit them"
+                f"no SGLang worker is in the rotation at weight version {self.weight_version} ("
+                + ", ".join(f"{w.url}: {w.last_error or f'serves {w.served_version}'}" for w in self.workers.values())
+                + "); check the inference pods and the weight sync, then call health() to re-admit them"
             )
-        worker = min(healthy, key=lambda w: w.in_flight)
+        worker = min(current, key=lambda w: w.in_flight)
         return worker.url, worker
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -337,6 +540,10 @@ class SGLangEngine(Engine):
                     resp = await self._call("POST", base + "/generate", json=body, timeout=timeout)
                 except _NoReply as exc:
                     last_error = str(exc)
+                    if worker is None and not exc.sent:
+                        # Nothing listens on the router's port: fail now, the scheduler waits for health().
+                        self.router_up = False
+                        raise EngineError(f"the sglang router at {base} refused the connection for {request.rid}") from exc
                     log.warning("generate %s on %s failed (attempt %d): %s", request.rid, base, attempt + 1, exc)
                     await self._after_generate_failure(worker, last_error)
                     if exc.sent and self._abort_epoch != epoch:
@@ -449,43 +656,85 @@ class SGLangEngine(Engine):
     # ----------------------------------------------------------------- weights
 
     async def update_weights(self, update: WeightUpdate) -> None:
-        """POST /update_weights_from_disk with ``weight_version`` to every healthy worker.
+        """POST /update_weights_from_disk of ``update.path`` (a folder the workers can read).
 
-        Needs ``update.path`` readable by the workers (shared volume). Raises EngineError naming every
-        worker that failed; the version is recorded only when all healthy workers succeeded.
+        Raises EngineError when no worker serves ``update.version`` afterwards; workers that failed
+        leave the rotation (see update_weights_from_disk).
         """
         if update.path is None:
             raise EngineError(
-                "SGLang engines load weights from disk: save the policy (save_pretrained) to a path the "
-                "inference pods can read and pass WeightUpdate(path=...)"
+                "SGLang engines load weights from disk or over a weight-update group: save the policy to a path "
+                "the inference pods can read and pass WeightUpdate(path=...), or use rollout.weightTransport"
             )
-        body = {
-            "model_path": update.path,
-            "weight_version": str(update.version),
-            "flush_cache": True,
-            "abort_all_requests": False,
-        }
+        result = await self.update_weights_from_disk(update.path, update.version)
+        if not result.updated:
+            raise EngineError(
+                f"weight update to version {update.version} from {update.path} failed on every worker: "
+                + "; ".join(f"{u}: {e}" for u, e in result.failed.items())
+            )
+
+    @contextlib.asynccontextmanager
+    async def syncing(self) -> AsyncIterator[None]:
+        """Hold the background monitor while a weight sync runs: workers reach the new version before
+        it becomes the target, and a probe in between would take them out of the rotation for nothing."""
+        self._syncing = True
+        try:
+            yield
+        finally:
+            self._syncing = False
+
+    async def update_weights_from_disk(self, path: str, version: int) -> WorkerSyncResult:
+        """``/update_weights_from_disk`` on every answering worker (also those out of the rotation:
+        this is how they catch up), then membership by the versions the workers report."""
+        body = {"model_path": path, "weight_version": str(version), "flush_cache": True, "abort_all_requests": False}
         await self.refresh_workers()  # a replica added since the last update gets this version too
-        workers = self.healthy_workers()
-        if not workers:
-            raise EngineError("no healthy SGLang worker to update weights on; check the inference pods")
+        async with self.syncing():
+            replies = await self.post_workers([w.url for w in self.healthy_workers()], "/update_weights_from_disk", body)
+            return await self.commit_version(version, replies)
 
-        async def one(worker: WorkerState) -> str | None:
-            try:
-                resp = await self._call_with_retries(
-                    "POST", worker.url + "/update_weights_from_disk", json=body,
-                    timeout=self.config.weight_update_timeout_s,
+    async def post_worker(self, url: str, path: str, body: dict[str, Any], timeout: float | None = None) -> str | None:
+        """One control POST to a worker (weight-update endpoints); None on success, else the reason."""
+        worker = self.workers[url]
+        try:
+            resp = await self._call_with_retries("POST", url + path, json=body,
+                                                 timeout=timeout or self.config.weight_update_timeout_s)
+        except _NoReply as exc:
+            await self._note_failure(worker, str(exc))
+            return str(exc)
+        try:
+            reply = resp.json()
+        except ValueError:
+            reply = {}
+        if resp.status_code != 200 or (isinstance(reply, dict) and reply.get("success") is False):
+            message = reply.get("message") if isinstance(reply, dict) else None
+            return f"{path}: HTTP {resp.status_code} {message or resp.text[:200]}"
+        self._note_success(worker)
+        return None
+
+    async def post_workers(self, urls: list[str], path: str, body: dict[str, Any],
+                           timeout: float | None = None) -> dict[str, str | None]:
+        """post_worker on each of ``urls`` at once: url -> None (ok) or the reason it failed."""
+        results = await asyncio.gather(*(self.post_worker(u, path, body, timeout) for u in urls))
+        return dict(zip(urls, results, strict=True))
+
+    async def commit_version(self, version: int, replies: dict[str, str | None]) -> WorkerSyncResult:
+        """After a sync to ``version``: make it the current version, read every worker's served
+        version (authoritative), and let the rotation and the router follow. When no worker serves
+        ``version``, the previous version stays current (its workers keep serving; the caller retries)."""
+        previous, self.weight_version = self.weight_version, version
+        await self.probe_all()
+        if not self.rotation_workers():
+            self.weight_version = previous
+            await self.probe_all()
+        result = WorkerSyncResult()
+        for url, worker in self.workers.items():
+            if in_rotation(worker, version):
+                result.updated.append(url)
+            else:
+                result.failed[url] = replies.get(url) or (
+                    "does not answer" if not worker.reachable else f"serves weight version {worker.served_version}"
                 )
-            except _NoReply as exc:
-                await self._note_failure(worker, str(exc))
-                return f"{worker.url}: {exc}"
-            reply = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}
-            if resp.status_code != 200 or not reply.get("success", False):
-                return f"{worker.url}: HTTP {resp.status_code} {reply.get('message') or resp.text[:200]}"
-            self._note_success(worker)
-            return None
-
-        errors = [e for e in await asyncio.gather(*(one(w) for w in workers)) if e]
-        if errors:
-            raise EngineError(f"weight update to version {update.version} from {update.path} failed on: " + "; ".join(errors))
-        self.weight_version = update.version
+        for url, reason in result.failed.items():
+            log.error("weight version %d did not reach SGLang worker %s (%s); it stays out of the rotation until "
+                      "a later sync catches it up", version, url, reason)
+        return result

@@ -111,6 +111,15 @@ class RoundStats:
     surplus_groups: int = 0  # finished but not needed: buffered
     buffered_groups: int = 0  # pushed to the buffer at the end of the round
     buffer_groups_after: int = 0
+    # Ledger (docs/weight_sync.md#ledger): groups and response tokens that entered the round, and
+    # where they went. buffer_groups_before + new_groups = trained + buffered + filtered (dropped) +
+    # discarded; buffer_tokens_before + tokens_generated = trained_tokens + buffer_tokens_after +
+    # discarded_stale_tokens + wasted_tokens + discarded_tokens.
+    new_groups: int = 0  # fresh prompts started this round
+    buffer_groups_before: int = 0
+    buffer_tokens_before: int = 0
+    buffer_tokens_after: int = 0
+    trained_groups: int = 0
     abort_drain_seconds: float = 0.0
     engine_errors: int = 0
     segment_cap: int | None = None
@@ -218,6 +227,8 @@ class RolloutScheduler:
             strategy=self.strategy.name,
             segment_cap=self.segment_cap(),
             over_sampling=getattr(self.strategy, "over_sampling", 1.0),
+            buffer_groups_before=len(self.buffer),
+            buffer_tokens_before=self._buffer_tokens(),
         )
         target = self.strategy.launch_target(cfg.batch_size)
         self.progress = RoundProgress(round_index=self._round, target=cfg.batch_size, phase="generating")
@@ -321,6 +332,8 @@ class RolloutScheduler:
             self.buffer.push(group)
         stats.buffered_groups = len(to_buffer)
         stats.buffer_groups_after = len(self.buffer)
+        stats.buffer_tokens_after = self._buffer_tokens()
+        stats.trained_groups = len(accepted)
         stats.rollout_seconds = self.clock() - start
         stats.trained_tokens = sum(s.response_length for g in accepted for s in g.samples)
         self._update_progress(accepted, tasks, stats)
@@ -328,6 +341,9 @@ class RolloutScheduler:
         return RoundResult(groups=sorted(accepted, key=lambda g: g.prompt_index), stats=stats)
 
     # ------------------------------------------------------------------ pieces
+
+    def _buffer_tokens(self) -> int:
+        return sum(s.response_length for g in self.buffer for s in g.samples)
 
     def segment_cap(self) -> int | None:
         """This round's cap on new tokens per sample, or None.
@@ -360,7 +376,11 @@ class RolloutScheduler:
             sample.reset()
         stats.regenerated_samples += len(over)
         stats.stale_at_acceptance_samples += len(over)
-        self._lagging.add(engine_idx)
+        # An engine that manages its workers' rotation (SGLang) has dropped the stale worker by now
+        # if it still serves a current version; only a whole engine behind leaves this round.
+        served = self.engines[engine_idx].served_version()
+        if served is None or policy_version - served > self.config.max_staleness:
+            self._lagging.add(engine_idx)
         log.warning(
             "engine %s served weights more than maxStaleness=%d versions behind %d: %d samples of %s regenerated",
             self.engines[engine_idx].name, self.config.max_staleness, policy_version, len(over), group.group_id,
@@ -378,6 +398,7 @@ class RolloutScheduler:
                     stats.regenerated_samples += 1
             return group
         prompt = self.prompts.next_prompt()
+        stats.new_groups += 1
         self._group_counter += 1
         gid = f"g{self._group_counter}"
         samples = [

@@ -54,13 +54,30 @@ def stop(procs: list[subprocess.Popen[bytes]], timeout: float = 15) -> None:
             proc.wait()
 
 
-def start_worker(model_dir: Path, log: Path, max_batch_size: int = 8) -> tuple[str, subprocess.Popen[bytes]]:
-    """One SGLang-protocol server process over the embedded engine; returns (url, process)."""
-    port = free_port()
+def start_worker(
+    model_dir: Path, log: Path, max_batch_size: int = 8, port: int | None = None
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """One SGLang-protocol server process over the embedded engine; returns (url, process).
+    ``port``: bind that one (a restart on the same address), else a free one."""
+    port = port or free_port()
     proc = spawn(
         [sys.executable, "-m", "rljob.runtime.engines.server", "--model-path", str(model_dir),
          "--host", "127.0.0.1", "--port", str(port), "--max-batch-size", str(max_batch_size),
          "--torch-threads", "1", "--log-level", "warning"],
+        log,
+    )
+    return f"http://127.0.0.1:{port}", proc
+
+
+def start_router(workers: list[str], log: Path, port: int | None = None) -> tuple[str, subprocess.Popen[bytes]]:
+    """The real sglang router (``sglang_router.launch_router``) over ``workers``; returns (url, process).
+
+    Its own health checks stay at their defaults: the runtime, not the router, decides membership.
+    """
+    port = port or free_port()
+    proc = spawn(
+        [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers,
+         "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin", "--log-level", "warn"],
         log,
     )
     return f"http://127.0.0.1:{port}", proc

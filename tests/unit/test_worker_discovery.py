@@ -90,18 +90,26 @@ def test_discovery_names_the_missing_permission_and_gives_up_after_retries() -> 
 
 
 async def _workers(count: int, received: list[tuple[str, str]]) -> tuple[list[str], list[web.AppRunner]]:
-    """HTTP workers on loopback answering the two SGLang endpoints this test needs (/health_generate,
-    /update_weights_from_disk); a stand-in for SGLang, which needs a GPU. Records (worker, path)."""
+    """HTTP workers on loopback answering the SGLang endpoints this test needs (/health, /health_generate,
+    /update_weights_from_disk, /get_weight_version: the client checks every worker's served version);
+    a stand-in for SGLang, which needs a GPU. Records (worker, path)."""
     urls, runners = [], []
     for _ in range(count):
         url_box: list[str] = []
+        version = ["0"]
 
-        async def answer(request: web.Request, url_box: list[str] = url_box) -> web.Response:
+        async def answer(request: web.Request, url_box: list[str] = url_box, version: list[str] = version) -> web.Response:
             received.append((url_box[0], request.path))
+            if request.path == "/update_weights_from_disk":
+                version[0] = (await request.json())["weight_version"]
+            if request.path == "/get_weight_version":
+                return web.json_response({"weight_version": version[0]})
             return web.json_response({"success": True})
 
         app = web.Application()
+        app.router.add_get("/health", answer)
         app.router.add_get("/health_generate", answer)
+        app.router.add_get("/get_weight_version", answer)
         app.router.add_post("/update_weights_from_disk", answer)
         runner = web.AppRunner(app)
         await runner.setup()

@@ -1,0 +1,108 @@
+"""``disk`` mode: a snapshot folder both the trainer and the inference pods mount.
+
+Rank 0 writes each version as a Hugging Face directory (config + one safetensors shard per
+bucket + the shard index), renamed into place only when complete, then asks every reachable
+worker to ``/update_weights_from_disk`` it. Only the last ``keep_last`` snapshots are kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from rljob.runtime.engines.sglang_client import SGLangEngine
+from rljob.runtime.weights.transport import Bucket, SyncReport, WeightSource, WeightTransport, bucket_bytes, drain
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_PREFIX = "v"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def snapshot_name(version: int) -> str:
+    """Folder name of one version's snapshot (sorts by version)."""
+    return f"{SNAPSHOT_PREFIX}{version:06d}"
+
+
+def snapshots_to_delete(names: Sequence[str], keep_last: int) -> list[str]:
+    """Snapshot folder names beyond the newest ``keep_last`` (pure; other names are left alone)."""
+    ours = sorted(n for n in names if n.startswith(SNAPSHOT_PREFIX) and n[len(SNAPSHOT_PREFIX):].isdigit())
+    return ours[: max(0, len(ours) - keep_last)]
+
+
+def write_snapshot(folder: Path, buckets: Iterable[Bucket], write_config: Callable[[Path], None]) -> int:
+    """Write a loadable checkpoint into ``folder`` (must not exist); returns the tensor bytes written."""
+    from safetensors.torch import save_file
+
+    tmp = folder.with_name(folder.name + ".tmp")
+    weight_map: dict[str, str] = {}
+    total = 0
+    stream = iter(buckets)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for i, bucket in enumerate(stream):  # streamed: one bucket in memory at a time
+            shard = f"model-{i + 1:05d}.safetensors"
+            save_file({n: t.contiguous() for n, t in bucket}, str(tmp / shard), metadata={"format": "pt"})
+            weight_map.update({n: shard for n, _ in bucket})
+            total += bucket_bytes(bucket)
+    except OSError:
+        drain(stream)  # a collective source must still be consumed to the end
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    (tmp / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    write_config(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)  # atomic: a worker never sees half a snapshot
+    return total
+
+
+class DiskTransport(WeightTransport):
+    """Snapshot to a shared folder, then ``/update_weights_from_disk`` on every reachable worker."""
+
+    mode = "disk"
+
+    def __init__(
+        self,
+        engines: Sequence[SGLangEngine],
+        folder: Path,
+        keep_last: int,
+        write_config: Callable[[Path], None],
+    ) -> None:
+        self.engines = list(engines)
+        self.folder = folder
+        self.keep_last = keep_last
+        self.write_config = write_config
+
+    async def sync(self, version: int, weights: WeightSource) -> SyncReport:
+        """Write the snapshot, load it everywhere, then prune old snapshots."""
+        started = time.perf_counter()
+        report = SyncReport(version=version, mode=self.mode)
+        path = self.folder / snapshot_name(version)
+        try:
+            report.bytes_sent = await asyncio.to_thread(write_snapshot, path, weights(), self.write_config)
+        except OSError as exc:
+            reason = f"snapshot {path} could not be written ({exc}); check rollout.weightTransport.diskDir"
+            log.error("weight sync of version %d: %s", version, reason)
+            report.failed = {w.url: reason for e in self.engines for w in e.workers.values()}
+            report.seconds = time.perf_counter() - started
+            return report
+        for engine in self.engines:
+            result = await engine.update_weights_from_disk(str(path), version)
+            report.updated += result.updated
+            report.failed.update(result.failed)
+        self._prune()
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _prune(self) -> None:
+        if not self.folder.is_dir():
+            return
+        for name in snapshots_to_delete([p.name for p in self.folder.iterdir() if p.is_dir()], self.keep_last):
+            shutil.rmtree(self.folder / name, ignore_errors=True)
+            log.debug("deleted weight snapshot %s", self.folder / name)

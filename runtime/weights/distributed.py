@@ -1,0 +1,219 @@
+"""``distributed`` mode: SGLang's weight-update group, bucketed broadcasts from trainer rank 0.
+
+Per sync (sglang_protocol.md §8, distributed_training.md):
+1. probe every worker; (re)build the group when its members changed, a member was restarted (it no
+   longer serves the version this transport last gave it) or the previous sync broke the group:
+   ``/init_weights_update_group`` on every worker (ranks 1..N) while rank 0 joins here;
+2. ``/pause_generation`` (in place: the round has already aborted and drained everything);
+3. per bucket, ``/update_weights_from_distributed`` with names, dtypes and shapes to every member
+   while rank 0 broadcasts the tensors; the cache is flushed and ``weight_version`` set with the last
+   bucket only, so a worker that misses any bucket keeps its old version and leaves the rotation;
+4. ``/continue_generation``; every worker's served version decides the rotation (SGLangEngine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rljob.runtime.engines.sglang_client import SGLangEngine
+from rljob.runtime.weights.collective import Backend, WeightGroup, dtype_name, open_store
+from rljob.runtime.weights.transport import (
+    Bucket,
+    SyncReport,
+    WeightSource,
+    WeightTransport,
+    bucket_bytes,
+    drain,
+    with_last,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DistributedOptions:
+    """Where rank 0 hosts the group and how long its collectives may take."""
+
+    master_address: str | None = None  # None: see address()
+    master_port: int = 0  # 0: a free port per rebuild
+    backend: Backend = "gloo"
+    timeout_s: float = 300.0
+
+    def address(self) -> str:
+        """The address engines dial to reach rank 0's store: the spec's, the pod's IP (POD_IP, set
+        through the downward API), else what this host's name resolves to (a pod's IP too)."""
+        if self.master_address or os.environ.get("POD_IP"):
+            return self.master_address or os.environ["POD_IP"]
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class DistributedTransport(WeightTransport):
+    """Trainer rank 0's side of the weight-update group over every worker of ``engines``."""
+
+    mode = "distributed"
+
+    def __init__(self, engines: Sequence[SGLangEngine], options: DistributedOptions) -> None:
+        self.engines = list(engines)
+        self.options = options
+        self._group: WeightGroup | None = None
+        self._members: list[str] = []  # worker URLs, rank = index + 1
+        self._given: dict[str, int | None] = {}  # version each member served after the last sync
+        self._generation = itertools.count(1)
+
+    def _owner(self, url: str) -> SGLangEngine:
+        return next(e for e in self.engines if url in e.workers)
+
+    def _needs_rebuild(self, candidates: list[str]) -> bool:
+        if self._group is None or candidates != self._members:
+            return True
+        return any(self._owner(u).workers[u].served_version != self._given.get(u) for u in candidates)
+
+    async def _rebuild(self, candidates: list[str], report: SyncReport) -> list[str]:
+        """A new group over ``candidates``; returns the members that joined (all or none here)."""
+        await self._destroy()
+        host = self.options.address()
+        port = self.options.master_port or _free_port(host)
+        name = f"rljob-weights-{next(self._generation)}"
+        world = len(candidates) + 1
+        timeout = self.options.timeout_s
+        store = await asyncio.to_thread(open_store, host, port, world, True, timeout)
+        rank0 = asyncio.create_task(asyncio.to_thread(WeightGroup, store, name, 0, world, self.options.backend, timeout))
+        joins = [
+            self._owner(url).post_worker(url, "/init_weights_update_group", {
+                "master_address": host, "master_port": port, "rank_offset": rank, "world_size": world,
+                "group_name": name, "backend": self.options.backend,
+            }, timeout=timeout)
+            for rank, url in enumerate(candidates, start=1)
+        ]
+        errors = await asyncio.gather(*joins)
+        try:
+            self._group = await rank0
+        except RuntimeError as exc:
+            for url in candidates:
+                report.failed.setdefault(url, f"weight-update group {name} not formed: {exc}")
+            return []
+        failed = {u: e for u, e in zip(candidates, errors, strict=True) if e}
+        if failed:  # cannot happen once rank 0 formed the group, but never trust a reply blindly
+            report.failed.update(failed)
+            await self._destroy()
+            return []
+        self._members = list(candidates)
+        report.group_rebuilt = True
+        log.info("weight-update group %s formed: trainer rank 0 + %d engine ranks (%s:%d, %s)",
+                 name, len(candidates), host, port, self.options.backend)
+        return self._members
+
+    async def _destroy(self) -> None:
+        if self._group is None:
+            return
+        name = self._group.group_name
+        for url in self._members:
+            if url in self._owner(url).workers and self._owner(url).workers[url].reachable:
+                await self._owner(url).post_worker(url, "/destroy_weights_update_group", {"group_name": name}, timeout=10)
+        self._group.close()
+        self._group = None
+        self._members = []
+
+    def _broadcast(self, bucket: Bucket) -> None:
+        assert self._group is not None
+        for _, tensor in bucket:
+            self._group.broadcast(tensor.detach().to(self._group.device).contiguous())
+
+    async def sync(self, version: int, weights: WeightSource) -> SyncReport:
+        """See the module docstring; never raises for a worker's failure."""
+        async with contextlib.AsyncExitStack() as stack:
+            for engine in self.engines:
+                await stack.enter_async_context(engine.syncing())
+            return await self._sync(version, weights)
+
+    async def _sync(self, version: int, weights: WeightSource) -> SyncReport:
+        started = time.perf_counter()
+        report = SyncReport(version=version, mode=self.mode)
+        for engine in self.engines:
+            await engine.refresh_workers()  # replicas added by scaling join the group
+            await engine.probe_all()
+        candidates = [w.url for e in self.engines for w in e.healthy_workers()]
+        members = self._members
+        if candidates and self._needs_rebuild(candidates):
+            members = await self._rebuild(candidates, report)
+        replies: dict[str, str | None] = {u: "no weight-update group" for u in candidates}
+        if members:
+            replies = await self._push(version, weights, members, report)
+        else:
+            drain(weights())
+        for engine in self.engines:
+            result = await engine.commit_version(version, {u: r for u, r in replies.items() if u in engine.workers})
+            report.updated += result.updated
+            for url, reason in result.failed.items():
+                report.failed.setdefault(url, reason)
+        for url in self._members:
+            self._given[url] = self._owner(url).workers[url].served_version
+        report.seconds = time.perf_counter() - started
+        return report
+
+    async def _push(self, version: int, weights: WeightSource, members: list[str],
+                    report: SyncReport) -> dict[str, str | None]:
+        replies: dict[str, str | None] = dict.fromkeys(members)
+        await self._all(members, "/pause_generation", {"mode": "in_place"})
+        buckets = with_last(weights())
+        try:
+            for bucket, last in buckets:
+                body = {
+                    "names": [n for n, _ in bucket],
+                    "dtypes": [dtype_name(t.dtype) for _, t in bucket],
+                    "shapes": [list(t.shape) for _, t in bucket],
+                    "group_name": self._group.group_name if self._group else "",
+                    "flush_cache": last,
+                    "abort_all_requests": False,
+                    **({"weight_version": str(version)} if last else {}),
+                }
+                posts = self._all(members, "/update_weights_from_distributed", body)
+                sent = asyncio.to_thread(self._broadcast, bucket)
+                outcome = await asyncio.gather(posts, sent, return_exceptions=True)
+                if isinstance(outcome[1], BaseException):
+                    raise RuntimeError(f"broadcast from trainer rank 0 failed: {outcome[1]}")
+                errors = outcome[0] if isinstance(outcome[0], dict) else {}
+                bad = {u: e for u, e in errors.items() if e}
+                if bad:
+                    replies.update(bad)
+                    raise RuntimeError(f"{len(bad)} engine ranks failed a bucket")
+                report.bytes_sent += bucket_bytes(bucket)
+        except RuntimeError as exc:
+            log.error("weight sync of version %d over the weight-update group failed: %s; the group is rebuilt "
+                      "at the next sync", version, exc)
+            for url in members:
+                replies[url] = replies[url] or str(exc)
+            drain(buckets)
+            await self._destroy()
+        finally:
+            await self._all([u for u in members if self._owner(u).workers[u].reachable], "/continue_generation", {})
+        return replies
+
+    async def _all(self, urls: list[str], path: str, body: dict[str, object]) -> dict[str, str | None]:
+        # All engines at once: a worker's broadcast completes only when every rank takes part.
+        parts = await asyncio.gather(*(
+            engine.post_workers([u for u in urls if u in engine.workers], path, body, timeout=self.options.timeout_s)
+            for engine in self.engines
+        ))
+        return {url: reason for part in parts for url, reason in part.items()}
+
+    async def close(self) -> None:
+        """Tear the group down on the workers and here."""
+        await self._destroy()

@@ -1,0 +1,43 @@
+"""``tensor`` mode: engines in the trainer's own process (the embedded engine) copy the tensors."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from rljob.runtime.engines.base import EngineError
+from rljob.runtime.engines.embedded import EmbeddedEngine
+from rljob.runtime.weights.transport import SyncReport, WeightSource, WeightTransport, bucket_bytes, with_last
+
+log = logging.getLogger(__name__)
+
+
+class TensorTransport(WeightTransport):
+    """Copies every bucket into each in-process engine; the version moves with the last bucket."""
+
+    mode = "tensor"
+
+    def __init__(self, engines: Sequence[EmbeddedEngine]) -> None:
+        self.engines = list(engines)
+
+    async def sync(self, version: int, weights: WeightSource) -> SyncReport:
+        """One pass over the buckets; an engine that rejects one keeps its old version."""
+        started = time.perf_counter()
+        report = SyncReport(version=version, mode=self.mode)
+        names = [f"{e.name}[{i}]" for i, e in enumerate(self.engines)]
+        for bucket, last in with_last(weights()):
+            report.bytes_sent += bucket_bytes(bucket)
+            for name, engine in zip(names, self.engines, strict=True):
+                if name in report.failed:
+                    continue
+                try:
+                    await engine.load_named_tensors(bucket, version if last else None)
+                except EngineError as exc:
+                    log.error("weight sync of version %d to %s failed: %s", version, name, exc)
+                    report.failed[name] = str(exc)
+        report.updated = [
+            n for n, e in zip(names, self.engines, strict=True) if n not in report.failed and e.weight_version == version
+        ]
+        report.seconds = time.perf_counter() - started
+        return report

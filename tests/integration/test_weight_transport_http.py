@@ -1,0 +1,203 @@
+"""Weight transports over real HTTP: two SGLang-protocol worker processes behind the REAL sglang
+router, real gloo broadcasts (distributed) and a real shared folder (disk).
+
+After each sync every worker's own /get_weight_version is the new version and its greedy output is
+the trainer's; a worker SIGKILLed and restarted on its port is kept out of the router until a sync
+(over a rebuilt weight-update group) gives it the current weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rljob.runtime.engines.base import GenerateRequest
+from rljob.runtime.engines.embedded import EmbeddedEngine
+from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
+from rljob.runtime.weights.disk import DiskTransport
+from rljob.runtime.weights.distributed import DistributedOptions, DistributedTransport
+from rljob.runtime.weights.transport import module_buckets
+from tests.helpers.processes import start_router, start_worker, stop, wait_http
+from tests.helpers.tiny_model import save_tiny_model
+from tests.helpers.waiting import wait_until
+
+PROMPT = [1, 5, 9, 2, 7]
+
+
+@dataclass
+class Pool:
+    model: Path
+    workers: list[str]
+    router: str
+    procs: dict[str, subprocess.Popen[bytes]]
+    logs: Path
+
+    def restart(self, url: str) -> None:
+        """SIGKILL the worker at ``url`` and start a fresh one on the same port (initial weights)."""
+        proc = self.procs[url]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        port = int(url.rsplit(":", 1)[1])
+        new_url, self.procs[url] = start_worker(self.model, self.logs / f"restart-{port}.log", max_batch_size=8, port=port)
+        assert new_url == url
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[Pool]:
+    model = save_tiny_model(tmp_path / "model", seed=1)
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        workers = []
+        for i in range(2):
+            url, procs[url] = start_worker(model, tmp_path / f"w{i}.log", max_batch_size=8)
+            workers.append(url)
+        for i, url in enumerate(workers):
+            wait_http(url + "/health_generate", 180, procs[url], tmp_path / f"w{i}.log")
+        router, procs["router"] = start_router(workers, tmp_path / "router.log")
+        wait_http(router + "/health", 60, procs["router"], tmp_path / "router.log")
+        yield Pool(model, workers, router, procs, tmp_path)
+    finally:
+        stop(list(procs.values()))
+
+
+def engine_of(pool: Pool) -> SGLangEngine:
+    return SGLangEngine(SGLangClientConfig(
+        worker_urls=pool.workers, router_url=pool.router, retries=1, backoff_s=0.05, backoff_max_s=0.1,
+        probe_timeout_s=1.0, probe_interval_s=0.2, probe_backoff_s=0.2, probe_backoff_max_s=1.0,
+    ))
+
+
+async def served_versions(urls: list[str]) -> list[str]:
+    async with httpx.AsyncClient() as http:
+        return [(await http.get(u + "/get_weight_version")).json()["weight_version"] for u in urls]
+
+
+async def router_workers(router: str) -> set[str]:
+    async with httpx.AsyncClient() as http:
+        body = (await http.get(router + "/workers")).json()
+    return {w["url"].rstrip("/") for w in body["workers"]}
+
+
+async def greedy_on(url: str, n: int = 12) -> list[int]:
+    async with httpx.AsyncClient() as http:
+        reply = (await http.post(url + "/generate", json={
+            "input_ids": PROMPT, "sampling_params": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True},
+        }, timeout=60)).json()
+    return list(reply["output_ids"])
+
+
+async def greedy_of(model: torch.nn.Module, n: int = 12) -> list[int]:
+    """The trainer's own greedy continuation (the same engine code, in process)."""
+    import copy
+
+    engine = EmbeddedEngine(copy.deepcopy(model), max_batch_size=1)
+    await engine.start()
+    try:
+        result = await engine.generate(GenerateRequest("ref", PROMPT, n, temperature=0.0))
+    finally:
+        await engine.close()
+    return result.output_ids
+
+
+def perturb(model: torch.nn.Module, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.3)
+
+
+async def test_distributed_sync_reaches_every_worker_and_a_restarted_one_waits_outside_the_router(pool: Pool):
+    trainer = AutoModelForCausalLM.from_pretrained(pool.model)
+    engine = engine_of(pool)
+    await engine.start()
+    transport = DistributedTransport([engine], DistributedOptions(master_address="127.0.0.1", backend="gloo",
+                                                                   timeout_s=60))
+    try:
+        assert await router_workers(pool.router) == set(pool.workers)
+        before = await greedy_on(pool.workers[0])
+        perturb(trainer, 1)
+        expected = await greedy_of(trainer)
+        assert expected != before, "the perturbation must change the greedy output, or the check proves nothing"
+
+        report = await transport.sync(1, lambda: module_buckets(trainer, 16 * 1024))
+        assert report.group_rebuilt and sorted(report.updated) == sorted(pool.workers) and not report.failed
+        assert report.bytes_sent == sum(p.numel() * p.element_size() for p in trainer.parameters())
+        assert await served_versions(pool.workers) == ["1", "1"]
+        for url in pool.workers:
+            assert await greedy_on(url) == expected, url
+        assert await router_workers(pool.router) == set(pool.workers)
+
+        # Same members, same versions: the group is reused.
+        perturb(trainer, 2)
+        report = await transport.sync(2, lambda: module_buckets(trainer, 16 * 1024))
+        assert not report.group_rebuilt and len(report.updated) == 2
+
+        # A worker dies and comes back on its port with its start-up weights.
+        victim, survivor = pool.workers
+        pool.restart(victim)
+
+        async def victim_out_of_router() -> bool:
+            return victim not in await router_workers(pool.router)
+
+        await wait_until(victim_out_of_router, "restarted worker removed from the router", timeout=60, interval=0.1)
+        wait_http(victim + "/health_generate", 180, pool.procs[victim], pool.logs / "restart.log")
+        await engine.health()
+        assert engine.workers[victim].served_version == 0
+        assert await router_workers(pool.router) == {survivor}, "version 0 must not be routed to"
+
+        perturb(trainer, 3)
+        expected = await greedy_of(trainer)
+        report = await transport.sync(3, lambda: module_buckets(trainer, 16 * 1024))
+        assert report.group_rebuilt, "a restarted member needs a new group"
+        assert sorted(report.updated) == sorted(pool.workers)
+        assert await served_versions(pool.workers) == ["3", "3"]
+        assert await router_workers(pool.router) == set(pool.workers)
+        for url in pool.workers:
+            assert await greedy_on(url) == expected, url
+    finally:
+        await transport.close()
+        await engine.close()
+
+
+async def test_disk_sync_loads_the_snapshot_everywhere_and_keeps_the_last_k(pool: Pool, tmp_path: Path):
+    trainer = AutoModelForCausalLM.from_pretrained(pool.model)
+    engine = engine_of(pool)
+    await engine.start()
+    folder = tmp_path / "shared-weights"
+    transport = DiskTransport([engine], folder, keep_last=2, write_config=trainer.config.save_pretrained)
+    try:
+        for version in (1, 2, 3):
+            perturb(trainer, version)
+            report = await transport.sync(version, lambda: module_buckets(trainer, 16 * 1024))
+            assert sorted(report.updated) == sorted(pool.workers), report.failed
+            assert await served_versions(pool.workers) == [str(version)] * 2
+        expected = await greedy_of(trainer)
+        for url in pool.workers:
+            assert await greedy_on(url) == expected
+        assert sorted(p.name for p in folder.iterdir()) == ["v000002", "v000003"]
+
+        # A failed load leaves the worker out of the rotation with the reason.
+        async with httpx.AsyncClient() as http:
+            await http.post(pool.workers[1] + "/update_weight_version", json={"new_version": "2",
+                                                                               "abort_all_requests": False})
+        await engine.health()
+        assert [w.url for w in engine.rotation_workers()] == [pool.workers[0]]
+
+        async def out_of_router() -> bool:
+            return pool.workers[1] not in await router_workers(pool.router)
+
+        await wait_until(out_of_router, "behind worker removed from the router", timeout=30, interval=0.1)
+        await asyncio.sleep(0)
+    finally:
+        await transport.close()
+        await engine.close()

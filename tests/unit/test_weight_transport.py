@@ -1,0 +1,134 @@
+"""Weight transport: spec defaults and validation, bucketing, disk snapshots, the tensor mode, and
+the ledger helper of the step records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rljob.api import RLJobConfigError, parse_rljob
+from rljob.runtime.engines.embedded import EmbeddedEngine
+from rljob.runtime.metrics import StepRecord, ledger_imbalance
+from rljob.runtime.weights.disk import snapshots_to_delete, write_snapshot
+from rljob.runtime.weights.transport import bucket_bytes, module_buckets, with_last
+from rljob.runtime.weights.tensor import TensorTransport
+from tests.helpers.tiny_model import save_tiny_model
+from tests.unit.test_config import quickstart
+
+
+def rollout_of(**rollout: object):
+    doc = quickstart()
+    doc["spec"]["rollout"].update(rollout)
+    return parse_rljob(doc, "job.yaml").spec.rollout
+
+
+def test_default_transport_follows_the_engine():
+    assert rollout_of(engine="embedded").transport_mode == "tensor"
+    assert rollout_of(engine="sglang").transport_mode == "distributed"
+    assert rollout_of(engine="sglang", weightTransport={"mode": "disk"}).transport_mode == "disk"
+
+
+@pytest.mark.parametrize(
+    ("engine", "mode"), [("sglang", "tensor"), ("embedded", "distributed"), ("embedded", "disk")]
+)
+def test_transport_that_cannot_reach_the_engine_is_named(engine, mode):
+    with pytest.raises(RLJobConfigError, match=r"rollout.weightTransport.mode: " + mode):
+        rollout_of(engine=engine, weightTransport={"mode": mode})
+
+
+def test_bad_keep_last_is_named():
+    with pytest.raises(RLJobConfigError, match=r"spec.rollout.weightTransport.keepLast"):
+        rollout_of(engine="sglang", weightTransport={"mode": "disk", "keepLast": 0})
+
+
+def test_buckets_cover_every_parameter_once_within_the_size(tmp_path: Path):
+    model = AutoModelForCausalLM.from_pretrained(save_tiny_model(tmp_path / "m", seed=3))
+    limit = 64 * 1024
+    buckets = list(module_buckets(model, limit))
+    names = [n for b in buckets for n, _ in b]
+    assert names == [n for n, _ in model.named_parameters()]
+    assert len(buckets) > 1
+    for b in buckets:
+        assert bucket_bytes(b) <= limit or len(b) == 1  # a single tensor larger than a bucket travels alone
+    assert [last for _, last in with_last(buckets)] == [False] * (len(buckets) - 1) + [True]
+    assert list(with_last([])) == []
+
+
+def test_only_the_newest_snapshots_are_kept():
+    names = ["v000003", "v000001", "v000010", "v000002", "notes", "v00000x"]
+    assert snapshots_to_delete(names, 2) == ["v000001", "v000002"]
+    assert snapshots_to_delete(names, 10) == []
+
+
+def test_snapshot_loads_back_as_the_same_model(tmp_path: Path):
+    model = AutoModelForCausalLM.from_pretrained(save_tiny_model(tmp_path / "m", seed=4))
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    folder = tmp_path / "weights" / "v000001"
+    written = write_snapshot(folder, module_buckets(model, 64 * 1024), model.config.save_pretrained)
+    assert written == sum(p.numel() * p.element_size() for p in model.parameters())
+    assert not folder.with_name("v000001.tmp").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+async def test_tensor_transport_moves_weights_and_version(tmp_path: Path):
+    path = save_tiny_model(tmp_path / "m", seed=5)
+    trainer = AutoModelForCausalLM.from_pretrained(path)
+    engines = [EmbeddedEngine(path, max_batch_size=2, seed=i) for i in range(2)]
+    for e in engines:
+        await e.start()
+    try:
+        with torch.no_grad():
+            for p in trainer.parameters():
+                p.mul_(0.5)
+        report = await TensorTransport(engines).sync(7, lambda: module_buckets(trainer, 32 * 1024))
+        assert report.ok and len(report.updated) == 2 and not report.failed
+        for e in engines:
+            assert e.served_version() == 7
+            served = dict(e.model.named_parameters())
+            for name, param in trainer.named_parameters():
+                assert torch.equal(param, served[name]), name
+        bad = [[("no.such.weight", torch.zeros(1))]]
+        report = await TensorTransport(engines).sync(8, lambda: bad)
+        assert not report.ok and len(report.failed) == 2 and "no.such.weight" in next(iter(report.failed.values()))
+        assert all(e.served_version() == 7 for e in engines), "a failed sync never moves the version"
+    finally:
+        for e in engines:
+            await e.close()
+
+
+def test_ledger_helper_finds_a_missing_group():
+    rec = StepRecord(step=1, policy_version=1, strategy="april", time=0.0, new_groups=5, buffer_groups_before=2,
+                     trained_groups=4, buffered_groups=2, dropped_groups=1, tokens_generated=100,
+                     buffer_tokens_before=10, trained_tokens=70, buffer_tokens_after=20, discarded_stale_tokens=5,
+                     wasted_tokens=15)
+    assert ledger_imbalance(rec) == (0, 0)
+    rec.buffered_groups = 1
+    assert ledger_imbalance(rec) == (1, 0)
+
+
+async def test_disk_transport_reports_an_unwritable_folder_and_consumes_the_source(tmp_path: Path):
+    from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
+    from rljob.runtime.weights.disk import DiskTransport
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the snapshot folder should go")
+    engine = SGLangEngine(SGLangClientConfig(worker_urls=["http://127.0.0.1:9"]))
+    consumed = []
+
+    def source():  # type: ignore[no-untyped-def]
+        for i in range(3):
+            consumed.append(i)
+            yield [(f"w{i}", torch.zeros(4))]
+
+    try:
+        report = await DiskTransport([engine], blocker, 2, lambda _p: None).sync(1, source)
+    finally:
+        await engine.close()
+    assert not report.ok and "diskDir" in report.failed["http://127.0.0.1:9"]
+    assert consumed == [0, 1, 2], "every bucket is consumed even when the sync fails"

@@ -52,5 +52,5 @@ def build_children(job: JobRef, spec: RLJobSpec, *, active: bool) -> list[dict[s
         ]
     children += [router_service_account(job), router_role(job), router_role_binding(job)]
     children += [router_service(job), router_deployment(job, spec, active)]
-    children += [trainer_service(job), trainer_job(job, spec, active)]
+    children += [trainer_service(job, spec), trainer_job(job, spec, active)]
     return children

@@ -224,6 +224,8 @@ def trainer_container(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
             _field_env("RLJOB_NAMESPACE", "metadata.namespace"),
             {"name": "RLJOB_NAME", "value": job.name},
             _field_env("POD_NAME", "metadata.name"),
+            # The engines dial rank 0 at its pod IP to join the weight-update group (distributed transport).
+            _field_env("POD_IP", "status.podIP"),
             _field_env("NODE_RANK", f"metadata.annotations['{COMPLETION_INDEX_LABEL}']"),
             *files.env,
             *merge_env(defaults, trainer.env),
@@ -231,6 +233,7 @@ def trainer_container(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
         "ports": [
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
             {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"},
+            *[{"name": "weight-sync", "containerPort": port, "protocol": "TCP"} for port in weight_sync_ports(spec)],
         ],
         "resources": resources,
         "securityContext": hardened_container_security(),
@@ -242,6 +245,15 @@ def trainer_container(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
 def trainer_storage(spec: RLJobSpec) -> PodStorage:
     """Model (read-only), data (read-only) and shared weights (writable) of a trainer pod."""
     return model_storage(spec).add(data_storage(spec)).add(weights_storage(spec, writable=True))
+
+
+def weight_sync_ports(spec: RLJobSpec) -> list[int]:
+    """The weight-update group's store port on trainer rank 0, when weights travel by the distributed
+    transport (the trainer's default against SGLang) on a fixed port."""
+    transport = spec.rollout.weight_transport
+    if (transport.mode or "distributed") != "distributed" or transport.master_port == 0:
+        return []
+    return [transport.master_port]
 
 
 def rendezvous_host(job: JobRef) -> str:
@@ -353,7 +365,7 @@ def trainer_job(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str, Any]:
     }
 
 
-def trainer_service(job: JobRef) -> dict[str, Any]:
+def trainer_service(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
     """Headless Service for rendezvous: it gives every trainer pod a stable DNS name (`<job>-trainer-<index>`)."""
     return {
         "apiVersion": "v1",
@@ -366,6 +378,10 @@ def trainer_service(job: JobRef) -> dict[str, Any]:
             "ports": [
                 {"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": "rendezvous", "protocol": "TCP"},
                 {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+                *[
+                    {"name": "weight-sync", "port": port, "targetPort": "weight-sync", "protocol": "TCP"}
+                    for port in weight_sync_ports(spec)
+                ],
             ],
         },
     }

@@ -289,3 +289,19 @@ def test_long_names_are_shortened_deterministically() -> None:
 def test_pool_tp_must_fit_gpus() -> None:
     with pytest.raises(ValueError, match="tensorParallelSize"):
         _spec().rollout.pools[0].model_validate({"name": "x", "vendor": "nvidia", "tensorParallelSize": 4})
+
+
+def test_trainer_exposes_the_weight_update_group_to_the_engines() -> None:
+    """The distributed transport's store listens on trainer rank 0 (its POD_IP) at masterPort: the pod
+    gets its own IP from the downward API and declares the port, and the headless Service names it."""
+    children = build_children(JOB, _spec(), active=True)
+    job = _by(children, "Job", "demo-trainer")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert {"name": "weight-sync", "containerPort": 29600, "protocol": "TCP"} in container["ports"]
+    service = _by(children, "Service", "demo-trainer")
+    assert {"name": "weight-sync", "port": 29600, "targetPort": "weight-sync", "protocol": "TCP"} in service["spec"]["ports"]
+    disk = _spec(engine="sglang", weightTransport={"mode": "disk"}, sglang={"weightsDir": "/w"})
+    ports = _by(build_children(JOB, disk, active=True), "Job", "demo-trainer")["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert "weight-sync" not in {p["name"] for p in ports}

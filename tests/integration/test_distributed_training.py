@@ -1,0 +1,104 @@
+"""Data-parallel training on real gloo ranks (spawned processes on loopback) with a real tiny transformer.
+
+Equivalence. On a fixed batch, 2 FSDP2 ranks (each trains the groups `balance_by_tokens` gives it)
+must compute the loss and, after the AdamW update, the weights that one process computes on the
+whole batch. The model is float64, so the only differences are rounding in a different summation
+order: the loss and gradient sums are split over ranks and added by the reduce-scatter, and the
+micro-batches are cut differently (different padding widths, hence different kernels' blocking).
+Each such sum of n terms differs by at most about n·u relatively, u = 2^-53 ≈ 1.1e-16; with n
+below 1e4 terms per sum that is below 1e-12. The loss inherits that: rtol 1e-9 leaves three
+orders of margin. The weights: after one AdamW step from zero moments the update is
+lr·g/(|g|+ε) per element, whose error for a gradient error δg is lr·δg·ε/(|g|+ε)² ≤ lr·(δg/|g|)/4,
+so at most lr·1e-12/4 = 2.5e-15 for lr 1e-2; the gradient-clipping scale and weight decay add
+rounding of the same order. atol 1e-11 on weights of order 1 leaves more than three orders of
+margin, while any real mistake (a missing all-reduce of the denominator halves or doubles a
+gradient; a dropped shard drops whole rows) moves weights by about lr = 1e-2.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from rljob.api.spec import AlgorithmSpec
+from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
+from rljob.runtime.trainer import Trainer
+from rljob.runtime.training.balance import balance_by_tokens
+from tests.helpers.ranks import run_ranks
+from tests.helpers.tiny_model import TINY_VOCAB, build_tiny_model
+
+SPEC = AlgorithmSpec(learning_rate=1e-2, max_grad_norm=1.0)
+MICRO_BATCH = 2
+LOSS_RTOL = 1e-9
+WEIGHT_ATOL = 1e-11
+
+
+def fixed_batch(groups: int, seed: int = 7) -> list[Group]:
+    """Groups of 2-3 samples with varied prompt and response lengths and rewards (deterministic)."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(groups):
+        prompt = [rng.randrange(1, TINY_VOCAB) for _ in range(rng.randint(3, 8))]
+        samples = []
+        for i in range(rng.randint(2, 3)):
+            n = rng.randint(2, 14)
+            samples.append(Sample(
+                group_id=f"g{g}", index=i, prompt_ids=prompt, answer="", status=SampleStatus.COMPLETED,
+                response_ids=[rng.randrange(1, TINY_VOCAB) for _ in range(n)],
+                logprobs=[-rng.uniform(1.0, 6.0) for _ in range(n)], versions=[0] * n, reward=rng.random(),
+            ))
+        out.append(Group(group_id=f"g{g}", prompt_text="", samples=samples))
+    return out
+
+
+def tokens(group: Group) -> int:
+    return sum(len(s.prompt_ids) + len(s.response_ids) for s in group.samples)
+
+
+def float64_model() -> torch.nn.Module:
+    return build_tiny_model(seed=0).to(torch.float64)
+
+
+def _train_on_ranks(rank: int, out: Path, batches: list[int]) -> None:
+    from rljob.runtime.training.distributed import DistEnv, Distributed
+
+    env = DistEnv.from_environ()
+    assert env is not None and env.rank == rank
+    distributed = Distributed(env, "cpu")
+    for n_groups in batches:
+        trainer = Trainer(float64_model(), SPEC, micro_batch_size=MICRO_BATCH, distributed=distributed)
+        groups = fixed_batch(n_groups)
+        shards = balance_by_tokens([tokens(g) for g in groups], env.world_size)
+        mine = distributed.scatter([[groups[i] for i in s] for s in shards] if rank == 0 else None)
+        metrics = trainer.train_step(mine, policy_version=0)
+        weights = {n: t.clone() for bucket in trainer.backend.iter_full_weights(1 << 16) for n, t in bucket}
+        if rank == 0:
+            torch.save({"metrics": metrics.to_dict(), "weights": weights, "shards": shards}, out / f"{n_groups}.pt")
+        else:
+            assert weights == {}, "iter_full_weights gave a bucket to a rank other than 0"
+
+
+@pytest.mark.parametrize("n_groups", [5])
+def test_two_gloo_ranks_take_the_update_of_one_process(tmp_path: Path, n_groups: int) -> None:
+    # 5 groups: the ranks get unequal micro-batch counts (padding passes); 1 group: rank 1 trains nothing.
+    run_ranks(_train_on_ranks, 2, tmp_path, [n_groups, 1])
+    for count in (n_groups, 1):
+        result = torch.load(tmp_path / f"{count}.pt", weights_only=False)
+        model = float64_model()
+        reference = Trainer(model, SPEC, micro_batch_size=MICRO_BATCH).train_step(fixed_batch(count), policy_version=0)
+        got = result["metrics"]
+        if count > 1:
+            assert all(result["shards"]), "a rank got no group: the test would not exercise the split"
+        assert got["samples"] == reference.samples and got["tokens"] == reference.tokens
+        assert got["loss"] == pytest.approx(reference.loss, rel=LOSS_RTOL, abs=1e-14)
+        assert got["grad_norm"] == pytest.approx(reference.grad_norm, rel=LOSS_RTOL)
+        assert reference.optimizer_steps == got["optimizer_steps"] == 1
+        expected = model.state_dict()
+        assert result["weights"].keys() == expected.keys()
+        worst = max(float((result["weights"][k] - v).abs().max()) for k, v in expected.items())
+        assert worst <= WEIGHT_ATOL, f"weights differ by up to {worst:.3g} after the update"
+        moved = max(float((v - float64_model().state_dict()[k]).abs().max()) for k, v in expected.items())
+        assert moved > 1e3 * WEIGHT_ATOL, "the update did not move the weights: the comparison proves nothing"

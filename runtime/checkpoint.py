@@ -111,7 +111,7 @@ class CheckpointManager:
                 shutil.rmtree(stale, ignore_errors=True)
             (tmp / "rng").mkdir(parents=True)
         self._barrier()
-        dcp.save(trainer_state, checkpoint_id=tmp / TRAINER_DIR)
+        dcp.save(trainer_state, checkpoint_id=tmp / TRAINER_DIR, no_dist=self.distributed is None)
         torch.save(rng, tmp / "rng" / f"rank-{self.rank:05d}.pt")
         if self.rank == 0:
             world = self.distributed.world_size if self.distributed is not None else 1
@@ -136,7 +136,7 @@ class CheckpointManager:
             path = self.distributed.broadcast(path)
         if path is None:
             return None
-        dcp.load(trainer_state, checkpoint_id=path / TRAINER_DIR)
+        dcp.load(trainer_state, checkpoint_id=path / TRAINER_DIR, no_dist=self.distributed is None)
         rng_file = path / "rng" / f"rank-{self.rank:05d}.pt"
         rng = torch.load(rng_file, weights_only=False) if rng_file.is_file() else None
         if rng is None:

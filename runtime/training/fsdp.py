@@ -68,6 +68,9 @@ class FSDP2Backend:
         for module in model.modules():
             if isinstance(module, FSDPModule):  # per unit: sum over ranks, the loss is globally normalised
                 module.set_gradient_divide_factor(1.0)
+                # A plain SUM reduce-scatter: for fp32/bf16 a factor other than the world size would
+                # otherwise become ReduceOp.PREMUL_SUM, which NCCL has and gloo refuses.
+                module.set_force_sum_reduction_for_comms(True)
         setattr(model, _FORWARD, _run.__get__(model, type(model)))
         register_fsdp_forward_method(model, _FORWARD)
         self.model = model

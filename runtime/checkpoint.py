@@ -22,6 +22,9 @@ import logging
 import os
 import random
 import shutil
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +41,15 @@ _PREFIX = "step-"
 _TMP = ".tmp-"
 LEADER_STATE = "state.pt"
 TRAINER_DIR = "trainer"
+
+
+@contextmanager
+def _single_process_quiet(single: bool) -> Iterator[None]:
+    """DCP warns on every single-process save and load that it assumes one process: it is meant."""
+    with warnings.catch_warnings():
+        if single:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def rng_state() -> dict[str, Any]:
@@ -111,7 +123,8 @@ class CheckpointManager:
                 shutil.rmtree(stale, ignore_errors=True)
             (tmp / "rng").mkdir(parents=True)
         self._barrier()
-        dcp.save(trainer_state, checkpoint_id=tmp / TRAINER_DIR, no_dist=self.distributed is None)
+        with _single_process_quiet(self.distributed is None):
+            dcp.save(trainer_state, checkpoint_id=tmp / TRAINER_DIR, no_dist=self.distributed is None)
         torch.save(rng, tmp / "rng" / f"rank-{self.rank:05d}.pt")
         if self.rank == 0:
             world = self.distributed.world_size if self.distributed is not None else 1
@@ -136,7 +149,8 @@ class CheckpointManager:
             path = self.distributed.broadcast(path)
         if path is None:
             return None
-        dcp.load(trainer_state, checkpoint_id=path / TRAINER_DIR, no_dist=self.distributed is None)
+        with _single_process_quiet(self.distributed is None):
+            dcp.load(trainer_state, checkpoint_id=path / TRAINER_DIR, no_dist=self.distributed is None)
         rng_file = path / "rng" / f"rank-{self.rank:05d}.pt"
         rng = torch.load(rng_file, weights_only=False) if rng_file.is_file() else None
         if rng is None:

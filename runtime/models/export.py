@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +72,9 @@ def _load_weights(model: torch.nn.Module, trainer_dir: Path, source: Path, field
 
     state = {"model": model.state_dict()}
     try:
-        dcp.load(state, checkpoint_id=trainer_dir, no_dist=True)
+        with warnings.catch_warnings():  # DCP warns that it assumes one process: it is meant
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=trainer_dir, no_dist=True)
     except Exception as exc:  # DCP raises CheckpointException (a RuntimeError subclass varies by version)
         raise ExportError(f"CHECKPOINT: {source} does not match the model of {field} ({base}): {exc}") from None
 

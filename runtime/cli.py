@@ -125,15 +125,24 @@ def _run_command(args: argparse.Namespace) -> int:
 
 def _launch_ranks(args: argparse.Namespace) -> int:
     """Run this same command line on --nproc local ranks through torch.distributed.run's launcher API
-    (torchrun --standalone: a c10d rendezvous on a free localhost port); 0 when every rank succeeded."""
+    (as `torchrun --nnodes 1 --master-addr 127.0.0.1 --master-port P`); 0 when every rank succeeded.
+
+    The static rendezvous, not `--standalone`'s c10d one: with torch 2.13 a group restarted after a
+    failed rank (--max-restarts) hangs in init_process_group under the c10d rendezvous, and restarts
+    cleanly under the static one."""
+    import socket
     import uuid
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    with socket.socket() as probe:  # a free port for the agent's store
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=args.nproc, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0", max_restarts=args.max_restarts, monitor_interval=1.0,
+        min_nodes=1, max_nodes=1, nproc_per_node=args.nproc, run_id=str(uuid.uuid4()), rdzv_backend="static",
+        rdzv_endpoint=f"127.0.0.1:{port}", rdzv_configs={"rank": 0}, max_restarts=args.max_restarts,
+        monitor_interval=1.0,
     )
     # Each rank runs `rljob run ...` again and, seeing WORLD_SIZE, joins the group instead of launching.
     try:

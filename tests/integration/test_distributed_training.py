@@ -174,3 +174,81 @@ async def test_a_checkpoint_of_two_ranks_resumes_in_one_process(tmp_path: Path) 
         assert record.step == 3 and record.loss == record.loss
     finally:
         await runner.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# end to end: rljob run --nproc 2, rank 1 killed with SIGKILL mid-run, the group restarts and resumes
+
+
+def _rank_pid(launcher: int, rank: int) -> int | None:
+    """The pid of the child of `launcher` whose environment says RANK=`rank` (the elastic agent's worker)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == launcher and f"RANK={rank}".encode() in environ:
+            return int(proc.name)
+    return None
+
+
+def test_rljob_run_on_two_ranks_survives_a_kill_of_rank_1(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from rljob.runtime.metrics import read_jsonl
+    from tests.integration.test_runner_resume import job_doc, tiny_policy
+
+    model = tiny_policy(tmp_path / "model")
+    doc = job_doc(model, tmp_path / "ckpt", steps=5, every=1)
+    doc["spec"]["algorithm"]["learningRate"] = 5e-3
+    doc["spec"]["evaluation"] = {"everySteps": 5, "prompts": 4}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    log = tmp_path / "run.log"
+    cmd = [sys.executable, "-m", "rljob.runtime.cli", "run", str(job), "--nproc", "2", "--max-restarts", "1",
+           "--no-live", "--output", str(tmp_path / "out")]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "300"})
+        try:
+            deadline = time.monotonic() + 600
+            while not (tmp_path / "ckpt" / "step-00000002").is_dir():
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "no checkpoint of step 2 within 600 s\n" + log.read_text()
+                time.sleep(0.5)
+            rank1 = _rank_pid(proc.pid, 1)
+            assert rank1 is not None, "rank 1 not found among the launcher's children"
+            os.kill(rank1, signal.SIGKILL)
+            assert proc.wait(timeout=900) == 0, log.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = log.read_text()
+    assert "resumed from" in text, text  # the restarted group resumed instead of starting over
+    resumed_at = int(text.split("resumed from", 1)[1].split("at step", 1)[1].split()[0])
+    assert resumed_at >= 2
+    assert (tmp_path / "ckpt" / "step-00000005" / "state.pt").is_file()
+    records = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert records[-1]["step"] == 5 and records[-1]["policy_version"] == 5
+    # After the resume the steps continue from the checkpoint: steps resumed_at+1..5, once each.
+    assert [r["step"] for r in records if r["step"] > resumed_at][-(5 - resumed_at):] == list(range(resumed_at + 1, 6))
+    losses = [r["loss"] for r in records]
+    assert all(loss == loss for loss in losses) and len(set(losses)) > 1
+    evals = read_jsonl(tmp_path / "out" / "eval.jsonl")
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == 5
+    # The weights moved away from the base model (the policy the held-out reward is measured on).
+    from rljob.runtime.models.export import export_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    export_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
+    base = AutoModelForCausalLM.from_pretrained(model).state_dict()
+    assert max(float((trained[k] - base[k]).abs().max()) for k in base) > 1e-4

@@ -331,7 +331,7 @@ class EmbeddedEngine(Engine):
         Running sequences keep their KV cache and continue with the new weights, as SGLang does.
         """
         if update.module is None and update.path is None and update.tensors is None:
-            raise EngineError("WeightUpdate needs a module, tensors or a path")
+            raise EngineError("WeightUpdate needs a module or a path (or gathered tensors)")
         async with self._step_lock:
             await asyncio.to_thread(self._install_weights, update)
             self.weight_version = update.version

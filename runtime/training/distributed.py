@@ -75,6 +75,19 @@ def backend_for(device: str) -> str:
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
+def _attempt_store(env: DistEnv) -> dist.Store | None:
+    """Under torchrun's static rendezvous the agent's store outlives a group restart: without a prefix
+    per attempt, a restarted rank reads the gloo addresses its dead predecessors published and times
+    out connecting to them. torch adds no prefix there (it assumes a new store per restart, as the c10d
+    rendezvous makes), so this does. None outside torchelastic: plain env:// initialisation."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    agent = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False,
+                          timeout=datetime.timedelta(minutes=30))
+    return dist.PrefixStore(f"rljob/attempt_{attempt}", agent)
+
+
 class Distributed:
     """The process groups of a multi-rank job (see the module docstring for which carries what)."""
 
@@ -85,7 +98,11 @@ class Distributed:
         if self.backend == "nccl":
             torch.cuda.set_device(env.local_rank)
         if not dist.is_initialized():
-            dist.init_process_group(self.backend, init_method="env://", rank=env.rank, world_size=env.world_size)
+            store = _attempt_store(env)
+            if store is None:
+                dist.init_process_group(self.backend, init_method="env://", rank=env.rank, world_size=env.world_size)
+            else:
+                dist.init_process_group(self.backend, store=store, rank=env.rank, world_size=env.world_size)
         self.control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
         log.info("rank %d/%d joined the %s group at %s:%d", env.rank, env.world_size, self.backend,
                  env.master_addr, env.master_port)

@@ -211,13 +211,23 @@ def test_rljob_run_on_two_ranks_survives_a_kill_of_rank_1(tmp_path: Path) -> Non
     doc = job_doc(model, tmp_path / "ckpt", steps=5, every=1)
     doc["spec"]["algorithm"]["learningRate"] = 5e-3
     doc["spec"]["evaluation"] = {"everySteps": 5, "prompts": 4}
+    # A random 2-layer policy almost never solves the arithmetic task, so every group would have
+    # reward 0 and no gradient. Rewarding shorter answers gives every group a signal to train on
+    # (and makes the held-out reward, measured with the same function, able to move).
+    (tmp_path / "length_reward.py").write_text(
+        "def score(inp):\n    return 1.0 - min(inp.response_length, 40) / 40\n")
+    doc["spec"]["reward"] = {"type": "python", "function": "length_reward:score"}
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
     log = tmp_path / "run.log"
     cmd = [sys.executable, "-m", "rljob.runtime.cli", "run", str(job), "--nproc", "2", "--max-restarts", "1",
            "--no-live", "--output", str(tmp_path / "out")]
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "300"})
+        # No empty PYTHONPATH entry: it would put the working directory (the repo, whose operator/
+        # shadows the stdlib's) on the path.
+        path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "COLUMNS": "300", "PYTHONPATH": path}
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             deadline = time.monotonic() + 600
             while not (tmp_path / "ckpt" / "step-00000002").is_dir():
@@ -241,9 +251,11 @@ def test_rljob_run_on_two_ranks_survives_a_kill_of_rank_1(tmp_path: Path) -> Non
     # After the resume the steps continue from the checkpoint: steps resumed_at+1..5, once each.
     assert [r["step"] for r in records if r["step"] > resumed_at][-(5 - resumed_at):] == list(range(resumed_at + 1, 6))
     losses = [r["loss"] for r in records]
-    assert all(loss == loss for loss in losses) and len(set(losses)) > 1
+    assert all(loss == loss for loss in losses) and len(set(losses)) > 1, losses
+    assert all(r["grad_norm"] > 0 for r in records), "a step without a gradient: nothing was trained"
     evals = read_jsonl(tmp_path / "out" / "eval.jsonl")
     assert evals[0]["step"] == 0 and evals[-1]["step"] == 5
+    print("held-out reward", [(e["step"], e["reward_mean"]) for e in evals], "losses", losses)
     # The weights moved away from the base model (the policy the held-out reward is measured on).
     from rljob.runtime.models.export import export_checkpoint
     from transformers import AutoModelForCausalLM

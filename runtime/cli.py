@@ -9,6 +9,7 @@ import os
 import sys
 from collections import deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -23,11 +24,14 @@ from rich.progress import (
 )
 from rich.table import Table
 from rljob.api import RLJobConfigError, load_rljob
-from rljob.api.spec import cluster_problems
+from rljob.api.spec import RLJob, cluster_problems
 from rljob.runtime.engines.base import EngineError
 from rljob.runtime.models.errors import ExportError, ModelSourceError
 from rljob.runtime.metrics import StepRecord
 from rljob.runtime.sim.cli import add_simulate_arguments, run_simulate
+
+if TYPE_CHECKING:
+    from rljob.runtime.training.distributed import Distributed
 
 console = Console()
 log = logging.getLogger("rljob")
@@ -44,6 +48,13 @@ to --output. With spec.evaluation.everySteps > 0 the policy is also scored on he
 the first step, every N steps and after the last (the "held-out" column; eval.jsonl): under partial
 rollouts that is the learning curve to read, because a training batch's reward moves with its mix
 of short fresh and long resumed groups.
+
+With --nproc N the job trains on N CPU ranks started by torch.distributed.run (torchrun): rank 0 runs
+the rollouts, the engines, the metrics and this display, and hands every rank its token-balanced
+share of each step's groups; all ranks train their share under FSDP2 (docs/distributed.md). Started
+by torchrun yourself (RANK, WORLD_SIZE, MASTER_ADDR, ... set), `rljob run` joins that group instead.
+With --max-restarts R a rank that dies (even by kill -9) restarts the whole group, which resumes from
+the last checkpoint (--fresh applies to the first start only).
 """
 
 
@@ -84,28 +95,87 @@ def comparison_view(rows: list[dict], ceiling: float, title: str) -> Table:
     return table
 
 
-async def _run(args: argparse.Namespace) -> int:
+def _run_command(args: argparse.Namespace) -> int:
+    """`rljob run`: start N ranks through torchrun, or run this process's rank (or the only one)."""
+    from rljob.runtime.training.distributed import DistEnv, Distributed
+
+    env = DistEnv.from_environ()
+    if args.nproc < 1:
+        raise SystemExit("rljob run: --nproc must be >= 1")
+    if args.nproc > 1 and env is None:
+        if args.compare_rounds:
+            raise SystemExit("rljob run: --compare-rounds runs in a single process; drop --nproc or --compare-rounds")
+        return _launch_ranks(args)
+    job = load_rljob(args.job)
+    if args.checkpoint_dir:
+        job.spec.checkpoint.dir = args.checkpoint_dir
+    if env is None:
+        return asyncio.run(_run(args, job, None))
+    distributed = Distributed(env, job.spec.trainer.device)
+    try:
+        if distributed.is_leader:
+            return asyncio.run(_run(args, job, distributed))
+        from rljob.runtime.runner import TrainingRank
+
+        TrainingRank(job, distributed).run()
+        return 0
+    finally:
+        distributed.close()
+
+
+def _launch_ranks(args: argparse.Namespace) -> int:
+    """Run this same command line on --nproc local ranks through torch.distributed.run's launcher API
+    (as `torchrun --nnodes 1 --master-addr 127.0.0.1 --master-port P`); 0 when every rank succeeded.
+
+    The static rendezvous, not `--standalone`'s c10d one: with torch 2.13 a group restarted after a
+    failed rank (--max-restarts) hangs in init_process_group under the c10d rendezvous, and restarts
+    cleanly under the static one."""
+    import socket
+    import uuid
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    with socket.socket() as probe:  # a free port for the agent's store
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=args.nproc, run_id=str(uuid.uuid4()), rdzv_backend="static",
+        rdzv_endpoint=f"127.0.0.1:{port}", rdzv_configs={"rank": 0}, max_restarts=args.max_restarts,
+        monitor_interval=1.0,
+    )
+    # Each rank runs `rljob run ...` again and, seeing WORLD_SIZE, joins the group instead of launching.
+    try:
+        elastic_launch(config, entrypoint=sys.executable)("-m", "rljob.runtime.cli", *args.argv)
+    except ChildFailedError as err:
+        console.print(f"[red]rank failed[/] ({args.max_restarts} restarts allowed): {escape(str(err))}", soft_wrap=True)
+        return 1
+    return 0
+
+
+async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | None) -> int:
     from rljob.runtime.report import write_report
     from rljob.runtime.runner import JobRunner, RunOptions, compare_strategies
 
-    job = load_rljob(args.job)
     output = Path(args.output or Path("runs") / job.metadata.name)
-    if args.checkpoint_dir:
-        job.spec.checkpoint.dir = args.checkpoint_dir
+    # torchrun restarting a failed group: resume from the last checkpoint, never start over.
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0") > 0
+    fresh = args.fresh and not restarted
     runner = JobRunner(
         job,
         RunOptions(
             output_dir=output,
             steps=args.steps,
             strategy=args.strategy,
-            resume=False if args.fresh else None,
+            resume=False if fresh else None,
             metrics_port=args.metrics_port,
         ),
+        distributed,
     )
     from rljob.runtime.knob_sources import knob_sources_for
 
     runner.knob_sources.extend(knob_sources_for(job.spec, runner.step_listeners))
-    if args.fresh and runner.metrics.jsonl_path and runner.metrics.jsonl_path.exists():
+    if fresh and runner.metrics.jsonl_path and runner.metrics.jsonl_path.exists():
         runner.metrics.jsonl_path.unlink()
     # Plain status lines, not a spinner: the policy warm-up shows its own progress bar, and rich
     # allows one live display at a time.
@@ -262,7 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-live", dest="live", action="store_false",
                      help="print one line per step instead of the live display (logs, CI, pods)")
     run.add_argument("--table-rows", type=int, default=12, help="steps shown in the live table")
-    run.set_defaults(func=lambda a: asyncio.run(_run(a)))
+    run.add_argument("--nproc", type=int, default=1, metavar="N",
+                     help="train on N CPU ranks started by torch.distributed.run: rank 0 runs the rollouts, every "
+                     "rank trains its share under FSDP2 (default 1: one process, no process group)")
+    run.add_argument("--max-restarts", type=int, default=0, metavar="R",
+                     help="with --nproc: restart the whole group up to R times when a rank fails; it resumes from "
+                     "the last checkpoint")
+    run.set_defaults(func=_run_command)
 
     validate = sub.add_parser("validate", help="check an RLJob file and print what it would run")
     validate.add_argument("job", help="path of the RLJob YAML file")
@@ -306,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rljob` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what --nproc hands to torchrun
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s",
                         handlers=[RichHandler(console=console, show_path=False)])
     try:

@@ -3,6 +3,16 @@
 `JobRunner` wires the parts together; every decision lives in the parts (scheduler, strategy,
 trainer, truncation policy). The same loop runs in `rljob run` on a laptop and in the trainer pod
 of the operator (engine `sglang`).
+
+A multi-rank job (torchrun, `rljob run --nproc N`; docs/distributed.md) splits the roles:
+
+- rank 0 runs `JobRunner`: the rollout scheduler, the engines, the buffer, evaluation, status,
+  metrics and the checkpoint's scheduler state. Each step it hands every rank its share of the
+  accepted groups (balanced by tokens) and trains its own share;
+- ranks 1..N-1 run `TrainingRank`: they train the groups rank 0 sends them and join every
+  collective (FSDP2, the weight gather of a sync, the checkpoint), and do nothing else.
+
+Rank 0's `Order`s keep the ranks in step: resume, train, checkpoint, stop.
 """
 
 from __future__ import annotations
@@ -11,15 +21,17 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
 
 from rljob.api.spec import RLJob
 from rljob.common.status_reporter import StatusReporter
 from rljob.runtime.batch_stats import summarize_batch
-from rljob.runtime.checkpoint import CheckpointManager, rng_state, set_rng_state
+from rljob.runtime.checkpoint import CheckpointManager, LoadedCheckpoint, rng_state, set_rng_state
 from rljob.runtime.engines.base import Engine
 from rljob.runtime.evaluation import EvalPrompt, EvalResult, evaluate_held_out
 from rljob.runtime.knobs import KnobSource, apply_knobs
@@ -28,9 +40,62 @@ from rljob.runtime.rollout.sample import Group, Sample
 from rljob.runtime.rollout.scheduler import RolloutConfig, RolloutScheduler, RoundResult
 from rljob.runtime.rollout.strategy import Strategy, make_strategy
 from rljob.runtime.rollout.truncation import TruncationPolicy
+from rljob.runtime.training.balance import balance_by_tokens
+from rljob.runtime.training.distributed import Distributed
 from rljob.runtime.weights.transport import SyncReport, WeightTransport
 
+if TYPE_CHECKING:
+    from rljob.runtime.trainer import Trainer
+
 log = logging.getLogger(__name__)
+
+# Full weights gathered from the FSDP2 shards for a sync, at most this much at a time per bucket.
+SYNC_BUCKET_BYTES = 64 << 20
+
+
+@dataclass
+class Order:
+    """Rank 0's instruction to the other ranks, scattered on the control group (one per rank)."""
+
+    kind: Literal["resume", "train", "checkpoint", "stop"]
+    version: int = 0  # train: the policy version the groups were generated against
+    step: int = 0  # checkpoint: the step being saved
+    groups: list[Group] = field(default_factory=list)  # train: this rank's share
+    path: str | None = None  # resume: the checkpoint every rank loads (None: start fresh)
+
+
+def group_tokens(group: Group) -> int:
+    """Prompt plus response tokens of a group: the work it costs a trainer rank."""
+    return sum(len(s.prompt_ids) + s.response_length for s in group.samples)
+
+
+def build_trainer(job: RLJob, model: torch.nn.Module, distributed: Distributed | None) -> Trainer:
+    """The job's trainer over `model` (sharded in place under FSDP2 when `distributed`)."""
+    from rljob.runtime.trainer import Trainer
+
+    spec = job.spec
+    return Trainer(
+        model,
+        spec.algorithm,
+        spec.trainer.micro_batch_size,
+        distributed.device(spec.trainer.device) if distributed is not None else spec.trainer.device,
+        temperature=spec.rollout.temperature,  # log-probs of the distribution the engines sample
+        total_steps=spec.trainer.steps,
+        logprob_chunk_tokens=spec.trainer.logprob_chunk_tokens,
+        seed=spec.trainer.seed,
+        distributed=distributed,
+    )
+
+
+def open_policy_for_training(job: RLJob) -> Any:
+    """The job's policy (model and tokenizer), with gradient checkpointing when the spec asks for it."""
+    from rljob.runtime.models.loading import enable_gradient_checkpointing, torch_dtype
+    from rljob.runtime.tasks.policy import open_policy
+
+    policy = open_policy(job.spec.model, dtype=torch_dtype(job.spec.trainer.dtype))
+    if job.spec.trainer.gradient_checkpointing:
+        enable_gradient_checkpointing(policy.model)
+    return policy
 
 
 @dataclass
@@ -190,11 +255,15 @@ def step_record(
 
 
 class JobRunner:
-    """Owns the parts of one job and runs its steps."""
+    """Owns the parts of one job and runs its steps: the only process of a single-process job, rank 0
+    of a multi-rank one (`distributed`)."""
 
-    def __init__(self, job: RLJob, options: RunOptions) -> None:
+    def __init__(self, job: RLJob, options: RunOptions, distributed: Distributed | None = None) -> None:
+        if distributed is not None and not distributed.is_leader:
+            raise ValueError("JobRunner runs on rank 0; ranks 1..N-1 run TrainingRank")
         self.job = job
         self.options = options
+        self.distributed = distributed
         self.output_dir = options.output_dir
         self.spec = job.spec
         self.version = 0
@@ -202,7 +271,8 @@ class JobRunner:
         self.scheduler: RolloutScheduler
         self.engines: list[Engine] = []
         self.transport: WeightTransport | None = None
-        self.checkpoints = CheckpointManager(self.spec.checkpoint.dir, keep=self.spec.checkpoint.keep)
+        self.checkpoints = CheckpointManager(self.spec.checkpoint.dir, keep=self.spec.checkpoint.keep,
+                                             distributed=distributed)
         jsonl = Path(self.spec.metrics.jsonl) if self.spec.metrics.jsonl else self.output_dir / "metrics.jsonl"
         self.metrics = RuntimeMetrics(job.metadata.name, jsonl)
         self.metrics_port: int | None = None
@@ -221,28 +291,16 @@ class JobRunner:
     async def setup(self, on_status: Callable[[str], None] = lambda _msg: None) -> None:
         """Load the policy, the data, the engines and the trainer; resume from a checkpoint."""
         from rljob.runtime.engines.factory import build_engines
-        from rljob.runtime.models.loading import enable_gradient_checkpointing, torch_dtype
         from rljob.runtime.tasks.dataset import PromptStream, held_out_records
-        from rljob.runtime.tasks.policy import open_policy
         from rljob.runtime.tasks.reward import RewardInput, build_reward, sample_reward_inputs
-        from rljob.runtime.trainer import Trainer
 
         spec = self.spec
         on_status("loading the policy")
-        self.policy = open_policy(spec.model, dtype=torch_dtype(spec.trainer.dtype))
+        self.policy = open_policy_for_training(self.job)
         model, self.tokenizer = self.policy.model, self.policy.tokenizer
-        if spec.trainer.gradient_checkpointing:
-            enable_gradient_checkpointing(model)
-        self.trainer = Trainer(
-            model,
-            spec.algorithm,
-            spec.trainer.micro_batch_size,
-            spec.trainer.device,
-            temperature=spec.rollout.temperature,  # log-probs of the distribution the engines sample
-            total_steps=spec.trainer.steps,
-            logprob_chunk_tokens=spec.trainer.logprob_chunk_tokens,
-            seed=spec.trainer.seed,
-        )
+        # Embedded engines copy the policy now, while its weights are whole (FSDP2 shards them in place).
+        self.engines = build_engines(spec.rollout, model, detokenize=self.tokenizer.decode)
+        self.trainer = build_trainer(self.job, model, self.distributed)
         self.prompts = PromptStream.from_spec(spec.data, self.tokenizer)
         # Loaded here, before any engine starts: a bad reward.function fails the job at once.
         reward = build_reward(spec.reward, spec.rollout.max_response_length)
@@ -268,7 +326,6 @@ class JobRunner:
             ]
 
         on_status("starting the engines")
-        self.engines = build_engines(spec.rollout, model, detokenize=self.tokenizer.decode)
         await asyncio.gather(*(e.start() for e in self.engines))
         from rljob.runtime.weights.factory import build_transport
 
@@ -284,37 +341,62 @@ class JobRunner:
             scorer=score_group,
         )
         resume = spec.checkpoint.resume if self.options.resume is None else self.options.resume
-        if resume:
-            state = self.checkpoints.load()
-            if state is not None:
-                on_status("resuming from the last checkpoint")
-                self._restore(state)
-                self.resumed_from = str(self.checkpoints.latest())
-                await self._sync_weights()
+        path = self.checkpoints.latest() if resume else None
+        self._order(Order("resume", path=str(path) if path is not None else None))
+        if path is not None:
+            on_status("resuming from the last checkpoint")
+            template = self.trainer.checkpoint_state()
+            loaded = self.checkpoints.load(template, path)
+            assert loaded is not None and loaded.leader_state is not None
+            self.trainer.load_checkpoint_state(template)
+            self._restore(loaded)
+            self.resumed_from = str(path)
+            await self._sync_weights()
         port = self.options.metrics_port if self.options.metrics_port is not None else spec.metrics.port
         if port:
             self.metrics_port = self.metrics.serve(spec.metrics.host, port)
         self.metrics.set_knobs(current_knobs(self.scheduler))
 
-    def _restore(self, state: dict[str, Any]) -> None:
-        self.trainer.load_state_dict(state["trainer"])
+    def _restore(self, loaded: LoadedCheckpoint) -> None:
+        """Rank 0's part of a resume: data cursor, buffer, counters, RNG and the engines' generators."""
+        state = loaded.leader_state
+        assert state is not None
         self.prompts.load_state_dict(state["data"])
         self.scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
+        if loaded.rng is not None:
+            set_rng_state(loaded.rng)
+            for engine, sampling in zip(self.engines, loaded.rng.get("engines", []), strict=False):
+                engine.load_sampling_state(sampling)
         self.step = state["step"]
         self.version = state["version"]
 
-    def checkpoint_state(self) -> dict[str, Any]:
-        """Everything a restart needs, the partial buffer included."""
+    def leader_state(self) -> dict[str, Any]:
+        """What only rank 0 has and a restart needs: counters, data cursor, the partial buffer, the spec."""
         return {
             "step": self.step,
             "version": self.version,
-            "trainer": self.trainer.state_dict(),
             "data": self.prompts.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "rng": rng_state(),
             "job": self.job.to_wire(),
         }
+
+    def _order(self, order: Order, shares: list[list[Group]] | None = None) -> None:
+        """Send `order` to ranks 1..N-1 (with shares[r] as rank r's groups); nothing in a single process."""
+        if self.distributed is None:
+            return
+        world = self.distributed.world_size
+        self.distributed.scatter([
+            Order(order.kind, order.version, order.step, shares[r] if shares else [], order.path) for r in range(world)
+        ])
+
+    def _hand_out(self, groups: list[Group]) -> list[Group]:
+        """Send every other rank its token-balanced share of the round's groups; returns rank 0's."""
+        if self.distributed is None:
+            return groups
+        indices = balance_by_tokens([group_tokens(g) for g in groups], self.distributed.world_size)
+        shares = [[groups[i] for i in share] for share in indices]
+        self._order(Order("train", version=self.version), shares)
+        return shares[0]
 
     # ------------------------------------------------------------------ steps
 
@@ -335,6 +417,7 @@ class JobRunner:
             on_step(records[-1])
         if self.stop_requested:
             log.warning("stopped by SIGTERM after step %d; the checkpoint of that step is written", self.step)
+        self._order(Order("stop"))
         if self.status_reporter is not None:
             self.status_reporter.flush()
         await self.close()
@@ -366,7 +449,9 @@ class JobRunner:
         t0 = time.perf_counter()
         result = await self.scheduler.run_round(self.version)
         t1 = time.perf_counter()
-        train_metrics = await asyncio.to_thread(self.trainer.train_step, result.groups, self.version)
+        mine = self._hand_out(result.groups)  # the whole batch in a single process
+        # Metrics of the whole batch on every rank (the trainer all-reduces them): recorded here only.
+        train_metrics = await asyncio.to_thread(self.trainer.train_step, mine, self.version)
         t2 = time.perf_counter()
         self.version += 1
         self.step += 1
@@ -418,8 +503,10 @@ class JobRunner:
         return result
 
     def save_checkpoint(self) -> Path:
-        """Write a checkpoint of the current step and tell the RLJob status about it."""
-        path = self.checkpoints.save(self.step, self.checkpoint_state())
+        """Write a checkpoint of the current step (every rank writes its part) and tell the RLJob status about it."""
+        self._order(Order("checkpoint", step=self.step))
+        rng = {**rng_state(), "engines": [e.sampling_state() for e in self.engines]}
+        path = self.checkpoints.save(self.step, self.trainer.checkpoint_state(), rng, self.leader_state())
         if self.status_reporter is not None:
             self.status_reporter.report_checkpoint(self.step, str(path))
         return path
@@ -437,16 +524,24 @@ class JobRunner:
 
     async def _sync_weights(self) -> SyncReport:
         """Push the trainer's weights as ``self.version`` through the job's weight transport; returns
-        once at least one engine serves that version (engines that missed it left the rotation)."""
+        once at least one engine serves that version (engines that missed it left the rotation).
+
+        In a multi-rank job the full weights are gathered from the FSDP2 shards first, once (every rank
+        joins: TrainingRank gathers right after its train step and after a resume), so a retried sync
+        resends them without another collective."""
         from rljob.runtime.weights.factory import sync_until_served
-        from rljob.runtime.weights.transport import module_buckets
+        from rljob.runtime.weights.transport import Bucket, module_buckets, named_buckets
 
         assert self.transport is not None
         t = self.spec.rollout.weight_transport
         bucket = int(t.bucket_megabytes * 2**20)
-        report = await sync_until_served(
-            self.transport, self.version, lambda: module_buckets(self.trainer.model, bucket), t.timeout_seconds
-        )
+        source: Callable[[], Iterator[Bucket]]
+        if self.distributed is None:
+            source = lambda: module_buckets(self.trainer.model, bucket)  # noqa: E731
+        else:
+            full = await asyncio.to_thread(self._full_weights)
+            source = lambda: named_buckets(full.items(), bucket)  # noqa: E731
+        report = await sync_until_served(self.transport, self.version, source, t.timeout_seconds)
         for rank, reason in report.failed.items():
             log.error("weight sync of version %d to %s failed: %s", self.version, rank, reason)
         return report
@@ -458,6 +553,9 @@ class JobRunner:
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(folder)
 
+    def _full_weights(self) -> dict[str, torch.Tensor]:
+        return {n: t for bucket in self.trainer.backend.iter_full_weights(SYNC_BUCKET_BYTES) for n, t in bucket}
+
     def _ceiling(self) -> float:
         """Sum of the engines' bubble-free decode rates (engines that can estimate it)."""
         return sum(e.ceiling_tokens_per_s() or 0.0 for e in self.engines)
@@ -466,6 +564,46 @@ class JobRunner:
         if self.transport is not None:
             await self.transport.close()
         await asyncio.gather(*(e.close() for e in self.engines), return_exceptions=True)
+
+
+class TrainingRank:
+    """Ranks 1..N-1 of a multi-rank job: train the groups rank 0 hands out and join every collective
+    (FSDP2's, the weight gather of a sync, the checkpoint). No engines, data, metrics or status."""
+
+    def __init__(self, job: RLJob, distributed: Distributed) -> None:
+        if distributed.is_leader:
+            raise ValueError("rank 0 runs JobRunner, not TrainingRank")
+        self.job = job
+        self.distributed = distributed
+        spec = job.spec
+        self.checkpoints = CheckpointManager(spec.checkpoint.dir, keep=spec.checkpoint.keep, distributed=distributed)
+        self.trainer = build_trainer(job, open_policy_for_training(job).model, distributed)
+        self.steps_trained = 0
+
+    def run(self) -> int:
+        """Follow rank 0's orders until it says stop; returns the steps trained here."""
+        while True:
+            order: Order = self.distributed.scatter()
+            if order.kind == "resume" and order.path is not None:
+                template = self.trainer.checkpoint_state()
+                loaded = self.checkpoints.load(template, Path(order.path))
+                assert loaded is not None
+                self.trainer.load_checkpoint_state(template)
+                if loaded.rng is not None:
+                    set_rng_state(loaded.rng)
+                self._join_weight_sync()
+            elif order.kind == "train":
+                self.trainer.train_step(order.groups, order.version)
+                self.steps_trained += 1
+                self._join_weight_sync()
+            elif order.kind == "checkpoint":
+                self.checkpoints.save(order.step, self.trainer.checkpoint_state(), rng_state())
+            elif order.kind == "stop":
+                return self.steps_trained
+
+    def _join_weight_sync(self) -> None:
+        for _ in self.trainer.backend.iter_full_weights(SYNC_BUCKET_BYTES):
+            pass  # the gathers run; the buckets go to rank 0 only
 
 
 async def compare_strategies(

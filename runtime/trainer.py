@@ -19,6 +19,14 @@ float32 [batch, length, vocab] tensor is never built.
 Sequences are right-padded, so causal attention never looks at padding and no attention mask
 or position ids are needed. The model runs in eval mode (no dropout) so that the log-probs the
 loss sees are exactly the ones the old-policy pass computed.
+
+Across ranks (training/backend.py, FSDP2): each rank trains the groups rank 0 handed it. Every
+count that normalises or reports the step (loss denominators, samples, rewards, loss statistics,
+ratios) is all-reduced, so N ranks take the update one process would take on the whole batch, and
+the returned metrics are those of the whole batch on every rank. Mini-batch m of the step is the
+union of every rank's local mini-batch m (the same count everywhere), and ranks with fewer
+micro-batches run zero-weight padding passes, because every FSDP2 forward and backward is a
+collective that all ranks must join.
 """
 
 from __future__ import annotations
@@ -27,8 +35,8 @@ import copy
 import logging
 import random
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, astuple, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -39,8 +47,11 @@ from rljob.runtime.algorithms.logprobs import chunked_logprobs, logprobs_from_lo
 from rljob.runtime.algorithms.losses import LossConfig, LossStats, loss_denominator, loss_mask, policy_loss
 from rljob.runtime.algorithms.lr_schedule import lr_multiplier
 from rljob.runtime.models.loading import is_checkpointing
-from rljob.runtime.models.precision import build_optimizer
 from rljob.runtime.rollout.sample import Group
+from rljob.runtime.training.backend import TrainingBackend, build_backend
+
+if TYPE_CHECKING:
+    from rljob.runtime.training.distributed import Distributed
 
 log = logging.getLogger(__name__)
 
@@ -168,10 +179,12 @@ class Trainer:
         total_steps: int | None = None,
         logprob_chunk_tokens: int = 1024,
         seed: int = 0,
+        distributed: Distributed | None = None,
     ) -> None:
         """num_mini_batches overrides spec.ppoMiniBatches (optimizer updates per step and epoch);
         temperature is the rollout temperature the log-probs are taken at; total_steps is the run's
-        length, needed by a cosine learning-rate decay."""
+        length, needed by a cosine learning-rate decay; `distributed` (a multi-rank job) trains this
+        rank's shard under FSDP2 instead of the whole model in this process."""
         mini_batches = spec.ppo_mini_batches if num_mini_batches is None else num_mini_batches
         if micro_batch_size < 1 or mini_batches < 1:
             raise ValueError("micro_batch_size and num_mini_batches must be >= 1")
@@ -180,7 +193,7 @@ class Trainer:
         if spec.lr_schedule.decay == "cosine" and not total_steps:
             raise ValueError("algorithm.lrSchedule.decay cosine needs trainer.steps (total_steps)")
         self.device = torch.device(device)
-        self.model = model.to(self.device)
+        model = model.to(self.device)
         self.spec = spec
         self.config = LossConfig.from_spec(spec)
         self.micro_batch_size = micro_batch_size
@@ -190,12 +203,14 @@ class Trainer:
         self.total_steps = total_steps
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.seed = seed
-        # bf16 parameters get fp32 master weights and fp32 AdamW state (models/precision.py).
-        self.optimizer = build_optimizer(self.model, spec.learning_rate, spec.weight_decay)
+        # The frozen reference is copied before sharding: every rank keeps all of it (no collectives).
         self.ref_model: nn.Module | None = None
         if spec.kl_coef > 0:
-            self.ref_model = copy.deepcopy(self.model).eval()
+            self.ref_model = copy.deepcopy(model).eval()
             self.ref_model.requires_grad_(False)
+        self.backend: TrainingBackend = build_backend(model, spec.learning_rate, spec.weight_decay, distributed)
+        self.model = self.backend.model
+        self.optimizer = self.backend.optimizer
         self.steps_done = 0
 
     def learning_rate(self, step: int) -> float:
@@ -249,8 +264,9 @@ class Trainer:
         rollout_logp = torch.zeros(batch, resp_len)
         have_old = all(it.old_logp is not None for it in items)
         have_ref = all(it.ref_logp is not None for it in items)
-        old_logp = torch.zeros(batch, resp_len) if have_old else None
-        ref_logp = torch.zeros(batch, resp_len) if have_ref else None
+        # In the dtype the log-probs were computed in (float64 models keep every digit).
+        old_logp = torch.zeros(batch, resp_len, dtype=items[0].old_logp.dtype) if have_old else None  # type: ignore[union-attr]
+        ref_logp = torch.zeros(batch, resp_len, dtype=items[0].ref_logp.dtype) if have_ref else None  # type: ignore[union-attr]
         for row, it in enumerate(items):
             n, p = it.response_length, it.prompt_length
             input_ids[row, : len(it.input_ids)] = torch.tensor(it.input_ids)
@@ -279,16 +295,35 @@ class Trainer:
         )
 
     def _micro_batches(self, items: list[_TrainItem]) -> list[_MicroBatch]:
+        """`items` in micro-batches, padded with zero-weight batches to the most any rank has (collective)."""
         # Similar lengths together: the long tail would otherwise pad every micro-batch.
         ordered = sorted(items, key=lambda it: len(it.input_ids))
         size = self.micro_batch_size
-        return [self._collate(ordered[i : i + size]) for i in range(0, len(ordered), size)]
+        batches = [self._collate(ordered[i : i + size]) for i in range(0, len(ordered), size)]
+        most = int(self.backend.all_reduce([len(batches)], "max")[0])
+        return batches + [self._padding_batch() for _ in range(most - len(batches))]
 
-    def _mini_batches(self, items: list[_TrainItem], epoch: int) -> list[list[_TrainItem]]:
-        """This epoch's split of the step's samples into optimizer updates (seeded shuffle)."""
+    def _padding_batch(self) -> _MicroBatch:
+        """A two-token batch for a rank with fewer micro-batches than the others: its forward and a
+        zero-weighted backward join the collectives and change nothing. Recognised by its empty
+        `items`; never part of a loss denominator or a statistic."""
+        dev = self.device
+        return _MicroBatch(
+            input_ids=torch.zeros(1, 2, dtype=torch.long, device=dev),
+            positions=torch.zeros(1, 1, dtype=torch.long, device=dev),
+            targets=torch.zeros(1, 1, dtype=torch.long, device=dev),
+            response_mask=torch.ones(1, 1, device=dev),  # one position, so the forward reaches every weight
+            stale_mask=torch.zeros(1, 1, dtype=torch.bool, device=dev),
+            rollout_logp=torch.zeros(1, 1, device=dev),
+            advantages=torch.zeros(1, device=dev),
+            items=[],
+        )
+
+    def _mini_batches(self, items: list[_TrainItem], epoch: int, count: int) -> list[list[_TrainItem]]:
+        """This epoch's split of this rank's samples into `count` optimizer updates (seeded shuffle);
+        with fewer samples than `count` the last ones are empty (other ranks fill them)."""
         order = list(range(len(items)))
         random.Random(f"{self.seed}:{self.steps_done}:{epoch}").shuffle(order)
-        count = max(1, min(self.num_mini_batches, len(items)))
         # Near-equal sizes: the first len % count mini-batches get one sample more.
         base, extra = divmod(len(items), count)
         minis, at = [], 0
@@ -325,7 +360,7 @@ class Trainer:
                 torch.gather(logits, 1, index)[mask], targets, temperature=self.temperature,
                 chunk_tokens=self.logprob_chunk_tokens,
             )
-        zeros = torch.zeros(mask.shape, dtype=torch.float32, device=logp.device)
+        zeros = torch.zeros(mask.shape, dtype=logp.dtype, device=logp.device)
         return zeros.masked_scatter(mask, logp), zeros.masked_scatter(mask, entropy)
 
     @torch.no_grad()
@@ -334,10 +369,10 @@ class Trainer:
         for mb in self._micro_batches(items):
             lengths = [it.response_length for it in mb.items]
             if old:
-                logp = self._token_stats(self.model, mb)[0]
+                logp = self.backend.forward(self._token_stats, mb)[0]
                 for row, (it, n) in enumerate(zip(mb.items, lengths)):
                     it.old_logp = logp[row, :n].cpu()
-            if self.ref_model is not None:
+            if self.ref_model is not None and mb.items:
                 ref = self._token_stats(self.ref_model, mb)[0]
                 for row, (it, n) in enumerate(zip(mb.items, lengths)):
                     it.ref_logp = ref[row, :n].cpu()
@@ -351,6 +386,10 @@ class Trainer:
         start = time.perf_counter()
         items, zero_groups = self._items(groups, policy_version)
         rewards = [r for g in groups for r in g.rewards()]
+        # The whole step's counts (this rank holds only its share of the groups).
+        totals = self.backend.all_reduce([len(items), len(groups), zero_groups, sum(rewards), len(rewards)])
+        n_items, n_groups, zero_groups, n_rewards = (int(totals[i]) for i in (0, 1, 2, 4))
+        reward_sum = totals[3]
         # No dropout: old and current log-probs must agree at ratio 1. Transformers checkpoints layers only
         # in train mode, which equals eval mode for the dropout-free models checkpointing accepts.
         self.model.train(is_checkpointing(self.model))
@@ -358,12 +397,13 @@ class Trainer:
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = lr
 
-        schedule = [self._mini_batches(items, epoch) for epoch in range(self.epochs)] if items else []
+        count = max(1, min(self.num_mini_batches, n_items))
+        schedule = [self._mini_batches(items, epoch, count) for epoch in range(self.epochs)] if n_items else []
         # π_old for every sample the first update does not see, computed before that update; the
         # first update's own forward pass provides the rest (same weights, ratio exactly 1).
         first = {id(it) for it in schedule[0][0]} if schedule else set()
         later = [it for it in items if id(it) not in first]
-        if later:
+        if schedule:
             self._fill_logps(later, old=True)
         if self.ref_model is not None and schedule:
             self._fill_logps([it for it in items if id(it) in first], old=False)
@@ -401,13 +441,13 @@ class Trainer:
             grad_norm=sum(u.grad_norm for u in trained) / n_updates,
             tokens=int(stats.response_tokens),
             loss_tokens=int(stats.loss_tokens),
-            samples=len(items),
-            groups=len(groups),
+            samples=n_items,
+            groups=n_groups,
             off_policy_token_ratio=summary["off_policy_token_ratio"],
             masked_token_share=summary["masked_token_share"],
             tis_weight_mean=summary["tis_weight_mean"] if self.config.off_policy_mode == "tis" else 1.0,
             tis_clip_frac=summary["tis_clip_frac"],
-            reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
+            reward_mean=reward_sum / n_rewards if n_rewards else 0.0,
             zero_advantage_groups=zero_groups,
             optimizer_steps=len(trained),
             seconds=time.perf_counter() - start,
@@ -420,23 +460,32 @@ class Trainer:
     def _update(self, mini: list[_TrainItem], epoch: int, index: int) -> tuple[LossStats, UpdateStats] | None:
         """One optimizer update on one mini-batch (gradient accumulated over its micro-batches).
 
-        Returns None for an empty mini-batch; an all-masked one is not stepped (grad_norm -1):
-        AdamW must not decay the weights or coast on momentum without a gradient.
+        Returns None for a mini-batch empty on every rank; an all-masked one is not stepped (grad_norm
+        -1): AdamW must not decay the weights or coast on momentum without a gradient. The loss
+        denominator, the statistics and the ratio range are those of the mini-batch over all ranks.
         """
         micro_batches = self._micro_batches(mini)
         if not micro_batches:
             return None
         mode, aggregation = self.config.off_policy_mode, self.config.aggregation
-        denominator = sum(
-            loss_denominator(loss_mask(mb.response_mask, mb.stale_mask, mode), aggregation) for mb in micro_batches
+        local_denominator = sum(
+            loss_denominator(loss_mask(mb.response_mask, mb.stale_mask, mode), aggregation)
+            for mb in micro_batches if mb.items
         )
+        denominator = self.backend.all_reduce([local_denominator])[0]
         trainable = denominator > 0
         self.optimizer.zero_grad(set_to_none=True)
         stats = LossStats()
         ratio_min, ratio_max = float("inf"), float("-inf")
         for mb in micro_batches:
+            if not mb.items:  # padding: join the collectives of the forward and backward, add nothing
+                with torch.set_grad_enabled(trainable):
+                    logp, entropy = self.backend.forward(self._token_stats, mb)
+                    if trainable:
+                        ((logp.sum() + entropy.sum()) * 0.0).backward()
+                continue
             with torch.set_grad_enabled(trainable):
-                logp, entropy = self._token_stats(self.model, mb)
+                logp, entropy = self.backend.forward(self._token_stats, mb)
                 old_logp = mb.old_logp
                 if old_logp is None:
                     # The step's first update: these weights ARE π_old. Keep the values for the
@@ -465,14 +514,18 @@ class Trainer:
             stats = stats + mb_stats
         grad_norm = -1.0
         if trainable:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.max_grad_norm))
+            grad_norm = self.backend.clip_grad_norm(self.spec.max_grad_norm)
             self.optimizer.step()
+        *sums, samples = self.backend.all_reduce([*astuple(stats), len(mini)])
+        stats = LossStats(*sums)
+        neg_min, ratio_max = self.backend.all_reduce([-ratio_min, ratio_max], "max")
+        ratio_min = -neg_min
         summary = stats.summary()
         no_tokens = ratio_min == float("inf")
         return stats, UpdateStats(
             epoch=epoch,
             mini_batch=index,
-            samples=len(mini),
+            samples=int(samples),
             loss_tokens=int(stats.loss_tokens),
             ratio_min=1.0 if no_tokens else ratio_min,
             ratio_max=1.0 if no_tokens else ratio_max,
@@ -484,21 +537,18 @@ class Trainer:
     # ------------------------------------------------------------------------------------------
     # checkpoints
 
-    def state_dict(self) -> dict[str, Any]:
-        """Model, optimizer, step counter and, with KL, the reference model."""
-        state: dict[str, Any] = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "steps_done": self.steps_done,
-        }
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Model and optimizer (this rank's shards under FSDP2), step counter and, with KL, the
+        reference model, laid out for torch.distributed.checkpoint (runtime/checkpoint.py); also the
+        template a load fills in place."""
+        state: dict[str, Any] = {**self.backend.checkpoint_state(), "steps_done": torch.tensor(self.steps_done)}
         if self.ref_model is not None:
             state["ref_model"] = self.ref_model.state_dict()
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what state_dict() saved."""
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Restore what checkpoint_state() saved (after torch.distributed.checkpoint filled it)."""
+        self.backend.load_checkpoint_state(state)
         self.steps_done = int(state["steps_done"])
         if self.ref_model is not None and "ref_model" in state:
             self.ref_model.load_state_dict(state["ref_model"])

@@ -20,11 +20,16 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def _chunk_stats(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # Projection in the model's dtype (as the model's own forward does), softmax maths in float32.
-    logits = torch.nn.functional.linear(hidden, weight, bias).float()
+    # Projection in the model's dtype (as the model's own forward does), softmax maths in float32
+    # (float64 for a float64 model: the equivalence tests need every digit).
+    logits = _at_least_fp32(torch.nn.functional.linear(hidden, weight, bias))
     if temperature != 1.0:
         logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
@@ -85,7 +90,7 @@ def logprobs_from_logits(
         return empty, empty.clone()
     logps, entropies = [], []
     for start in range(0, n, chunk_tokens):
-        z = logits[start : start + chunk_tokens].float()
+        z = _at_least_fp32(logits[start : start + chunk_tokens])
         if temperature != 1.0:
             z = z / temperature
         lse = torch.logsumexp(z, dim=-1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import torch
@@ -57,11 +57,13 @@ class EngineLoad:
 
 @dataclass
 class WeightUpdate:
-    """New policy weights: a live module (in-process engines) and/or a directory on disk (HTTP)."""
+    """New policy weights: a live module or full named tensors (in-process engines; tensors when the
+    trainer is sharded and gathered them) and/or a directory on disk (HTTP)."""
 
     version: int
     module: torch.nn.Module | None = None
     path: str | None = None
+    tensors: dict[str, torch.Tensor] | None = None
 
 
 class EngineError(RuntimeError):
@@ -108,6 +110,14 @@ class Engine(abc.ABC):
     def served_version(self) -> int | None:
         """The weight version new requests are served at, as the engine itself reports it; None
         when the engine cannot tell (or no part of it serves at the moment)."""
+        return None
+
+    def sampling_state(self) -> Any:
+        """The state of the engine's sampling RNG, for a checkpoint (None: the engine has none here)."""
+        return None
+
+    def load_sampling_state(self, state: Any) -> None:
+        """Restore what sampling_state() returned (no-op for engines without a local RNG)."""
         return None
 
     def ceiling_tokens_per_s(self) -> float | None:

@@ -326,12 +326,12 @@ class EmbeddedEngine(Engine):
     # ----------------------------------------------------------------- weights
 
     async def update_weights(self, update: WeightUpdate) -> None:
-        """Install weights from ``update.module`` (state dict copy) or ``update.path`` between steps.
+        """Install weights from ``update.tensors``, ``update.module`` (state dict copy) or ``update.path`` between steps.
 
         Running sequences keep their KV cache and continue with the new weights, as SGLang does.
         """
-        if update.module is None and update.path is None:
-            raise EngineError("WeightUpdate needs a module or a path")
+        if update.module is None and update.path is None and update.tensors is None:
+            raise EngineError("WeightUpdate needs a module or a path (or gathered tensors)")
         async with self._step_lock:
             await asyncio.to_thread(self._install_weights, update)
             self.weight_version = update.version
@@ -367,7 +367,9 @@ class EmbeddedEngine(Engine):
                 params[name].copy_(tensor)
 
     def _install_weights(self, update: WeightUpdate) -> None:
-        if update.module is not None:
+        if update.tensors is not None:
+            state = update.tensors
+        elif update.module is not None:
             state = update.module.state_dict()
         else:
             assert update.path is not None
@@ -378,9 +380,18 @@ class EmbeddedEngine(Engine):
         tied = {"lm_head.weight", "model.embed_tokens.weight"}
         if set(missing) - tied or set(unexpected) - tied:
             raise EngineError(
-                f"weights from {update.path or type(update.module).__name__} do not match the served model "
+                f"weights from {update.path or type(update.module if update.tensors is None else update.tensors).__name__} do not match the served model "
                 f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
             )
+
+    def sampling_state(self) -> torch.Tensor | None:
+        """The sampling generator's state (None before start())."""
+        return self._generator.get_state() if self._generator is not None else None
+
+    def load_sampling_state(self, state: torch.Tensor | None) -> None:
+        """Restore the sampling generator (after start(), which seeds it)."""
+        if state is not None and self._generator is not None:
+            self._generator.set_state(state)
 
     # ----------------------------------------------------------------- decode loop
 

@@ -1,6 +1,7 @@
 """`rljob export`: a training checkpoint as a Hugging Face model folder that transformers and SGLang load.
 
-A checkpoint holds the policy's state dict and the job spec it was trained under; the spec says which
+A checkpoint holds the policy's weights (torch.distributed.checkpoint, `trainer/`, whatever number of
+ranks wrote them) and the job spec it was trained under (`state.pt`); the spec says which
 model folder the run started from, which supplies the config, generation config and tokenizer. The
 trained weights are written as safetensors next to them, into a temporary sibling renamed into place,
 so an interrupted export never leaves a folder that looks complete.
@@ -12,14 +13,14 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from rljob.api.spec import RLJob
-from rljob.runtime.checkpoint import CheckpointManager
+from rljob.runtime.checkpoint import LEADER_STATE, TRAINER_DIR, CheckpointManager
 from rljob.runtime.models.errors import ExportError
 from rljob.runtime.models.loading import load_causal_lm
 
@@ -40,9 +41,9 @@ class ExportResult:
 
 def find_checkpoint(path: Path) -> Path:
     """The checkpoint folder `path` names: a step-N folder, its state.pt, or a checkpoint dir (newest)."""
-    if path.is_file() and path.name == "state.pt":
+    if path.is_file() and path.name == LEADER_STATE:
         return path.parent
-    if (path / "state.pt").is_file():
+    if (path / LEADER_STATE).is_file():
         return path
     latest = CheckpointManager(path).latest()
     if latest is None:
@@ -50,11 +51,32 @@ def find_checkpoint(path: Path) -> Path:
     return latest
 
 
-def _model_state(state: dict[str, Any], checkpoint: Path) -> dict[str, torch.Tensor]:
+def _saved_dtype(trainer_dir: Path) -> torch.dtype:
+    """The precision the policy was saved in, from the checkpoint's metadata (no tensor is read)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     try:
-        return state["trainer"]["model"]
-    except (KeyError, TypeError):
-        raise ExportError(f"CHECKPOINT: {checkpoint} is not an rljob training checkpoint (no trainer.model)") from None
+        entries = FileSystemReader(str(trainer_dir)).read_metadata().state_dict_metadata
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"CHECKPOINT: {trainer_dir} is not a readable torch.distributed.checkpoint: {exc}") from None
+    for key, meta in entries.items():
+        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata):
+            return meta.properties.dtype
+    raise ExportError(f"CHECKPOINT: {trainer_dir} holds no model weights")
+
+
+def _load_weights(model: torch.nn.Module, trainer_dir: Path, source: Path, field: str, base: Path) -> None:
+    """Fill `model` in place from the checkpoint's (possibly sharded) model state."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": model.state_dict()}
+    try:
+        with warnings.catch_warnings():  # DCP warns that it assumes one process: it is meant
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=trainer_dir, no_dist=True)
+    except Exception as exc:  # DCP raises CheckpointException (a RuntimeError subclass varies by version)
+        raise ExportError(f"CHECKPOINT: {source} does not match the model of {field} ({base}): {exc}") from None
 
 
 def export_checkpoint(checkpoint: str | Path, target: str | Path, dtype: str | None = None, force: bool = False) -> ExportResult:
@@ -70,21 +92,17 @@ def export_checkpoint(checkpoint: str | Path, target: str | Path, dtype: str | N
     out = Path(target)
     if out.exists() and any(out.iterdir()) and not force:
         raise ExportError(f"DIR: {out} exists and is not empty; choose another folder or pass --force to replace it")
-    state = CheckpointManager(source.parent).load(source)
-    assert state is not None
-    weights = _model_state(state, source)
+    state = CheckpointManager.read_leader_state(source)
+    trainer_dir = source / TRAINER_DIR
+    if "job" not in state or not trainer_dir.is_dir():
+        raise ExportError(f"CHECKPOINT: {source} is not an rljob training checkpoint (no job spec or no {TRAINER_DIR}/)")
     job = RLJob.model_validate(state["job"])
     base, field = policy_dir(job.spec.model, progress=False)
-    trained = next(iter(weights.values())).dtype
+    trained = _saved_dtype(trainer_dir)
     out_dtype = torch_dtype(dtype) if dtype else trained
-    model = load_causal_lm(base, field=field, dtype=out_dtype)
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-    if set(missing) - tied or unexpected:
-        raise ExportError(
-            f"CHECKPOINT: {source} does not match the model of {field} ({base}): missing {sorted(missing)[:3]}, "
-            f"unexpected {sorted(unexpected)[:3]}"
-        )
+    model = load_causal_lm(base, field=field, dtype=trained)
+    _load_weights(model, trainer_dir, source, field, base)
+    model.to(out_dtype)
     model.config.dtype = out_dtype  # recorded in config.json, read by SGLang's --dtype auto
     tokenizer = load_tokenizer(base)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -70,8 +70,8 @@ class MasterWeightAdamW:
 
 
 def build_optimizer(model: nn.Module, learning_rate: float, weight_decay: float) -> torch.optim.Optimizer | MasterWeightAdamW:
-    """AdamW for an fp32 model; fp32 master-weight AdamW when any trainable parameter is in lower precision."""
+    """AdamW for an fp32 (or fp64) model; fp32 master-weight AdamW when any trainable parameter is in lower precision."""
     params = [p for p in model.parameters() if p.requires_grad]
-    if all(p.dtype == torch.float32 for p in params):
+    if all(p.dtype in (torch.float32, torch.float64) for p in params):
         return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
     return MasterWeightAdamW(params, lr=learning_rate, weight_decay=weight_decay)

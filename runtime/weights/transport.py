@@ -65,10 +65,14 @@ class WeightTransport(abc.ABC):
 
 def module_buckets(module: torch.nn.Module, bucket_bytes: int) -> Iterator[Bucket]:
     """A module's parameters (tied ones once), in order, grouped into buckets of about ``bucket_bytes``."""
+    return named_buckets(((name, param.detach()) for name, param in module.named_parameters()), bucket_bytes)
+
+
+def named_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[Bucket]:
+    """Named tensors, in order, grouped into buckets of about ``bucket_bytes``."""
     bucket: Bucket = []
     size = 0
-    for name, param in module.named_parameters():
-        tensor = param.detach()
+    for name, tensor in named:
         nbytes = tensor.numel() * tensor.element_size()
         if bucket and size + nbytes > bucket_bytes:
             yield bucket

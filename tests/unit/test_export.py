@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rljob.api.spec import AlgorithmSpec, RLJob
-from rljob.runtime.checkpoint import CheckpointManager
+from rljob.runtime.checkpoint import CheckpointManager, rng_state
 from rljob.runtime.cli import main
 from rljob.runtime.models.errors import ExportError
 from rljob.runtime.models.export import export_checkpoint
@@ -30,7 +30,7 @@ def _trained_checkpoint(folder: Path, directory: Path, dtype: torch.dtype = torc
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=generator).to(p.dtype))
-    CheckpointManager(directory).save(7, {"step": 7, "version": 7, "trainer": trainer.state_dict(), "job": job.to_wire()})
+    CheckpointManager(directory).save(7, trainer.checkpoint_state(), rng_state(), {"step": 7, "version": 7, "job": job.to_wire()})
     return model
 
 

@@ -257,12 +257,12 @@ def test_state_dict_round_trip_restores_model_and_optimizer() -> None:
     trainer = Trainer(model, AlgorithmSpec(learning_rate=1e-2), micro_batch_size=4)
     group = _group(model)
     trainer.train_step([group], policy_version=0)
-    saved = copy.deepcopy(trainer.state_dict())
+    saved = copy.deepcopy(trainer.checkpoint_state())
     trainer.train_step([group], policy_version=1)
     expected = _params(model)
 
     restored = Trainer(_model(seed=1), AlgorithmSpec(learning_rate=1e-2), micro_batch_size=4)
-    restored.load_state_dict(saved)
+    restored.load_checkpoint_state(saved)
     restored.train_step([group], policy_version=1)
     assert restored.steps_done == 2
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(expected, restored.model.parameters()))

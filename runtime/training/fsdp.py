@@ -1,0 +1,149 @@
+"""FSDP2 training backend: every rank holds a shard of each parameter (`fully_shard`), gathers a
+block's full weights for its forward and backward, and reduce-scatters the gradients.
+
+Sharding follows the recipe of the FSDP2 docs: each decoder layer is its own unit (one all-gather
+per layer, freed after use), then the root takes the rest (embeddings, final norm, output head).
+The trainer computes log-probs from the decoder body and the head's weight, not through the model's
+own forward (trainer._token_stats), so the root's gather is attached to `forward`'s stand-in through
+`register_fsdp_forward_method`.
+
+Gradients are summed, not averaged, over ranks: the trainer divides every rank's loss by the global
+loss denominator already, so the sum of the ranks' gradients is the gradient of the whole batch.
+
+bf16: the shards stay float32 (they are the master weights, and AdamW's state is float32) and
+`MixedPrecisionPolicy` casts the gathered weights to bf16 for compute, with float32 gradient reduction.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor
+
+from rljob.runtime.training.backend import NamedTensors, ReduceOp, bucketed
+from rljob.runtime.training.distributed import Distributed
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_FORWARD = "_rljob_forward"
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+def _run(self: nn.Module, fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(self, *args)
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of a Hugging Face decoder (model.model.layers), each an FSDP unit."""
+    body = model.get_decoder() if callable(getattr(model, "get_decoder", None)) else None
+    layers = getattr(body, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        raise ValueError(f"{type(model).__name__}: no decoder layers (model.get_decoder().layers) to shard")
+    return list(layers)
+
+
+class FSDP2Backend:
+    """One rank of a `fully_shard` data-parallel trainer (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, learning_rate: float, weight_decay: float, distributed: Distributed) -> None:
+        """Shard `model` in place across the default process group and build AdamW over the shards."""
+        self.distributed = distributed
+        self.rank = distributed.rank
+        self.world_size = distributed.world_size
+        compute_dtype = next(model.parameters()).dtype
+        mp_policy = MixedPrecisionPolicy()
+        if compute_dtype in (torch.bfloat16, torch.float16):
+            model.to(torch.float32)  # the shards are the fp32 master weights
+            mp_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+        for layer in decoder_layers(model):
+            fully_shard(layer, mp_policy=mp_policy)
+        fully_shard(model, mp_policy=mp_policy)
+        assert isinstance(model, FSDPModule)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):  # per unit: sum over ranks, the loss is globally normalised
+                module.set_gradient_divide_factor(1.0)
+                # A plain SUM reduce-scatter: for fp32/bf16 a factor other than the world size would
+                # otherwise become ReduceOp.PREMUL_SUM, which NCCL has and gloo refuses.
+                module.set_force_sum_reduction_for_comms(True)
+        setattr(model, _FORWARD, _run.__get__(model, type(model)))
+        register_fsdp_forward_method(model, _FORWARD)
+        self.model = model
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=learning_rate, weight_decay=weight_decay
+        )
+        log.info("rank %d: model sharded over %d ranks with fully_shard (%d layer units + root)",
+                 self.rank, self.world_size, len(decoder_layers(model)))
+
+    def forward(self, fn: Callable[..., T], *args: Any) -> T:
+        """Collective: `fn(model, *args)` between the root's all-gather and reshard (FSDP's forward hooks)."""
+        return getattr(self.model, _FORWARD)(fn, *args)
+
+    def all_reduce(self, values: Sequence[float], op: ReduceOp = "sum") -> list[float]:
+        """Collective: element-wise reduction of `values` (float64, so token counts stay exact)."""
+        device = torch.device("cuda", torch.cuda.current_device()) if self.distributed.backend == "nccl" else None
+        tensor = torch.tensor(list(values), dtype=torch.float64, device=device)
+        dist.all_reduce(tensor, op=_OPS[op])
+        return tensor.tolist()
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Collective: the global gradient norm (torch reduces the DTensor shards' norms), then clipping."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+
+    def iter_full_weights(self, bucket_bytes: int) -> Iterator[NamedTensors]:
+        """Collective: the full, unsharded state of the model on rank 0, `bucket_bytes` at a time.
+
+        Every rank must iterate this generator to its end, in step with the others: each parameter
+        is all-gathered (`DTensor.full_tensor()`) when reached. Rank 0 receives buckets of
+        (Hugging Face parameter name, full tensor on the CPU, in the training dtype) of at least
+        `bucket_bytes` each (the last may be smaller, a larger tensor comes alone); the other ranks
+        take part in the gathers and receive no bucket. At most one bucket of full tensors exists at
+        a time on rank 0, never the whole model. Tied weights (an output head sharing the embedding)
+        are gathered once and listed under each of their names, in the same bucket.
+        """
+        return bucketed(self._full_tensors(), bucket_bytes) if self.rank == 0 else self._drain()
+
+    def _full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        # Names of one tensor (tied weights share it), in state-dict order.
+        aliases: dict[int, list[str]] = {}
+        state = self.model.state_dict(keep_vars=True)
+        for name, tensor in state.items():
+            aliases.setdefault(id(tensor), []).append(name)
+        done: set[int] = set()
+        for name, tensor in state.items():
+            key = id(tensor)
+            if key in done:
+                continue
+            done.add(key)
+            value = tensor.detach()
+            full = value.full_tensor() if isinstance(value, DTensor) else value
+            full = full.cpu()
+            for alias in aliases[key]:
+                yield alias, full
+
+    def _drain(self) -> Iterator[NamedTensors]:
+        # Runs every gather in step with rank 0 and yields nothing.
+        for _ in self._full_tensors():
+            pass
+        yield from ()
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """{"model", "optim"}: sharded DTensors under their parameter names (torch.distributed.checkpoint
+        reshards them on load to whatever world size the loading job has)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optim": optim_state}
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Install a loaded {"model", "optim"} into the shards and the optimizer."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

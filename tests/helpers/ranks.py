@@ -1,0 +1,45 @@
+"""Run a function on N real gloo ranks in spawned processes on loopback, as torchrun would start them.
+
+Each process gets the torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT) and one torch thread (the machine has two cores); the function must be
+importable (defined at module level) and reports its results through files.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from tests.helpers.processes import free_port
+
+RANKS_TIMEOUT_S = 300.0
+
+
+def _entry(rank: int, fn: Callable[..., None], world_size: int, port: int, args: tuple[Any, ...]) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    try:
+        fn(rank, *args)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable[..., None], world_size: int, *args: Any, timeout: float = RANKS_TIMEOUT_S) -> None:
+    """fn(rank, *args) on `world_size` processes; raises if any rank fails or the deadline passes."""
+    ctx = mp.start_processes(_entry, args=(fn, world_size, free_port(), args), nprocs=world_size, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for process in ctx.processes:
+                process.kill()
+            raise AssertionError(f"{world_size} ranks of {fn.__name__} still running after {timeout:.0f} s")

@@ -1,0 +1,266 @@
+"""Data-parallel training on real gloo ranks (spawned processes on loopback) with a real tiny transformer.
+
+Equivalence. On a fixed batch, 2 FSDP2 ranks (each trains the groups `balance_by_tokens` gives it)
+must compute the loss and, after the AdamW update, the weights that one process computes on the
+whole batch. The model is float64, so the only differences are rounding in a different summation
+order: the loss and gradient sums are split over ranks and added by the reduce-scatter, and the
+micro-batches are cut differently (different padding widths, hence different kernels' blocking).
+Each such sum of n terms differs by at most about n·u relatively, u = 2^-53 ≈ 1.1e-16; with n
+below 1e4 terms per sum that is below 1e-12. The loss inherits that: rtol 1e-9 leaves three
+orders of margin. The weights: after one AdamW step from zero moments the update is
+lr·g/(|g|+ε) per element, whose error for a gradient error δg is lr·δg·ε/(|g|+ε)² ≤ lr·(δg/|g|)/4,
+so at most lr·1e-12/4 = 2.5e-15 for lr 1e-2; the gradient-clipping scale and weight decay add
+rounding of the same order. atol 1e-11 on weights of order 1 leaves more than three orders of
+margin, while any real mistake (a missing all-reduce of the denominator halves or doubles a
+gradient; a dropped shard drops whole rows) moves weights by about lr = 1e-2.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from rljob.api.spec import AlgorithmSpec
+from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
+from rljob.runtime.trainer import Trainer
+from rljob.runtime.training.balance import balance_by_tokens
+from tests.helpers.ranks import run_ranks
+from tests.helpers.tiny_model import TINY_VOCAB, build_tiny_model
+
+SPEC = AlgorithmSpec(learning_rate=1e-2, max_grad_norm=1.0)
+MICRO_BATCH = 2
+LOSS_RTOL = 1e-9
+WEIGHT_ATOL = 1e-11
+
+
+def fixed_batch(groups: int, seed: int = 7) -> list[Group]:
+    """Groups of 2-3 samples with varied prompt and response lengths and rewards (deterministic)."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(groups):
+        prompt = [rng.randrange(1, TINY_VOCAB) for _ in range(rng.randint(3, 8))]
+        samples = []
+        for i in range(rng.randint(2, 3)):
+            n = rng.randint(2, 14)
+            samples.append(Sample(
+                group_id=f"g{g}", index=i, prompt_ids=prompt, answer="", status=SampleStatus.COMPLETED,
+                response_ids=[rng.randrange(1, TINY_VOCAB) for _ in range(n)],
+                logprobs=[-rng.uniform(1.0, 6.0) for _ in range(n)], versions=[0] * n, reward=rng.random(),
+            ))
+        out.append(Group(group_id=f"g{g}", prompt_text="", samples=samples))
+    return out
+
+
+def tokens(group: Group) -> int:
+    return sum(len(s.prompt_ids) + len(s.response_ids) for s in group.samples)
+
+
+def float64_model() -> torch.nn.Module:
+    return build_tiny_model(seed=0).to(torch.float64)
+
+
+def _train_on_ranks(rank: int, out: Path, batches: list[int]) -> None:
+    from rljob.runtime.training.distributed import DistEnv, Distributed
+
+    env = DistEnv.from_environ()
+    assert env is not None and env.rank == rank
+    distributed = Distributed(env, "cpu")
+    for n_groups in batches:
+        trainer = Trainer(float64_model(), SPEC, micro_batch_size=MICRO_BATCH, distributed=distributed)
+        groups = fixed_batch(n_groups)
+        shards = balance_by_tokens([tokens(g) for g in groups], env.world_size)
+        mine = distributed.scatter([[groups[i] for i in s] for s in shards] if rank == 0 else None)
+        metrics = trainer.train_step(mine, policy_version=0)
+        weights = {n: t.clone() for bucket in trainer.backend.iter_full_weights(1 << 16) for n, t in bucket}
+        if rank == 0:
+            torch.save({"metrics": metrics.to_dict(), "weights": weights, "shards": shards}, out / f"{n_groups}.pt")
+        else:
+            assert weights == {}, "iter_full_weights gave a bucket to a rank other than 0"
+
+
+@pytest.mark.parametrize("n_groups", [5])
+def test_two_gloo_ranks_take_the_update_of_one_process(tmp_path: Path, n_groups: int) -> None:
+    # 5 groups: the ranks get unequal micro-batch counts (padding passes); 1 group: rank 1 trains nothing.
+    run_ranks(_train_on_ranks, 2, tmp_path, [n_groups, 1])
+    for count in (n_groups, 1):
+        result = torch.load(tmp_path / f"{count}.pt", weights_only=False)
+        model = float64_model()
+        reference = Trainer(model, SPEC, micro_batch_size=MICRO_BATCH).train_step(fixed_batch(count), policy_version=0)
+        got = result["metrics"]
+        if count > 1:
+            assert all(result["shards"]), "a rank got no group: the test would not exercise the split"
+        assert got["samples"] == reference.samples and got["tokens"] == reference.tokens
+        assert got["loss"] == pytest.approx(reference.loss, rel=LOSS_RTOL, abs=1e-14)
+        assert got["grad_norm"] == pytest.approx(reference.grad_norm, rel=LOSS_RTOL)
+        assert reference.optimizer_steps == got["optimizer_steps"] == 1
+        expected = model.state_dict()
+        assert result["weights"].keys() == expected.keys()
+        worst = max(float((result["weights"][k] - v).abs().max()) for k, v in expected.items())
+        assert worst <= WEIGHT_ATOL, f"weights differ by up to {worst:.3g} after the update"
+        moved = max(float((v - float64_model().state_dict()[k]).abs().max()) for k, v in expected.items())
+        assert moved > 1e3 * WEIGHT_ATOL, "the update did not move the weights: the comparison proves nothing"
+
+
+# ---------------------------------------------------------------------------------------------
+# resharding: a checkpoint of 2 ranks resumes in 1 process
+
+
+def _two_rank_run(rank: int, doc: dict, out: Path) -> None:
+    import asyncio
+
+    from rljob.api import parse_rljob
+    from rljob.runtime.runner import JobRunner, Order, RunOptions, TrainingRank
+    from rljob.runtime.training.distributed import DistEnv, Distributed
+
+    env = DistEnv.from_environ()
+    assert env is not None
+    distributed = Distributed(env, "cpu")
+    job = parse_rljob(doc)
+    if rank != 0:
+        TrainingRank(job, distributed).run()
+        return
+
+    async def lead() -> None:
+        runner = JobRunner(job, RunOptions(output_dir=out / "run"), distributed)
+        await runner.setup()
+        for _ in range(2):
+            await runner.run_step()  # checkpoint.everySteps 2: step 2 is saved by both ranks
+        # The engine holds exactly the gathered full weights of step 2 (fp32 engine, tensor sync).
+        weights = {k: v.clone() for k, v in runner.engines[0].model.state_dict().items()}
+        torch.save({"buffer": snapshot(runner.scheduler.buffer), "cursor": runner.prompts.state_dict(),
+                    "weights": weights, "step": runner.step, "version": runner.version}, out / "rank0.pt")
+        runner._order(Order("stop"))
+        await runner.close()
+
+    asyncio.run(lead())
+
+
+def snapshot(groups) -> dict:  # type: ignore[no-untyped-def]
+    return {g.group_id: [(s.index, tuple(s.response_ids), tuple(s.versions)) for s in g.samples] for g in groups}
+
+
+async def test_a_checkpoint_of_two_ranks_resumes_in_one_process(tmp_path: Path) -> None:
+    from rljob.api import parse_rljob
+    from rljob.runtime.runner import JobRunner, RunOptions
+    from tests.integration.test_runner_resume import job_doc, tiny_policy
+
+    doc = job_doc(tiny_policy(tmp_path / "model"), tmp_path / "ckpt", steps=3, every=2)
+    run_ranks(_two_rank_run, 2, doc, tmp_path)
+    saved = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    assert saved["buffer"], "APRIL left nothing in the buffer: the test would prove nothing"
+    leader = torch.load(tmp_path / "ckpt" / "step-00000002" / "state.pt", weights_only=False)
+    assert leader["world_size"] == 2
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "step-00000002" / "rng").iterdir()) == [
+        "rank-00000.pt", "rank-00001.pt"]
+
+    runner = JobRunner(parse_rljob(doc), RunOptions(output_dir=tmp_path / "single"))
+    await runner.setup()
+    try:
+        assert (runner.step, runner.version) == (saved["step"], saved["version"]) == (2, 2)
+        assert runner.trainer.steps_done == 2
+        assert snapshot(runner.scheduler.buffer) == saved["buffer"]
+        assert runner.prompts.state_dict() == saved["cursor"]
+        resumed = runner.trainer.model.state_dict()
+        assert resumed.keys() == saved["weights"].keys()
+        for name, tensor in saved["weights"].items():
+            assert torch.equal(resumed[name], tensor), f"{name} changed across the 2 -> 1 resharding"
+        # The AdamW moments came back too (resharded): not the zeros of a fresh optimizer.
+        moments = [s["exp_avg"] for s in runner.trainer.optimizer.state.values()]
+        assert moments and all(float(m.abs().sum()) > 0 for m in moments)
+        record = await runner.run_step()  # and the single process trains on from there
+        assert record.step == 3 and record.loss == record.loss
+    finally:
+        await runner.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# end to end: rljob run --nproc 2, rank 1 killed with SIGKILL mid-run, the group restarts and resumes
+
+
+def _rank_pid(launcher: int, rank: int) -> int | None:
+    """The pid of the child of `launcher` whose environment says RANK=`rank` (the elastic agent's worker)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == launcher and f"RANK={rank}".encode() in environ:
+            return int(proc.name)
+    return None
+
+
+def test_rljob_run_on_two_ranks_survives_a_kill_of_rank_1(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from rljob.runtime.metrics import read_jsonl
+    from tests.integration.test_runner_resume import job_doc, tiny_policy
+
+    model = tiny_policy(tmp_path / "model")
+    doc = job_doc(model, tmp_path / "ckpt", steps=5, every=1)
+    doc["spec"]["algorithm"]["learningRate"] = 5e-3
+    doc["spec"]["evaluation"] = {"everySteps": 5, "prompts": 4}
+    # A random 2-layer policy almost never solves the arithmetic task, so every group would have
+    # reward 0 and no gradient. Rewarding shorter answers gives every group a signal to train on
+    # (and makes the held-out reward, measured with the same function, able to move).
+    (tmp_path / "length_reward.py").write_text(
+        "def score(inp):\n    return 1.0 - min(inp.response_length, 40) / 40\n")
+    doc["spec"]["reward"] = {"type": "python", "function": "length_reward:score"}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    log = tmp_path / "run.log"
+    cmd = [sys.executable, "-m", "rljob.runtime.cli", "run", str(job), "--nproc", "2", "--max-restarts", "1",
+           "--no-live", "--output", str(tmp_path / "out")]
+    with log.open("w") as out:
+        # No empty PYTHONPATH entry: it would put the working directory (the repo, whose operator/
+        # shadows the stdlib's) on the path.
+        path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "COLUMNS": "300", "PYTHONPATH": path}
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + 600
+            while not (tmp_path / "ckpt" / "step-00000002").is_dir():
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "no checkpoint of step 2 within 600 s\n" + log.read_text()
+                time.sleep(0.5)
+            rank1 = _rank_pid(proc.pid, 1)
+            assert rank1 is not None, "rank 1 not found among the launcher's children"
+            os.kill(rank1, signal.SIGKILL)
+            assert proc.wait(timeout=900) == 0, log.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = log.read_text()
+    assert "resumed from" in text, text  # the restarted group resumed instead of starting over
+    resumed_at = int(text.split("resumed from", 1)[1].split("at step", 1)[1].split()[0])
+    assert resumed_at >= 2
+    assert (tmp_path / "ckpt" / "step-00000005" / "state.pt").is_file()
+    records = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert records[-1]["step"] == 5 and records[-1]["policy_version"] == 5
+    # After the resume the steps continue from the checkpoint: steps resumed_at+1..5, once each.
+    assert [r["step"] for r in records if r["step"] > resumed_at][-(5 - resumed_at):] == list(range(resumed_at + 1, 6))
+    losses = [r["loss"] for r in records]
+    assert all(loss == loss for loss in losses) and len(set(losses)) > 1, losses
+    assert all(r["grad_norm"] > 0 for r in records), "a step without a gradient: nothing was trained"
+    evals = read_jsonl(tmp_path / "out" / "eval.jsonl")
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == 5
+    print("held-out reward", [(e["step"], e["reward_mean"]) for e in evals], "losses", losses)
+    # The weights moved away from the base model (the policy the held-out reward is measured on).
+    from rljob.runtime.models.export import export_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    export_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
+    base = AutoModelForCausalLM.from_pretrained(model).state_dict()
+    assert max(float((trained[k] - base[k]).abs().max()) for k in base) > 1e-4

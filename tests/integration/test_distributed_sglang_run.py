@@ -1,0 +1,87 @@
+"""Issue 12's end-to-end run: `rljob run --nproc 2` (two gloo trainer ranks under FSDP2, launched by
+torch's elastic launcher) against two SGLang-protocol worker processes behind the REAL sglang router,
+weights pushed over the `distributed` transport (gloo broadcasts from trainer rank 0), and a SIGKILL of
+rank 1 mid-run.
+
+It must show: the group restarts and resumes from the last checkpoint; every step record has both
+engines in the rotation, no failed sync, and a balanced ledger; at the end each engine serves the final
+weight version by its own API; the held-out reward moves.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from rljob.runtime.metrics import ledger_imbalance, read_jsonl
+from tests.integration.test_distributed_training import _rank_pid
+from tests.integration.test_run_weight_sync import http_pool  # noqa: F401 (fixture)
+from tests.integration.test_runner_resume import job_doc
+
+pytestmark = pytest.mark.slow
+
+STEPS = 5
+
+
+def test_two_ranks_two_engines_router_distributed_transport_survive_a_kill_of_rank_1(
+    tmp_path: Path, http_pool: tuple[Path, list[str], str]  # noqa: F811
+) -> None:
+    model, workers, router = http_pool
+    doc = job_doc(model, tmp_path / "ckpt", steps=STEPS, every=1)
+    doc["spec"]["algorithm"]["learningRate"] = 5e-3
+    doc["spec"]["evaluation"] = {"everySteps": STEPS, "prompts": 4}
+    # A random tiny policy never solves the arithmetic task (all rewards 0, no gradient); rewarding
+    # shorter answers gives every group a signal, and the held-out reward the same function to move.
+    (tmp_path / "length_reward.py").write_text("def score(inp):\n    return 1.0 - min(inp.response_length, 40) / 40\n")
+    doc["spec"]["reward"] = {"type": "python", "function": "length_reward:score"}
+    doc["spec"]["rollout"].pop("embedded")
+    doc["spec"]["rollout"].update({
+        "engine": "sglang",
+        "sglang": {"routerUrl": router, "workerUrls": workers},
+        "weightTransport": {"mode": "distributed", "backend": "gloo", "masterAddress": "127.0.0.1",
+                            "masterPort": 0, "bucketMegabytes": 0.05, "timeoutSeconds": 120},
+    })
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    log = tmp_path / "run.log"
+    cmd = [sys.executable, "-m", "rljob.runtime.cli", "run", str(job), "--nproc", "2", "--max-restarts", "1",
+           "--no-live", "--output", str(tmp_path / "out")]
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "COLUMNS": "300", "PYTHONPATH": path})
+        try:
+            deadline = time.monotonic() + 900
+            while not (tmp_path / "ckpt" / "step-00000002").is_dir():
+                assert proc.poll() is None, log.read_text()[-6000:]
+                assert time.monotonic() < deadline, "no checkpoint of step 2 within 900 s\n" + log.read_text()[-6000:]
+                time.sleep(0.5)
+            rank1 = _rank_pid(proc.pid, 1)
+            assert rank1 is not None, "rank 1 not found among the launcher's children"
+            os.kill(rank1, signal.SIGKILL)
+            assert proc.wait(timeout=1200) == 0, log.read_text()[-6000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = log.read_text()
+    assert "resumed from" in text, text[-6000:]
+    records = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert records[-1]["step"] == STEPS and records[-1]["policy_version"] == STEPS
+    for rec in records:
+        assert ledger_imbalance(rec) == (0, 0), rec
+        assert rec["engines_in_rotation"] == 2 and rec["weight_sync_failures"] == 0, rec
+        assert rec["grad_norm"] > 0, "a step without a gradient"
+    # The engines' own API: both serve the final version (the restarted group rebuilt the weight group).
+    assert [httpx.get(u + "/get_weight_version", timeout=10).json()["weight_version"] for u in workers] == [str(STEPS)] * 2
+    evals = read_jsonl(tmp_path / "out" / "eval.jsonl")
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == STEPS
+    assert evals[-1]["reward_mean"] > evals[0]["reward_mean"], "the held-out reward did not rise"
+    print("held-out reward", [(e["step"], e["reward_mean"]) for e in evals])

@@ -38,6 +38,8 @@ PVC_URI_PATTERN = r"^pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/.*)?$"
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
 # GPU vendors of inference pools: their SGLang pods load a Hugging Face model folder they must see.
 GPU_VENDORS = ("nvidia", "amd")
+# Vendors of inference pools; `cpu` pools run rljob's SGLang-protocol server. One type for spec and status.
+PoolVendor = Literal["nvidia", "amd", "cpu"]
 
 
 class ApiModel(BaseModel):
@@ -507,7 +509,7 @@ class InferencePoolSpec(ApiModel):
     )
 
     name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    vendor: Literal["nvidia", "amd", "cpu"]
+    vendor: PoolVendor
     resource_name: str | None = Field(
         default=None, description="GPU resource; defaults to nvidia.com/gpu or amd.com/gpu by vendor."
     )

@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, PlainSerializer
 
-from rljob.api.spec import ApiModel
+from rljob.api.spec import ApiModel, PoolVendor
 
 Phase = Literal["Pending", "Starting", "Running", "Degraded", "Suspended", "Complete", "Failed"]
 # Condition types the operator owns; other writers (the autotuner) own their own types.
@@ -73,7 +73,7 @@ class PoolStatus(StatusModel):
     """Replicas of one inference pool."""
 
     name: str
-    vendor: Literal["nvidia", "amd"]
+    vendor: PoolVendor
     desired: int = 0
     ready: int = 0
 

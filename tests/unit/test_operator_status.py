@@ -349,3 +349,18 @@ def test_pod_observation_keys_are_stable_across_restart_counts() -> None:
     assert [e.key for e in now.failures()] == [e.key for e in later.failures()] == ["trainer/x/0"]
     assert [e.key for e in failed_phase.failures()] == ["trainer/x/0"]
     assert isinstance(now, PodObs) and now.ordinal == 0 and now.role == "trainer" and now.job_uid == "job-1"
+
+
+def test_a_cpu_pool_gets_a_pool_status() -> None:
+    """Found on the real node: a cpu-vendor job's status could not be computed at all (PoolStatus knew
+    only the GPU vendors), so its phase stayed Pending while its trainer trained to the end."""
+    spec = RLJobSpec.model_validate({
+        "model": {"path": "pvc://models/tiny"}, "data": {"synthetic": {}},
+        "rollout": {"engine": "sglang", "pools": [{"name": "cpu", "vendor": "cpu", "replicas": 1}]},
+        "trainer": {"vendor": "cpu", "gpusPerReplica": 0},
+    })
+    obs = Observed(pools={"cpu": WorkloadObs(1, 1)}, router=WorkloadObs(1, 1),
+                   trainer=TrainerJobObs(uid="job-1", replicas=1, ready=1))
+    status = _run(spec, RLJobStatus(), obs).status
+    assert [(p.name, p.vendor, p.ready) for p in status.rollout.pools] == [("cpu", "cpu", 1)]
+    assert status.phase == "Running"

@@ -30,6 +30,7 @@ from rljob.operator.autotune.metrics import AutotuneMetrics
 from rljob.common.autotune.prometheus import (
     PrometheusClient,
     PrometheusError,
+    PrometheusPool,
     PrometheusUnavailable,
 )
 from rljob.common.autotune.queries import read_observation
@@ -56,8 +57,9 @@ def _read_secret_key(namespace: str, name: str, key: str) -> str:
     return base64.b64decode(data).decode().strip()
 
 
-async def prometheus_client_for(spec: RLJobSpec, namespace: str) -> PrometheusClient:
-    """A client for the job's Prometheus: address and token from the spec, else the operator's settings."""
+async def prometheus_client_for(spec: RLJobSpec, namespace: str, pool: PrometheusPool) -> PrometheusClient:
+    """A client for the job's Prometheus on the shared pool: address and token from the spec, else the
+    operator's settings."""
     p = spec.autotune.prometheus
     address = p.address or os.environ.get("RLJOB_PROMETHEUS_ADDRESS")
     if not address:
@@ -73,24 +75,56 @@ async def prometheus_client_for(spec: RLJobSpec, namespace: str) -> PrometheusCl
             raise PrometheusUnavailable(f"cannot read bearer token from Secret {ref.name}/{ref.key}: {exc}") from exc
     elif token_file := os.environ.get("RLJOB_PROMETHEUS_BEARER_TOKEN_FILE"):
         token = Path(token_file).read_text().strip()
-    return PrometheusClient(address, timeout_s=p.timeout_seconds, bearer_token=token)
+    return pool.client(address, timeout_s=p.timeout_seconds, bearer_token=token)
 
 
-async def run_tick(name: str, namespace: str, spec: RLJobSpec, status: RLJobStatus, generation: int, now: datetime) -> tick.TickResult:
+async def run_tick(
+    name: str,
+    namespace: str,
+    spec: RLJobSpec,
+    status: RLJobStatus,
+    generation: int,
+    now: datetime,
+    pool: PrometheusPool,
+) -> tick.TickResult:
     """One tick with its Prometheus I/O; never raises for Prometheus failures."""
     if spec.autotune.mode == "Off" or not tick.due(spec, status, now):
         return tick.on_mode(spec, status, generation, now)
     try:
-        async with await prometheus_client_for(spec, namespace) as client:
-            reading = await read_observation(client, tick.queries_for(name, spec, status, now))
+        client = await prometheus_client_for(spec, namespace, pool)
+        reading = await read_observation(
+            client, tick.queries_for(name, namespace, spec, status, now), tick.persisted_step(status)
+        )
     except PrometheusError as exc:
         return tick.on_failure(spec, status, exc, generation, now)
     return tick.on_reading(name, spec, status, reading, generation, now)
 
 
+@kopf.on.startup()
+async def open_prometheus_pool(memo: kopf.Memo, **_: Any) -> None:
+    """One pooled Prometheus HTTP client per operator, in kopf's event loop."""
+    memo.prometheus_pool = PrometheusPool()
+
+
+@kopf.on.cleanup()
+async def close_prometheus_pool(memo: kopf.Memo, **_: Any) -> None:
+    """Close the pooled connections at shutdown."""
+    pool = getattr(memo, "prometheus_pool", None)
+    if pool is not None:
+        await pool.aclose()
+
+
 @kopf.timer(API_GROUP, API_VERSION, "rljobs", id="autotune", interval=TICK_S, initial_delay=TICK_S, retries=3, backoff=TICK_S)
 async def autotune_timer(
-    name: str, namespace: str, spec: Any, status: Any, meta: Any, body: Any, patch: kopf.Patch, **_: Any
+    name: str,
+    namespace: str,
+    spec: Any,
+    status: Any,
+    meta: Any,
+    body: Any,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """Run the autotuner for one RLJob and write its status and Events."""
     try:
@@ -102,7 +136,8 @@ async def autotune_timer(
     if job_status.outcome is not None:
         return  # finished jobs are not tuned
     previous = tick.current_knobs(job_spec, job_status)
-    result = await run_tick(name, namespace, job_spec, job_status, int(meta.get("generation") or 0), utcnow())
+    pool: PrometheusPool = memo.prometheus_pool
+    result = await run_tick(name, namespace, job_spec, job_status, int(meta.get("generation") or 0), utcnow(), pool)
     for key, value in result.patch.items():
         patch.status[key] = value
     for event in result.events:

@@ -1,6 +1,12 @@
 """kopf handlers: thin adapters from Kubernetes events to `reconcile` (all decisions live elsewhere).
 
 Run with `python -m rljob.operator` (flags: --help) or `kopf run -m rljob.operator.handlers`.
+
+Watches are cheap: child kinds are watched with a server-side label selector (only objects labelled
+`app.kubernetes.io/managed-by=rljob-operator` and `rljob.io/job-name` reach the operator), and every
+watched object lands in one ObjectCache (operator/cache.py) that the reconcile reads instead of
+LISTing the API on each resync.
+
 Settings come from the environment so both entry points behave the same:
 RLJOB_RESYNC_SECONDS (status timer, default 10), RLJOB_OPERATOR_METRICS_PORT (default 8080, 0 = off),
 RLJOB_OPERATOR_METRICS_ADDR (default 0.0.0.0).
@@ -15,8 +21,9 @@ from typing import Any
 import kopf
 
 from rljob.api.spec import API_GROUP, API_VERSION
+from rljob.common.kube import RLJOB_PLURAL, load_api_client
 from rljob.operator.builders.meta import LABEL_JOB, LABEL_ROLE, MANAGER, ROLE_INFERENCE, ROLE_TRAINER
-from rljob.common.kube import RLJOB_PLURAL, shared_kube
+from rljob.operator.cache import RLJOB_API_VERSION, CachedKube
 from rljob.operator.metrics import JOB_PHASES, serve
 from rljob.operator.reconcile import InvalidSpec, reconcile, sync_status
 from rljob.operator.status_logic import pod_observation
@@ -29,10 +36,19 @@ METRICS_ADDR = os.environ.get("RLJOB_OPERATOR_METRICS_ADDR", "0.0.0.0")
 
 RLJOB = (API_GROUP, API_VERSION, RLJOB_PLURAL)
 CHILD_LABELS = {LABEL_JOB: kopf.PRESENT, "app.kubernetes.io/managed-by": MANAGER}
+# The same filter on the server side: the API server sends only the operator's children.
+CHILD_SELECTOR = f"app.kubernetes.io/managed-by={MANAGER},{LABEL_JOB}"
+# Watched child kinds: (group, version, plural) for kopf, (apiVersion, kind) for the cache.
+CHILD_KINDS = {
+    ("apps", "v1", "statefulsets"): ("apps/v1", "StatefulSet"),
+    ("apps", "v1", "deployments"): ("apps/v1", "Deployment"),
+    ("", "v1", "pods"): ("v1", "Pod"),
+    ("", "v1", "services"): ("v1", "Service"),
+}
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Keep kopf's bookkeeping in annotations (the structural status schema is ours) and bound all waits."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -44,46 +60,77 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
     settings.execution.max_workers = 8
+    for group, version, plural in CHILD_KINDS:
+        settings.watching.label_selectors[group, version, plural] = CHILD_SELECTOR
+    memo.kube = CachedKube(load_api_client())
     if METRICS_PORT:
         serve(METRICS_PORT, METRICS_ADDR)
         log.info("operator metrics on http://%s:%d/metrics", METRICS_ADDR, METRICS_PORT)
 
 
+def _cache_event(kube: CachedKube, api_version: str, kind: str, event: dict[str, Any], body: kopf.Body) -> None:
+    meta = body.get("metadata", {})
+    if event.get("type") == "DELETED":
+        kube.cache.remove(api_version, kind, meta.get("namespace", ""), meta.get("name", ""))
+    else:
+        kube.cache.upsert(api_version, kind, dict(event.get("object") or body))
+
+
+# Cache feeders first: kopf runs an object's event handlers in order, so the reconcile below
+# already reads the object of this very event.
+@kopf.on.event(*RLJOB, id="cache-rljobs")
+async def cache_rljob(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Keep the cached copy of an RLJob current (dropped with its DELETED event)."""
+    _cache_event(memo.kube, RLJOB_API_VERSION, "RLJob", event, body)
+
+
+def _child_cache_handler(group: str, version: str, plural: str, api_version: str, kind: str) -> None:
+    @kopf.on.event(group, version, plural, labels=CHILD_LABELS, id=f"cache-{plural}")
+    async def cache_child(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        _cache_event(memo.kube, api_version, kind, event, body)
+
+
+for (_group, _version, _plural), (_api_version, _kind) in CHILD_KINDS.items():
+    _child_cache_handler(_group, _version, _plural, _api_version, _kind)
+
+
 @kopf.on.resume(*RLJOB, retries=20, backoff=5)
 @kopf.on.create(*RLJOB, retries=20, backoff=5)
 @kopf.on.update(*RLJOB, field="spec", retries=20, backoff=5)
-def apply(namespace: str, name: str, **_: Any) -> None:
+def apply(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     """Apply the children for the current spec and refresh the status."""
     try:
-        reconcile(shared_kube(), namespace, name)
+        reconcile(memo.kube, namespace, name)
     except InvalidSpec as err:
         raise kopf.PermanentError(str(err)) from None
 
 
 @kopf.timer(*RLJOB, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-def resync(namespace: str, name: str, **_: Any) -> None:
+def resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     """Level-based safety net: recompute the status (deadlines, missed events) on a fixed period."""
-    sync_status(shared_kube(), namespace, name)
+    sync_status(memo.kube, namespace, name)
 
 
 @kopf.on.event("apps", "v1", "statefulsets", labels=CHILD_LABELS)
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
-def workload_changed(namespace: str, labels: dict[str, str], **_: Any) -> None:
+def workload_changed(namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
     """A child workload's replicas changed: refresh the parent's status now."""
-    sync_status(shared_kube(), namespace, labels[LABEL_JOB])
+    sync_status(memo.kube, namespace, labels[LABEL_JOB])
 
 
 @kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
-def pod_changed(event: dict[str, Any], body: kopf.Body, namespace: str, labels: dict[str, str], **_: Any) -> None:
+def pod_changed(
+    event: dict[str, Any], body: kopf.Body, namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any
+) -> None:
     """Pods that failed, finished or vanished: the watch may be the only one to see them."""
     pod = pod_observation(dict(body))
     role = labels.get(LABEL_ROLE)
     if role == ROLE_TRAINER and pod.exits:
         log.info("trainer pod %s/%s terminated: %s", namespace, pod.name, [e.reason for e in pod.exits])
-        sync_status(shared_kube(), namespace, labels[LABEL_JOB], trainer_pods=[pod])
+        sync_status(memo.kube, namespace, labels[LABEL_JOB], trainer_pods=[pod])
     elif role == ROLE_INFERENCE and (event.get("type") == "DELETED" or pod.failures()):
         log.info("inference pod %s/%s lost (%s)", namespace, pod.name, event.get("type"))
-        sync_status(shared_kube(), namespace, labels[LABEL_JOB], lost_inference_pods=[pod])
+        sync_status(memo.kube, namespace, labels[LABEL_JOB], lost_inference_pods=[pod])
 
 
 @kopf.on.delete(*RLJOB, optional=True)

@@ -8,9 +8,7 @@ operator) with the same result and no duplicate children.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,6 +24,7 @@ from rljob.operator.builders.meta import LABEL_JOB, LABEL_ROLE, ROLE_INFERENCE, 
 from rljob.operator.builders.router import router_name
 from rljob.operator.builders.trainer import trainer_name
 from rljob.common.kube import Kube, KubeError
+from rljob.operator.keyed_locks import KeyedLocks
 from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
 from rljob.operator.status_logic import Observed, PodObs, WorkloadObs, compute_status, operator_patch, pod_observation
 
@@ -35,8 +34,8 @@ log = logging.getLogger(__name__)
 _POOL_KINDS = (("apps/v1", "StatefulSet"), ("v1", "Service"))
 _CONFLICT_RETRIES = 3
 
-_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
-_locks_guard = threading.Lock()
+# Handlers run on a thread pool; one lock per RLJob, dropped when no handler uses it.
+JOB_LOCKS = KeyedLocks()
 
 
 class InvalidSpec(ValueError):
@@ -46,9 +45,7 @@ class InvalidSpec(ValueError):
 @contextmanager
 def job_lock(namespace: str, name: str) -> Iterator[None]:
     """Serialise work on one RLJob inside this process (handlers run on a thread pool)."""
-    with _locks_guard:
-        lock = _locks[(namespace, name)]
-    with lock:
+    with JOB_LOCKS.hold((namespace, name)):
         yield
 
 
@@ -63,6 +60,21 @@ def measured(step: str) -> Iterator[None]:
         raise
     finally:
         RECONCILE_SECONDS.labels(step).observe(time.perf_counter() - start)
+
+
+def merge_patch_changes(current: Any, patch: Any) -> bool:
+    """Whether applying JSON merge patch `patch` to `current` would change it."""
+    if not isinstance(patch, dict):
+        return current != patch
+    if not isinstance(current, dict):
+        return True
+    for key, value in patch.items():
+        if value is None:
+            if key in current:
+                return True
+        elif key not in current or merge_patch_changes(current[key], value):
+            return True
+    return False
 
 
 def parse_spec(body: dict[str, Any]) -> RLJobSpec:
@@ -207,7 +219,11 @@ def _sync_once(
     # on the status we read. Plain refreshes skip it (kopf's own annotation writes would conflict).
     counts_changed = decision.status.restarts != prev.restarts or decision.status.outcome != prev.outcome
     guard = body["metadata"]["resourceVersion"] if counts_changed else None
-    kube.patch_rljob_status(namespace, name, patch, resource_version=guard)
+    # A resync that changes nothing writes nothing (one request per job and period saved).
+    if guard is not None or merge_patch_changes(body.get("status") or {}, patch):
+        kube.patch_rljob_status(namespace, name, patch, resource_version=guard)
+    if decision.status.phase != prev.phase:
+        log.info("%s/%s: %s -> %s %s", namespace, name, prev.phase, decision.status.phase, [e.reason for e in decision.events])
     JOB_PHASES.set(namespace, name, decision.status.phase)
     for event in decision.events:
         kube.post_event(body, event.type, event.reason, event.message)

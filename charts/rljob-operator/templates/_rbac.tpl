@@ -33,7 +33,7 @@ RoleBinding without the `escalate` or `bind` verbs.
 # Headless Services of pools (pruned with them), the router's and the trainer's Service.
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Per-job runtime config, trainer identity and checkpoint volume.
 - apiGroups: [""]
   resources: ["configmaps", "serviceaccounts", "persistentvolumeclaims"]

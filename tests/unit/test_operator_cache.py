@@ -1,0 +1,117 @@
+"""The operator's bounded per-job state: keyed locks, the object cache, no-op status patches, Lease rules."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from rljob.operator.cache import ObjectCache, parse_selector
+from rljob.operator.keyed_locks import KeyedLocks
+from rljob.operator.leader import LeaseRecord, may_take
+from rljob.operator.reconcile import merge_patch_changes
+
+
+def test_locks_are_dropped_when_jobs_go_away() -> None:
+    locks = KeyedLocks()
+    for i in range(1000):
+        with locks.hold(("ns", f"job-{i}")):
+            assert len(locks) == 1
+    assert len(locks) == 0
+
+
+def test_locks_serialise_one_key_and_survive_contention() -> None:
+    locks = KeyedLocks()
+    inside = 0
+    most = 0
+    guard = threading.Lock()
+
+    def work() -> None:
+        nonlocal inside, most
+        for _ in range(200):
+            with locks.hold(("ns", "same")):
+                with guard:
+                    inside += 1
+                    most = max(most, inside)
+                with guard:
+                    inside -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most == 1 and len(locks) == 0
+
+
+def obj(name: str, job: str, rv: str, role: str = "inference", **extra: Any) -> dict[str, Any]:
+    labels = {"rljob.io/job-name": job, "rljob.io/role": role}
+    return {"metadata": {"name": name, "namespace": "ns", "labels": labels, "resourceVersion": rv}, **extra}
+
+
+def test_cache_lists_by_job_and_labels_and_forgets_deleted_objects() -> None:
+    cache = ObjectCache()
+    for i in range(100):
+        cache.upsert("v1", "Pod", obj(f"j{i}-infer-0", f"j{i}", "1"))
+        cache.upsert("v1", "Pod", obj(f"j{i}-trainer-0", f"j{i}", "1", role="trainer"))
+    labels = {"rljob.io/job-name": "j7", "rljob.io/role": "trainer"}
+    assert [o["metadata"]["name"] for o in cache.list_job("v1", "Pod", "ns", labels) or []] == ["j7-trainer-0"]
+    assert cache.list_job("v1", "Pod", "ns", {"rljob.io/job-name": "absent"}) is None  # cold: fall through
+    assert cache.list_job("v1", "Pod", "other", labels) is None
+    for i in range(100):
+        cache.remove("v1", "Pod", "ns", f"j{i}-infer-0")
+        cache.remove("v1", "Pod", "ns", f"j{i}-trainer-0")
+    assert len(cache) == 0 and cache.index_size() == 0
+
+
+def test_cache_keeps_the_newer_version_and_hands_out_copies() -> None:
+    cache = ObjectCache()
+    cache.upsert("v1", "Pod", obj("p", "j", "20", status={"phase": "Running"}))
+    cache.upsert("v1", "Pod", obj("p", "j", "10", status={"phase": "Pending"}))  # a late, older event
+    got = cache.get("v1", "Pod", "ns", "p")
+    assert got is not None and got["status"]["phase"] == "Running"
+    got["status"]["phase"] = "mutated"
+    assert cache.get("v1", "Pod", "ns", "p")["status"]["phase"] == "Running"  # type: ignore[index]
+
+
+def test_relabelled_object_moves_between_jobs() -> None:
+    cache = ObjectCache()
+    cache.upsert("v1", "Pod", obj("p", "a", "1"))
+    cache.upsert("v1", "Pod", obj("p", "b", "2"))
+    assert cache.list_job("v1", "Pod", "ns", {"rljob.io/job-name": "a"}) is None
+    assert len(cache.list_job("v1", "Pod", "ns", {"rljob.io/job-name": "b"}) or []) == 1
+
+
+def test_selectors_served_from_the_cache_are_equality_only() -> None:
+    assert parse_selector("rljob.io/job-name=j,rljob.io/role=trainer") == {
+        "rljob.io/job-name": "j",
+        "rljob.io/role": "trainer",
+    }
+    with pytest.raises(ValueError):
+        parse_selector("rljob.io/role!=trainer")
+
+
+@pytest.mark.parametrize(
+    ("current", "patch", "changes"),
+    [
+        ({"phase": "Running", "rollout": {"ready": 2}}, {"phase": "Running", "rollout": {"ready": 2}}, False),
+        ({"phase": "Running"}, {"phase": "Degraded"}, True),
+        ({"phase": "Running"}, {"outcome": None}, False),
+        ({"phase": "Running", "outcome": {"reason": "x"}}, {"outcome": None}, True),
+        ({"conditions": [{"type": "Ready"}]}, {"conditions": [{"type": "Ready"}, {"type": "Degraded"}]}, True),
+        ({}, {"rollout": {"ready": 0}}, True),
+    ],
+)
+def test_merge_patch_changes(current: dict[str, Any], patch: dict[str, Any], changes: bool) -> None:
+    assert merge_patch_changes(current, patch) is changes
+
+
+def record(holder: str, renew: str = "t1", duration: int = 15) -> LeaseRecord:
+    return LeaseRecord(holder=holder, renew_time=renew, duration_s=duration, transitions=0)
+
+
+def test_lease_is_taken_when_free_held_or_expired_on_our_own_clock() -> None:
+    assert may_take(record(""), "me", observed_at=100.0, now=100.0)
+    assert may_take(record("me"), "me", observed_at=100.0, now=100.0)
+    assert not may_take(record("other"), "me", observed_at=100.0, now=114.9)
+    assert may_take(record("other"), "me", observed_at=100.0, now=115.0)

@@ -20,6 +20,7 @@ from typing import Any
 from rljob.api.spec import API_GROUP, API_VERSION, KIND
 from rljob.common.kube import Kube
 from rljob.operator.builders.meta import LABEL_JOB
+from rljob.operator.metrics import API_REQUESTS
 
 RLJOB_API_VERSION = f"{API_GROUP}/{API_VERSION}"
 # Kinds whose reads the cache serves (the watched ones).
@@ -125,6 +126,17 @@ class CachedKube(Kube):
     """Kube whose reads of watched kinds come from an ObjectCache (falling through when it has nothing)."""
 
     cache: ObjectCache = field(default_factory=ObjectCache)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        API_REQUESTS.labels(method).inc()  # what the cache saves shows here (rljob_operator_api_requests_total)
+        return super().request(method, path, body, query, content_type)
 
     def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
         labels = parse_selector(selector)

@@ -6,7 +6,7 @@ import threading
 from collections import Counter as Tally
 from collections.abc import Iterator
 
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -21,6 +21,12 @@ RECONCILE_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 RECONCILE_ERRORS = Counter("rljob_reconcile_errors_total", "Reconcile steps that raised", ["step"])
+# State that must follow the live jobs (memory bounded as jobs come and go); set_function at start-up.
+CACHED_OBJECTS = Gauge("rljob_operator_cached_objects", "Objects in the operator's watch cache (RLJobs and children)")
+JOB_LOCKS_HELD = Gauge("rljob_operator_job_locks", "Per-RLJob locks currently held or waited for")
+API_REQUESTS = Counter(
+    "rljob_operator_api_requests_total", "API requests of the reconcile (kopf's own watches and patches excluded)", ["verb"]
+)
 RESTARTS = Counter("rljob_restarts_total", "Trainer group restarts and lost inference replicas", ["namespace", "name", "role"])
 
 

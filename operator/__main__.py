@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-addr", default="0.0.0.0")
     parser.add_argument("--resync-seconds", type=float, default=10.0, help="status resync period")
     parser.add_argument(
+        "--apply-concurrency", type=int, default=8, help="children of one RLJob applied at once (1: one by one)"
+    )
+    parser.add_argument(
         "--leader-elect",
         action="store_true",
         help="run as one of several replicas: only the holder of a coordination.k8s.io Lease reconciles",
@@ -138,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RLJOB_RESYNC_SECONDS"] = str(args.resync_seconds)
     os.environ["RLJOB_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
     os.environ["RLJOB_OPERATOR_METRICS_ADDR"] = args.metrics_addr
+    os.environ["RLJOB_APPLY_CONCURRENCY"] = str(args.apply_concurrency)
     importlib.import_module("rljob.operator.handlers")
 
     import kopf

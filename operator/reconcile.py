@@ -8,7 +8,9 @@ operator) with the same result and no duplicate children.
 from __future__ import annotations
 
 import logging
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -30,6 +32,9 @@ from rljob.operator.status_logic import Observed, PodObs, WorkloadObs, compute_s
 
 log = logging.getLogger(__name__)
 
+# Children applied concurrently per job (RLJOB_APPLY_CONCURRENCY, `--apply-concurrency`; 1: one by one).
+APPLY_CONCURRENCY = max(1, int(os.environ.get("RLJOB_APPLY_CONCURRENCY", "8")))
+_WORKLOAD_KINDS = ("StatefulSet", "Deployment")
 # Children the operator may prune when a pool disappears from the spec.
 _POOL_KINDS = (("apps/v1", "StatefulSet"), ("v1", "Service"))
 _CONFLICT_RETRIES = 3
@@ -93,14 +98,27 @@ def _status(body: dict[str, Any]) -> RLJobStatus:
         return RLJobStatus()
 
 
+def _apply_one(kube: Kube, body: dict[str, Any], child: dict[str, Any]) -> None:
+    result = kube.apply(child)
+    if result != "unchanged":
+        what = f"{child['kind']} {child['metadata']['name']}"
+        kube.post_event(body, "Normal", result.capitalize(), f"{what} {result}")
+
+
 def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool) -> None:
-    """Server-side apply every child, prune pools removed from the spec, post an Event per change."""
+    """Server-side apply every child, prune pools removed from the spec, post an Event per change.
+
+    Children are independent requests, so they go out APPLY_CONCURRENCY at a time, in two waves: what
+    the workloads use (config, identity, volume, Services) before the workloads, so their pods never
+    wait for a missing ServiceAccount or claim.
+    """
     job = JobRef.from_body(body)
-    for child in build_children(job, spec, active=active):
-        result = kube.apply(child)
-        if result != "unchanged":
-            what = f"{child['kind']} {child['metadata']['name']}"
-            kube.post_event(body, "Normal", result.capitalize(), f"{what} {result}")
+    children = build_children(job, spec, active=active)
+    waves = [[c for c in children if c["kind"] not in _WORKLOAD_KINDS], [c for c in children if c["kind"] in _WORKLOAD_KINDS]]
+    with ThreadPoolExecutor(max_workers=APPLY_CONCURRENCY, thread_name_prefix="apply") as pool:
+        for wave in waves:
+            for done in [pool.submit(_apply_one, kube, body, child) for child in wave]:
+                done.result()  # re-raises the first failure (kopf retries the handler)
     wanted = {pool_workload_name(job, p) for p in effective_pools(spec.rollout)}
     selector = selector_string({LABEL_JOB: job.name, LABEL_ROLE: ROLE_INFERENCE})
     for api_version, kind in _POOL_KINDS:

@@ -1,0 +1,213 @@
+"""Chaos: the operator is SIGKILLed at random points while 20 RLJobs go through their lifecycles.
+
+Each job follows a seeded random script (create, scale, suspend, resume, trainer failure, delete) while a
+chaos thread kills the operator at random moments and restarts it. Afterwards, with the operator
+running undisturbed:
+- every surviving RLJob is in the phase its history implies (Running, Suspended or Failed);
+- its children are exactly the expected set, each with one controller owner reference to it;
+- every deleted RLJob is gone (no finalizer holds it) and no managed object is left without its job.
+
+One exception, stated: a trainer failure is injected while the operator runs and is held alive until
+the failure is counted. A failed trainer pod that its StatefulSet replaces while no operator watches is
+not observable afterwards (the pod is gone), so the count of such a failure is not guaranteed.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from tests.helpers.operator_process import OperatorProcess
+from tests.integration.test_operator import (  # noqa: F401 (fixtures)
+    GROUP,
+    PLURAL,
+    VERSION,
+    _fail_pod,
+    api,
+    children,
+    crd,
+    expected_children,
+    get,
+    namespaced_operator,
+    rljob,
+    volumes,
+    wait_for,
+    wait_phase,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+JOBS = 20
+SEED = 15
+MANAGED = "app.kubernetes.io/managed-by=rljob-operator"
+
+
+@dataclass
+class History:
+    """What happened to one job, and so the phase it must end in."""
+
+    name: str
+    ops: list[str]
+    trainer_failures: int = 0
+    suspended: bool = False
+    deleted: bool = False
+
+    def expected_phase(self) -> str | None:
+        if self.deleted:
+            return None
+        if self.trainer_failures > 1:  # backoffLimit 1: the second failure ends the job
+            return "Failed"
+        return "Suspended" if self.suspended else "Running"
+
+
+def script(rng: random.Random, name: str) -> History:
+    ops = ["create"]
+    for op in rng.sample(["scale", "suspend-resume", "fail"], k=rng.randint(1, 3)):
+        ops += ["suspend", "resume"] if op == "suspend-resume" else [op]
+    if rng.random() < 0.2:
+        ops.append("fail")  # a second failure: past the backoff limit
+    ending = rng.random()
+    if ending < 0.25:
+        ops.append("delete")
+    elif ending < 0.45 and "fail" not in ops[-1:]:
+        ops.append("suspend")
+    return History(name, ops)
+
+
+@dataclass
+class Chaos:
+    """Kills the operator at random moments (SIGKILL) and restarts it, until stopped."""
+
+    operator: OperatorProcess
+    rng: random.Random
+    kills: int = 0
+    hold: threading.Lock = field(default_factory=threading.Lock)  # held: the operator must stay up
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self.stop.wait(self.rng.uniform(1.0, 6.0)):
+            with self.hold:
+                self.operator.kill()
+                self.kills += 1
+                time.sleep(self.rng.uniform(0.0, 2.0))
+                self.operator.start()
+
+
+@pytest.fixture
+def chaos_operator(namespace: str, crd: None, tmp_path: Path) -> Iterator[OperatorProcess]:  # noqa: F811
+    op = namespaced_operator(namespace, tmp_path / "operator.log")
+    op.start()
+    yield op
+    op.stop()
+    print(f"--- operator log ---\n{op.log_tail(80)}")
+
+
+def test_random_kills_during_twenty_lifecycles_leave_a_consistent_state(
+    kube_cluster: Any,
+    namespace: str,
+    api: k8s.CustomObjectsApi,  # noqa: F811
+    chaos_operator: OperatorProcess,
+    volumes: Any,  # noqa: F811
+) -> None:
+    rng = random.Random(SEED)
+    histories = [script(rng, f"c{i:02d}") for i in range(JOBS)]
+    chaos = Chaos(chaos_operator, random.Random(SEED + 1))
+    patch = lambda name, spec: api.patch_namespaced_custom_object(  # noqa: E731
+        GROUP, VERSION, namespace, PLURAL, name, {"spec": spec}
+    )
+
+    def live(h: History) -> None:
+        for op in h.ops:
+            if op == "create":
+                volumes(h.name)
+                api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob(h.name))
+                wait_phase(api, namespace, h.name, "Running", timeout=300)
+            elif op == "scale":
+                patch(h.name, {"rollout": {"replicas": 4}})
+            elif op == "suspend":
+                patch(h.name, {"suspend": True})
+                h.suspended = True
+                wait_phase(api, namespace, h.name, "Suspended", timeout=300)
+            elif op == "resume":
+                patch(h.name, {"suspend": False})
+                h.suspended = False
+                wait_phase(api, namespace, h.name, "Running", timeout=300)
+            elif op == "fail":
+                before = (get(api, namespace, h.name).get("status") or {}).get("restarts", {}).get("trainer", 0)
+                with chaos.hold:  # see the module docstring
+                    wait_for(
+                        lambda: any(p.status.phase == "Running" for p in kube_cluster.core().list_namespaced_pod(
+                            namespace, label_selector=f"rljob.io/job-name={h.name},rljob.io/role=trainer").items),
+                        f"{h.name} trainer pod running", timeout=120,
+                    )
+                    _fail_pod(kube_cluster, namespace, f"{h.name}-trainer-0")
+                    h.trainer_failures += 1
+                    if h.trainer_failures > 1:
+                        wait_phase(api, namespace, h.name, "Failed", timeout=120)
+                    else:
+                        wait_for(
+                            lambda: (get(api, namespace, h.name)["status"].get("restarts") or {}).get("trainer", 0)
+                            > before,
+                            f"{h.name} trainer restart counted", timeout=120,
+                        )
+                if h.trainer_failures == 1:
+                    wait_phase(api, namespace, h.name, "Running", timeout=300)
+            elif op == "delete":
+                api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, h.name)
+                h.deleted = True
+            if h.trainer_failures > 1:
+                break  # a Failed job stays Failed; nothing more happens to it
+
+    killer = threading.Thread(target=chaos.run, daemon=True)
+    killer.start()
+    try:
+        with ThreadPoolExecutor(max_workers=5) as pool:
+            for result in [pool.submit(live, h) for h in histories]:
+                result.result()
+    finally:
+        chaos.stop.set()
+        killer.join(timeout=30)
+    assert chaos.kills >= 3, f"only {chaos.kills} kills: the chaos did not happen"
+
+    for h in histories:
+        expected = h.expected_phase()
+        if expected is None:
+            def gone(name: str = h.name) -> bool:
+                try:
+                    get(api, namespace, name)
+                except k8s.exceptions.ApiException as err:
+                    return err.status == 404
+                return False
+
+            wait_for(gone, f"{h.name} deleted (no stuck finalizer)", timeout=60)
+            continue
+        job = wait_phase(api, namespace, h.name, expected, timeout=120)
+        assert children(kube_cluster, namespace, h.name) == expected_children(h.name), h
+        uid = job["metadata"]["uid"]
+        apps = kube_cluster.apps()
+        for sts in apps.list_namespaced_stateful_set(namespace, label_selector=f"rljob.io/job-name={h.name}").items:
+            refs = [r for r in sts.metadata.owner_references or [] if r.controller]
+            assert [r.uid for r in refs] == [uid], (h.name, sts.metadata.name)
+
+    # No orphans: every managed object belongs to a job that still exists (the GC removes the others).
+    alive = {h.name for h in histories if not h.deleted}
+
+    def orphans() -> list[str]:
+        core, apps = kube_cluster.core(), kube_cluster.apps()
+        objs = [*apps.list_namespaced_stateful_set(namespace, label_selector=MANAGED).items,
+                *apps.list_namespaced_deployment(namespace, label_selector=MANAGED).items,
+                *core.list_namespaced_service(namespace, label_selector=MANAGED).items,
+                *core.list_namespaced_config_map(namespace, label_selector=MANAGED).items]
+        return [o.metadata.name for o in objs if o.metadata.labels.get("rljob.io/job-name") not in alive]
+
+    wait_for(lambda: not orphans() or None, "children of deleted jobs collected", timeout=120)
+    print(f"chaos: {chaos.kills} operator kills; histories: {[(h.name, h.ops) for h in histories]}")

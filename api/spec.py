@@ -32,7 +32,10 @@ from rljob.api.validation import (
     Quantity,
     ResourceName,
     Text,
+    cel_has,
+    immutable_optional,
     label_map,
+    rule,
 )
 
 API_GROUP = "rljob.io"
@@ -63,26 +66,6 @@ OPERATOR_OWNED_SGLANG_FLAGS = (
 )
 # Flags are letters and dashes only: the same text is a Python and a CEL (RE2) pattern.
 _OWNED_FLAG_RE = "^(" + "|".join(OPERATOR_OWNED_SGLANG_FLAGS) + ")(=.*)?$"
-
-
-def _has(path: str) -> str:
-    """CEL: every prefix of a dotted path under `self`/`oldSelf` is set (optional fields, any depth)."""
-    root, *parts = path.split(".")
-    return " && ".join(f"has({root}.{'.'.join(parts[: i + 1])})" for i in range(len(parts)))
-
-
-def immutable_optional(path: str) -> tuple[str, str]:
-    """CEL transition rule: an optional field under spec may not be added, removed or changed."""
-    new, old = _has(f"self.{path}"), _has(f"oldSelf.{path}")
-    return (f"({new}) == ({old}) && (!({new}) || self.{path} == oldSelf.{path})", path)
-
-
-def rule(expr: str, message: str, field_path: str | None = None) -> dict[str, Any]:
-    """One CRD validation rule; `field_path` (relative, e.g. `.trainer.gpusPerReplica`) is the field named."""
-    out: dict[str, Any] = {"rule": expr, "message": message}
-    if field_path:
-        out["fieldPath"] = field_path
-    return out
 
 
 def cel(*rules_and_messages: str) -> dict[str, Any]:
@@ -782,14 +765,14 @@ SPEC_RULES: list[dict[str, Any]] = [
         ".evaluation",
     ),
     rule(
-        f"!({_has('self.trainer.gpusPerReplica')}) || self.trainer.gpusPerReplica > 0 "
-        f"|| ({_has('self.trainer.vendor')} && self.trainer.vendor == 'cpu')",
+        f"!({cel_has('self.trainer.gpusPerReplica')}) || self.trainer.gpusPerReplica > 0 "
+        f"|| ({cel_has('self.trainer.vendor')} && self.trainer.vendor == 'cpu')",
         _GPU_VENDOR_NEEDS_GPUS,
         ".trainer.gpusPerReplica",
     ),
     rule(
-        f"!({_has('self.rollout.samplesPerPrompt')}) || self.rollout.samplesPerPrompt >= 2 "
-        f"|| ({_has('self.algorithm.name')} && !(self.algorithm.name in {_GROUP_ALGOS}))",
+        f"!({cel_has('self.rollout.samplesPerPrompt')}) || self.rollout.samplesPerPrompt >= 2 "
+        f"|| ({cel_has('self.algorithm.name')} && !(self.algorithm.name in {_GROUP_ALGOS}))",
         _GROUP_NEEDS_SAMPLES,
         ".rollout.samplesPerPrompt",
     ),

@@ -97,3 +97,27 @@ Flag = Annotated[str, _string(None, FLAG_MAX)]
 def label_map(description: str | None = None) -> Any:
     """A `dict[LabelKey, LabelValue]` field (node selectors): keys and values as Kubernetes checks labels."""
     return Field(default_factory=dict, max_length=MAX_MAP, description=description)
+
+
+# ------------------------------------------------------------------------------------------------
+# CEL rule helpers (x-kubernetes-validations of the generated CRD)
+
+
+def cel_has(path: str) -> str:
+    """CEL: every prefix of a dotted path under `self`/`oldSelf` is set (optional fields, any depth)."""
+    root, *parts = path.split(".")
+    return " && ".join(f"has({root}.{'.'.join(parts[: i + 1])})" for i in range(len(parts)))
+
+
+def immutable_optional(path: str) -> tuple[str, str]:
+    """CEL transition rule: an optional field under spec may not be added, removed or changed."""
+    new, old = cel_has(f"self.{path}"), cel_has(f"oldSelf.{path}")
+    return (f"({new}) == ({old}) && (!({new}) || self.{path} == oldSelf.{path})", path)
+
+
+def rule(expr: str, message: str, field_path: str | None = None) -> dict[str, Any]:
+    """One CRD validation rule; `field_path` (relative, e.g. `.trainer.gpusPerReplica`) is the field named."""
+    out: dict[str, Any] = {"rule": expr, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out

@@ -7,7 +7,8 @@ stored at once, so the next read never sees the status from before our own write
 
 When the cache holds nothing for a job and kind (the operator just started, or the children do not
 exist yet) the read falls through to the API server: a cold cache is never mistaken for "no child".
-Deleted objects leave the cache with their DELETED event, so memory follows the live objects.
+Deleted objects leave the cache with their DELETED event, so memory follows the live objects. A status
+write refused with 409 (our copy was stale) drops the cached RLJob, so the retry reads it from the API.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rljob.api.spec import API_GROUP, API_VERSION, KIND
-from rljob.common.kube import Kube
+from rljob.common.kube import Kube, KubeError
 from rljob.operator.builders.meta import LABEL_JOB
 from rljob.operator.metrics import API_REQUESTS
 
@@ -150,12 +151,21 @@ class CachedKube(Kube):
         cached = self.cache.get(RLJOB_API_VERSION, KIND, namespace, name)
         if cached is not None:
             return cached
-        return super().get_rljob(namespace, name)
+        fresh = super().get_rljob(namespace, name)
+        if fresh is not None:
+            self.cache.upsert(RLJOB_API_VERSION, KIND, copy.deepcopy(fresh))
+        return fresh
 
     def patch_rljob_status(
         self, namespace: str, name: str, patch: dict[str, Any], resource_version: str | None = None
     ) -> dict[str, Any]:
-        result = super().patch_rljob_status(namespace, name, patch, resource_version)
+        try:
+            result = super().patch_rljob_status(namespace, name, patch, resource_version)
+        except KubeError as err:
+            if err.status == 409:
+                # Our copy is older than the server's: the retry must read the RLJob from the API.
+                self.cache.remove(RLJOB_API_VERSION, KIND, namespace, name)
+            raise
         if result.get("metadata", {}).get("name"):
             self.cache.upsert(RLJOB_API_VERSION, KIND, result)
         return result

@@ -115,3 +115,29 @@ def test_lease_is_taken_when_free_held_or_expired_on_our_own_clock() -> None:
     assert may_take(record("me"), "me", observed_at=100.0, now=100.0)
     assert not may_take(record("other"), "me", observed_at=100.0, now=114.9)
     assert may_take(record("other"), "me", observed_at=100.0, now=115.0)
+
+
+def test_a_conflicting_status_write_makes_the_next_read_fresh() -> None:
+    """409 on a guarded status patch: the cached RLJob is dropped, the retry GETs it from the API."""
+    from rljob.common.kube import KubeError
+    from rljob.operator.cache import RLJOB_API_VERSION, CachedKube
+
+    calls: list[tuple[str, str]] = []
+    fresh = obj("job", "job", "9")
+
+    class Server(CachedKube):
+        def request(self, method: str, path: str, body: Any = None, query: Any = None, content_type: str = "") -> Any:
+            calls.append((method, path))
+            if method == "PATCH":
+                raise KubeError(409, {"message": "the object has been modified"})
+            return fresh
+
+    kube = Server(api=None)  # type: ignore[arg-type]
+    kube.cache.upsert(RLJOB_API_VERSION, "RLJob", obj("job", "job", "5"))
+    assert kube.get_rljob("ns", "job")["metadata"]["resourceVersion"] == "5"  # type: ignore[index]
+    assert calls == []
+    with pytest.raises(KubeError):
+        kube.patch_rljob_status("ns", "job", {"phase": "Running"}, resource_version="5")
+    assert kube.get_rljob("ns", "job")["metadata"]["resourceVersion"] == "9"  # type: ignore[index]
+    assert [m for m, _ in calls] == ["PATCH", "GET"]
+    assert kube.cache.get(RLJOB_API_VERSION, "RLJob", "ns", "job")["metadata"]["resourceVersion"] == "9"  # type: ignore[index]

@@ -116,11 +116,16 @@ class Watcher:
             t.start()
 
     def _children(self, kind: str) -> None:
-        try:
-            self._watch_children(kind)
-        except Exception:  # the control plane stopping ends the stream; nothing to record then
-            if not self.stop.is_set():
-                raise
+        self._retrying(lambda: self._watch_children(kind))
+
+    def _retrying(self, watch_loop: Any) -> None:
+        """Restart a watch that failed (a loaded API server answers 504 "Too large resource version");
+        the new watch lists first, and first-seen times are kept."""
+        while not self.stop.is_set():
+            try:
+                watch_loop()
+            except Exception:  # noqa: BLE001 (any stream failure: start over)
+                time.sleep(0.5)
 
     def _watch_children(self, kind: str) -> None:
         from kubernetes import watch
@@ -136,11 +141,7 @@ class Watcher:
                     return
 
     def _jobs(self) -> None:
-        try:
-            self._watch_jobs()
-        except Exception:
-            if not self.stop.is_set():
-                raise
+        self._retrying(self._watch_jobs)
 
     def _watch_jobs(self) -> None:
         from kubernetes import watch
@@ -178,6 +179,46 @@ def operator_requests(metrics_port: int) -> float:
 
     text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
     return sum(float(m.group(1)) for m in re.finditer(r"^rljob_operator_api_requests_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+NODE_LABELS = {
+    "nv": {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+           "nvidia.com/gpu.count": "8", "rljob.io/accelerator": "nvidia"},
+    "amd": {"amd.com/gpu.present": "true", "amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM",
+            "amd.com/gpu.family": "AI", "rljob.io/accelerator": "amd"},
+    "cpu": {},
+}
+GPU_RESOURCE = {"nv": "nvidia.com/gpu", "amd": "amd.com/gpu"}
+
+
+def add_fake_nodes(cluster: KubeCluster, counts: dict[str, int]) -> float:
+    """Create kwok nodes (as tests/cluster/localkube/nodes.go shapes them) up to `counts` per pool; wait
+    until all are Ready. Returns the seconds it took. (localkube's own start-up wait checks each node
+    with one GET inside one second, which 1,000 nodes cannot pass on a loaded machine.)"""
+    core = cluster.core()
+    start = time.time()
+    existing = {n.metadata.name for n in core.list_node().items}
+
+    def create(name: str, pool: str) -> None:
+        capacity = {"cpu": "64", "memory": "1Ti", "pods": "110"}
+        if pool in GPU_RESOURCE:
+            capacity[GPU_RESOURCE[pool]] = "8"
+        labels = {"type": "kwok", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                  "kubernetes.io/arch": "amd64", **NODE_LABELS[pool]}
+        core.create_node({"apiVersion": "v1", "kind": "Node",
+                          "metadata": {"name": name, "labels": labels, "annotations": {"kwok.x-k8s.io/node": "fake"}},
+                          "status": {"capacity": capacity, "allocatable": capacity}})
+
+    wanted = [(f"{pool}-{i}", pool) for pool, n in counts.items() for i in range(n)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda item: create(*item), [w for w in wanted if w[0] not in existing]))
+    total = sum(counts.values())
+    while True:
+        nodes = core.list_node(_request_timeout=120).items
+        ready = sum(any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []) for n in nodes)
+        if ready >= total:
+            return time.time() - start
+        time.sleep(5)
 
 
 def create_volumes(cluster: KubeCluster, namespace: str, jobs: list[str]) -> None:
@@ -334,13 +375,12 @@ def main() -> int:
     nv, amd = int(args.nodes * 0.4), int(args.nodes * 0.3)
     cpu = args.nodes - nv - amd
     state = Path(tempfile.mkdtemp(prefix="rljob-bench-"))
-    cluster = start_cluster(
-        state / "plane",
-        extra_args=("--nvidia-nodes", str(nv), "--amd-nodes", str(amd), "--cpu-nodes", str(cpu), "--timeout", "900s"),
-        ready_timeout=900,
-    )
+    cluster = start_cluster(state / "plane")  # localkube's few default nodes; the rest are added below
     try:
         os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+        print(f"adding kwok nodes up to {nv} NVIDIA, {amd} AMD, {cpu} CPU", flush=True)
+        nodes_s = add_fake_nodes(cluster, {"nv": nv, "amd": amd, "cpu": cpu})
+        print(f"{args.nodes} nodes Ready after {nodes_s:.0f} s", flush=True)
         crd = REPO / "crds" / "rljob.io_rljobs.yaml"
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
         cluster.kubectl("wait", "--for=condition=Established", "crd/rljobs.rljob.io", "--timeout=60s")

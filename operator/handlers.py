@@ -25,7 +25,7 @@ from rljob.common.kube import RLJOB_PLURAL, load_api_client
 from rljob.operator.builders.meta import LABEL_JOB, LABEL_ROLE, MANAGER, ROLE_INFERENCE, ROLE_TRAINER
 from rljob.operator.cache import RLJOB_API_VERSION, CachedKube
 from rljob.operator.metrics import CACHED_OBJECTS, JOB_LOCKS_HELD, JOB_PHASES, serve
-from rljob.operator.reconcile import JOB_LOCKS, InvalidSpec, reconcile, sync_status
+from rljob.operator.reconcile import APPLY_CONCURRENCY, JOB_LOCKS, InvalidSpec, reconcile, sync_status
 from rljob.operator.status_logic import pod_observation
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.execution.max_workers = 8
     for group, version, plural in CHILD_KINDS:
         settings.watching.label_selectors[group, version, plural] = CHILD_SELECTOR
-    memo.kube = CachedKube(load_api_client())
+    # kopf's workers times the concurrent applies of one job: one pooled connection for each.
+    memo.kube = CachedKube(load_api_client(pool_maxsize=settings.execution.max_workers * APPLY_CONCURRENCY))
     CACHED_OBJECTS.set_function(memo.kube.cache.__len__)
     JOB_LOCKS_HELD.set_function(JOB_LOCKS.__len__)
     if METRICS_PORT:

@@ -370,7 +370,10 @@ def main() -> int:
     parser.add_argument("--resync-seconds", type=float, default=10.0, help="the operator's resync period")
     parser.add_argument("--timeout", type=float, default=600.0, help="most seconds to wait for all jobs Running")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
+    parser.add_argument("--name", default="operator_scale", help="stem of the JSON and PNG written to --out")
     args = parser.parse_args()
+    # SIGTERM (timeout, kill) still stops the control plane and the operator: run the finally blocks.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     nv, amd = int(args.nodes * 0.4), int(args.nodes * 0.3)
     cpu = args.nodes - nv - amd
@@ -412,9 +415,9 @@ def main() -> int:
               f"{r['apply_to_running_s']['p50']!s:>11} {r['apply_to_running_s']['p99']!s:>7} {s['rss_mib']:>8} "
               f"{s['cpu_share']:>9} {s['operator_requests_per_s_per_job']:>9} {s['reconcile_requests_per_s_per_job']:>9}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "operator_scale.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, args.out / "operator_scale.png")
-    print(f"wrote {args.out / 'operator_scale.json'} and operator_scale.png")
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, args.out / f"{args.name}.png")
+    print(f"wrote {args.out / args.name}.json and .png")
     return 0
 
 

@@ -94,7 +94,9 @@ class Chaos:
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
-        while not self.stop.wait(self.rng.uniform(1.0, 6.0)):
+        # A kill every 3-15 s of operator uptime: a restarted operator first lists and resumes every job,
+        # which takes seconds on a loaded machine; shorter lives would only ever test the start-up.
+        while not self.stop.wait(self.rng.uniform(3.0, 15.0)):
             with self.hold:
                 self.operator.kill()
                 self.kills += 1

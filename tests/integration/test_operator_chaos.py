@@ -49,6 +49,15 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 JOBS = 20
 SEED = 15
 MANAGED = "app.kubernetes.io/managed-by=rljob-operator"
+# One GPU per pool replica: the fake cluster has 2 NVIDIA and 2 AMD nodes of 8 GPUs, and up to 20 jobs
+# may be alive at once (the first run, with test_operator's 2x2-GPU pool, left pods Pending for GPUs).
+ROLLOUT = {
+    "rolloutBatchSize": 4,
+    "pools": [
+        {"name": "nv", "vendor": "nvidia", "replicas": 1, "gpusPerReplica": 1},
+        {"name": "mi", "vendor": "amd", "replicas": 1, "gpusPerReplica": 1},
+    ],
+}
 
 
 @dataclass
@@ -131,10 +140,10 @@ def test_random_kills_during_twenty_lifecycles_leave_a_consistent_state(
         for op in h.ops:
             if op == "create":
                 volumes(h.name)
-                api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob(h.name))
+                api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob(h.name, rollout=ROLLOUT))
                 wait_phase(api, namespace, h.name, "Running", timeout=300)
             elif op == "scale":
-                patch(h.name, {"rollout": {"replicas": 4}})
+                patch(h.name, {"rollout": {"replicas": 1}})  # 2 -> 1 over the pools: frees capacity too
             elif op == "suspend":
                 patch(h.name, {"suspend": True})
                 h.suspended = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ from rljob.api.spec import RLJobSpec
 from rljob.api.status import RLJobStatus, utcnow
 from rljob.operator.builders import JobRef, build_children
 from rljob.operator.builders.inference import effective_pools, pool_workload_name
-from rljob.operator.builders.meta import LABEL_JOB, LABEL_ROLE, ROLE_INFERENCE, ROLE_TRAINER, selector_string
+from rljob.operator.builders.meta import LABEL_JOB, LABEL_POOL, LABEL_ROLE, ROLE_INFERENCE, ROLE_TRAINER, selector_string
 from rljob.operator.builders.router import router_name
 from rljob.operator.builders.trainer import ANNOTATION_TEMPLATE_HASH, trainer_name
 from rljob.common.kube import Kube, KubeError
@@ -216,6 +217,13 @@ def _workload(obj: dict[str, Any] | None) -> WorkloadObs | None:
     )
 
 
+def _pool_workload(obj: dict[str, Any] | None, ready_pods: int) -> WorkloadObs | None:
+    workload = _workload(obj)
+    if workload is None:
+        return None
+    return WorkloadObs(replicas=workload.replicas, ready=min(workload.ready, ready_pods))
+
+
 def _is_ready(pod: dict[str, Any]) -> bool:
     conditions = (pod.get("status") or {}).get("conditions") or []
     return not pod["metadata"].get("deletionTimestamp") and any(
@@ -231,8 +239,14 @@ def observe(kube: Kube, job: JobRef, spec: RLJobSpec) -> Observed:
     trainer_job = kube.get("batch/v1", "Job", job.namespace, trainer_name(job))
     pods = kube.list("v1", "Pod", job.namespace, selector)
     inference = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == ROLE_INFERENCE]
+    # A pool's ready count is capped by its Ready pods seen: the StatefulSet's readyReplicas lags a lost
+    # pod by a controller round trip, and a cached read of it can be the old value.
+    ready_pods = Counter((p["metadata"].get("labels") or {}).get(LABEL_POOL) for p in inference if _is_ready(p))
     return Observed(
-        pools={p.name: _workload(statefulsets.get(pool_workload_name(job, p))) for p in effective_pools(spec.rollout)},
+        pools={
+            p.name: _pool_workload(statefulsets.get(pool_workload_name(job, p)), ready_pods[p.name])
+            for p in effective_pools(spec.rollout)
+        },
         router=_workload(deployments.get(router_name(job))),
         trainer=trainer_job_observation(trainer_job) if trainer_job is not None else None,
         trainer_pods=[

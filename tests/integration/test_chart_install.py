@@ -512,7 +512,9 @@ def test_upgrade_with_changed_values_and_a_refused_bad_value(kube_cluster: KubeC
     release.run("upgrade", release.name, str(CHART), "-f", str(values), "--wait", "--timeout", "3m")
     deployment = kube_cluster.apps().read_namespaced_deployment(release.fullname, release.namespace)
     assert "--resync-seconds=30" in deployment.spec.template.spec.containers[0].args
-    assert deployment.spec.strategy.type == "Recreate"
+    # Leader election (the default): a new pod waits as a standby, so a rollout may overlap the old one.
+    assert "--leader-elect" in deployment.spec.template.spec.containers[0].args
+    assert deployment.spec.strategy.type == "RollingUpdate"
     role = k8s.RbacAuthorizationV1Api(kube_cluster.api).read_cluster_role(release.fullname)
     assert any("secrets" in r.resources and r.verbs == ["get"] for r in role.rules)
     rule = custom(kube_cluster).get_namespaced_custom_object(

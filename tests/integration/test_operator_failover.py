@@ -17,6 +17,7 @@ from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
 from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.trainer_pods import SimulatedTrainerKubelet
 from tests.integration.test_operator import (  # noqa: F401 (fixtures)
     GROUP,
     PLURAL,
@@ -26,6 +27,7 @@ from tests.integration.test_operator import (  # noqa: F401 (fixtures)
     crd,
     expected_children,
     get,
+    kubelet,
     rljob,
     volumes,
     wait_for,
@@ -51,7 +53,10 @@ def replica(namespace: str, identity: str, log_path: Path) -> OperatorProcess:
 
 
 @pytest.fixture
-def replicas(namespace: str, crd: None, tmp_path: Path) -> Iterator[dict[str, OperatorProcess]]:  # noqa: F811
+def replicas(
+    namespace: str, crd: None, tmp_path: Path, kubelet: SimulatedTrainerKubelet  # noqa: F811
+) -> Iterator[dict[str, OperatorProcess]]:
+    """Two replicas; the simulated kubelet runs the trainer pods (kwok would complete the Job's at once)."""
     ops = {name: replica(namespace, name, tmp_path / f"{name}.log") for name in ("op-a", "op-b")}
     for op in ops.values():
         op.start()  # a standby answers its liveness endpoint too
@@ -100,8 +105,10 @@ def test_leader_killed_mid_reconcile_standby_takes_over_without_duplicates(
     job = wait_phase(api, namespace, "failover", "Running", timeout=120)
     assert job["status"]["rollout"]["summary"] == "3/3"
     assert children(kube_cluster, namespace, "failover") == expected_children("failover")
-    for sts in kube_cluster.apps().list_namespaced_stateful_set(namespace, label_selector="rljob.io/job-name=failover").items:
-        assert len(sts.metadata.owner_references) == 1
+    selector = "rljob.io/job-name=failover"
+    for workload in [*kube_cluster.apps().list_namespaced_stateful_set(namespace, label_selector=selector).items,
+                     *k8s.BatchV1Api(kube_cluster.api).list_namespaced_job(namespace, label_selector=selector).items]:
+        assert len(workload.metadata.owner_references) == 1
 
     # Deleting the job is not held up by a finalizer of the dead leader.
     api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "failover")

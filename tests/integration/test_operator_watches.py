@@ -1,9 +1,10 @@
 """The operator sees only its own objects, and its per-job state follows the live jobs.
 
 Against the local control plane: unrelated workloads (and a look-alike without the managed-by
-label) run next to RLJobs; the operator's watch cache holds exactly the RLJobs and their children
-(server-side label selectors: the others never reach it). Deleting the jobs empties the cache and
-drops every per-job lock.
+label) run next to RLJobs; the operator's watch cache holds exactly the RLJobs and their watched
+children (StatefulSets, Deployments, the trainer Job, Pods, Services, PodDisruptionBudgets):
+server-side label selectors keep the others from ever reaching it. Deleting the jobs empties the
+cache and drops every per-job lock.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tests.integration.test_operator import (  # noqa: F401 (fixtures)
     VERSION,
     api,
     crd,
+    kubelet,
     operator,
     rljob,
     volumes,
@@ -61,9 +63,12 @@ def unrelated_statefulset(name: str, labels: dict[str, str]) -> dict[str, Any]:
 
 def managed_objects(kube_cluster: Any, namespace: str) -> int:
     core, apps = kube_cluster.core(), kube_cluster.apps()
+    batch, policy = k8s.BatchV1Api(kube_cluster.api), k8s.PolicyV1Api(kube_cluster.api)
     children = (
         len(apps.list_namespaced_stateful_set(namespace, label_selector=MANAGED).items)
         + len(apps.list_namespaced_deployment(namespace, label_selector=MANAGED).items)
+        + len(batch.list_namespaced_job(namespace, label_selector=MANAGED).items)
+        + len(policy.list_namespaced_pod_disruption_budget(namespace, label_selector=MANAGED).items)
         + len(core.list_namespaced_pod(namespace, label_selector=MANAGED).items)
         + len(core.list_namespaced_service(namespace, label_selector=MANAGED).items)
     )

@@ -20,6 +20,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from rljob.api.load import RLJobConfigError, parse_rljob
+from rljob.api.spec import cluster_problems
 from rljob.operator import crdgen
 
 from tests.cluster.kube import wait_until
@@ -202,12 +203,25 @@ def test_api_server_rejects_naming_the_field(
 
 @pytest.mark.cluster
 def test_api_server_accepts_the_base_and_the_shipped_examples(api: k8s.CustomObjectsApi, table_namespace: str) -> None:
+    """Cluster examples are accepted; local-only ones (`rljob validate --cluster` names their problem,
+    e.g. a builtin model with the default GPU pool) are refused by the CRD's cluster rules, naming the field."""
     created = create(api, table_namespace, base())
     assert created["spec"]["checkpoint"]["accessMode"] == "ReadWriteOnce"  # defaults still filled in
+    local_only = 0
     for example in EXAMPLES:
         doc = yaml.safe_load(example.read_text())
         doc["metadata"].pop("namespace", None)
-        create(api, table_namespace, doc)
+        problems = cluster_problems(parse_rljob(copy.deepcopy(doc), str(example)).spec)
+        if not problems:
+            create(api, table_namespace, doc)
+            continue
+        local_only += 1
+        with pytest.raises(ApiException) as info:
+            create(api, table_namespace, doc)
+        assert info.value.status == 422, (example.name, info.value.body)
+        for problem in problems:
+            assert problem.split(":")[0].removeprefix("spec.") in info.value.body, (example.name, problem)
+    assert local_only < len(EXAMPLES), "no cluster example was created"
 
 
 # (case id, checkpoint at creation, merge patch of spec.checkpoint, field named)

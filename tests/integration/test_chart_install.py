@@ -521,8 +521,8 @@ def test_upgrade_with_changed_values_and_a_refused_bad_value(kube_cluster: KubeC
         "monitoring.coreos.com", "v1", release.namespace, "prometheusrules", f"{release.fullname}-alerts")
     assert any("> 0.5" in r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
     assert crd_established(kube_cluster, "rljobs.rljob.io")
-    # A bad value is refused before anything changes.
-    refused = release.run("upgrade", release.name, str(CHART), "-f", str(values), "--set", "replicaCount=3", check=False)
+    # A bad value is refused before anything changes (replicas above the schema's maximum of 10).
+    refused = release.run("upgrade", release.name, str(CHART), "-f", str(values), "--set", "replicaCount=11", check=False)
     assert refused.returncode != 0 and "/replicaCount" in refused.stderr, refused.stderr
     history = yaml.safe_load(release.run("history", release.name, "-o", "yaml").stdout)
     assert [h["revision"] for h in history] == [1, 2] and history[-1]["status"] == "deployed"

@@ -7,18 +7,67 @@ snake_case in Python. Unknown fields are errors everywhere: a typo must never be
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+
+from rljob.api import knob_limits as limits
+from rljob.api.validation import (
+    DNS1035_LABEL_PATTERN,
+    DNS1123_SUBDOMAIN_PATTERN,
+    MAX_LIST,
+    MAX_MAP,
+    PATH_MAX,
+    Arg,
+    Flag,
+    DNS1123Label,
+    DNS1123Subdomain,
+    EnvVarName,
+    FilePath,
+    HttpUrl,
+    ImageRef,
+    LabelKey,
+    LabelValue,
+    Quantity,
+    ResourceName,
+    Text,
+    cel_has,
+    immutable_optional,
+    label_map,
+    rule,
+)
 
 API_GROUP = "rljob.io"
 API_VERSION = "v1alpha1"
 KIND = "RLJob"
+# Child names are built from the job name (Services must be DNS-1035 labels; StatefulSet pod names
+# plus the controller-revision-hash label must fit in 63 characters).
+MAX_JOB_NAME = 40
 
 
-# Bound on every list the API server validates (CEL cost estimation rejects unbounded lists).
-MAX_LIST = 64
+# Largest counts the spec admits (steps, prompts, replicas): far above any real job, below overflow.
+MAX_COUNT = 10_000_000
+# Seeds are passed to numpy and torch, which take 32-bit unsigned seeds.
+MAX_SEED = 2**32 - 1
+# Timeouts and durations in seconds: a day, except the job deadline.
+DAY_S = 86_400
+# GPUs one replica may ask for on one node.
+MAX_GPUS_PER_REPLICA = 64
+# Hugging Face Hub id: <namespace>/<name> or a bare <name>.
+HF_ID_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?(/[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?)?$"
+# Algorithms whose advantage is normalised within a prompt group: one sample per group has none.
+GROUP_NORMALISED_ALGORITHMS = ("grpo", "dapo")
+# SGLang server flags the operator sets itself (model, parallelism, address, metrics): a second
+# copy in extraArgs would silently override or contradict them.
+OPERATOR_OWNED_SGLANG_FLAGS = (
+    "--model-path", "--model", "--revision", "--tp", "--tp-size", "--tensor-parallel-size",
+    "--host", "--port", "--enable-metrics",
+)
+# Flags are letters and dashes only: the same text is a Python and a CEL (RE2) pattern.
+_OWNED_FLAG_RE = "^(" + "|".join(OPERATOR_OWNED_SGLANG_FLAGS) + ")(=.*)?$"
 
 
 def cel(*rules_and_messages: str) -> dict[str, Any]:
@@ -34,8 +83,8 @@ LIST_MAP_BY_NAME: dict[str, Any] = {"x-kubernetes-list-type": "map", "x-kubernet
 # `pvc://<claim>[/<path inside the claim>]`: a file tree on a PersistentVolumeClaim of the job's namespace.
 PVC_URI_PREFIX = "pvc://"
 PVC_URI_PATTERN = r"^pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/.*)?$"
-# Kubernetes resource quantities (cpu: 500m, 4; memory: 512Mi, 32Gi).
-QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
+# A pvc:// URI: the claim (a DNS-1123 subdomain) and a path inside it.
+PvcUri = Annotated[str, StringConstraints(pattern=PVC_URI_PATTERN, max_length=6 + 253 + PATH_MAX)]
 # GPU vendors of inference pools: their SGLang pods load a Hugging Face model folder they must see.
 GPU_VENDORS = ("nvidia", "amd")
 # Vendors of inference pools; `cpu` pools run rljob's SGLang-protocol server. One type for spec and status.
@@ -63,8 +112,8 @@ class ApiModel(BaseModel):
 class SecretKeyRef(ApiModel):
     """A key of a Secret in the RLJob's namespace."""
 
-    name: str = Field(min_length=1)
-    key: str = Field(min_length=1)
+    name: DNS1123Subdomain
+    key: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
 
 
 class HubDownloadSpec(ApiModel):
@@ -73,15 +122,14 @@ class HubDownloadSpec(ApiModel):
     token_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret key holding a Hugging Face token (HF_TOKEN) for gated or private repos."
     )
-    image: str | None = Field(
+    image: ImageRef | None = Field(
         default=None, description="Image with the `hf` CLI (huggingface_hub); default: the CPU runtime image."
     )
-    size_limit: str = Field(
+    size_limit: Quantity = Field(
         default="100Gi",
-        pattern=QUANTITY_PATTERN,
         description="Size limit of the emptyDir the files are downloaded into (unless a cache claim holds them).",
     )
-    include: list[str] = Field(
+    include: list[Annotated[str, StringConstraints(min_length=1, max_length=1024)]] = Field(
         default_factory=list, max_length=MAX_LIST, description="Glob patterns of the files to fetch (--include)."
     )
 
@@ -92,9 +140,8 @@ class ModelStorageSpec(ApiModel):
     A model folder on a claim needs none of this: write `model.path: pvc://<claim>/<folder>`.
     """
 
-    hugging_face_cache: str | None = Field(
+    hugging_face_cache: PvcUri | None = Field(
         default=None,
-        pattern=PVC_URI_PATTERN,
         description="pvc://<claim>[/<dir>]: a Hugging Face hub cache (HF_HUB_CACHE layout) mounted read-only into "
         "the inference and trainer pods, which then run offline.",
     )
@@ -124,17 +171,19 @@ class ModelSpec(ApiModel):
         "disk); tiny-qwen3 / tiny-llama: a tiny randomly initialised Qwen3 / Llama 3 architecture with a locally "
         "trained tokenizer and chat template, built into the cache on first use.",
     )
-    path: str | None = Field(
+    path: FilePath | None = Field(
         default=None,
         description="Hugging Face model folder (config.json, safetensors, tokenizer): a local path, or on a cluster "
         "pvc://<claim>/<folder>, mounted read-only into the inference and trainer pods.",
     )
     hugging_face: str | None = Field(
         default=None,
+        max_length=256,
+        pattern=HF_ID_PATTERN,
         description="Hugging Face Hub id, for example Qwen/Qwen3-4B. The runtime resolves it offline in the local "
         "Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub); SGLang pods load it.",
     )
-    revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit) of huggingFace.")
+    revision: str | None = Field(default=None, max_length=256, description="Hub revision (branch, tag or commit) of huggingFace.")
     storage: ModelStorageSpec | None = Field(
         default=None, description="On a cluster: where the pods find model.huggingFace (cache claim or download)."
     )
@@ -155,8 +204,8 @@ class SyntheticDataSpec(ApiModel):
     """Procedurally generated verifiable prompts whose answer length has a long tail."""
 
     task: Literal["arith-chain"] = "arith-chain"
-    num_prompts: int = Field(default=4096, gt=0)
-    seed: int = 0
+    num_prompts: int = Field(default=4096, gt=0, le=MAX_COUNT)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
 
 
 class DataSpec(ApiModel):
@@ -171,22 +220,25 @@ class DataSpec(ApiModel):
     )
 
     synthetic: SyntheticDataSpec | None = None
-    jsonl: str | None = Field(
+    jsonl: FilePath | None = Field(
         default=None, description="Path of a JSONL file, one row per line; on a cluster also pvc://<claim>/<file>."
     )
-    parquet: str | None = Field(
+    parquet: FilePath | None = Field(
         default=None, description="Path of a Parquet file, one row per record; on a cluster also pvc://<claim>/<file>."
     )
-    prompt_key: str = Field(default="prompt", description="Column holding the prompt text.")
+    prompt_key: str = Field(default="prompt", min_length=1, max_length=256, description="Column holding the prompt text.")
     messages_key: str = Field(
-        default="messages", description="Column holding chat messages ([{role, content}]), used when present."
+        default="messages",
+        min_length=1,
+        max_length=256,
+        description="Column holding chat messages ([{role, content}]), used when present.",
     )
-    answer_key: str = "answer"
-    system_prompt: str | None = Field(
+    answer_key: str = Field(default="answer", min_length=1, max_length=256)
+    system_prompt: Text | None = Field(
         default=None, description="System message put before each prompt (rows with their own system message keep it)."
     )
     shuffle: bool = True
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> DataSpec:
@@ -208,8 +260,10 @@ class OverlongPunishmentSpec(ApiModel):
     beyond L (DAPO, arXiv 2503.14476, eq. 13). The penalty is added to the reward.
     """
 
-    buffer_tokens: int = Field(gt=0, description="Length of the punishment interval before the response cap.")
-    penalty_factor: float = Field(default=1.0, gt=0, description="Penalty at the cap (the slope's end point).")
+    buffer_tokens: int = Field(
+        gt=0, le=limits.MAX_RESPONSE_TOKENS, description="Length of the punishment interval before the response cap."
+    )
+    penalty_factor: float = Field(default=1.0, gt=0, le=1000, description="Penalty at the cap (the slope's end point).")
 
 
 class RewardSpec(ApiModel):
@@ -227,6 +281,7 @@ class RewardSpec(ApiModel):
     type: Literal["math-answer", "python"] = "math-answer"
     function: str | None = Field(
         default=None,
+        max_length=512,
         pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$",
         description="type python: the reward callable as module:callable (sync or async).",
     )
@@ -235,7 +290,7 @@ class RewardSpec(ApiModel):
         description="type python: call the function once per group with a list of inputs (returns a list).",
     )
     timeout_seconds: float = Field(
-        default=60.0, gt=0, description="type python: a call that takes longer fails the job with an error."
+        default=60.0, gt=0, le=DAY_S, description="type python: a call that takes longer fails the job with an error."
     )
     overlong_punishment: OverlongPunishmentSpec | None = Field(
         default=None, description="DAPO soft overlong punishment added to the reward; unset: off."
@@ -260,14 +315,14 @@ class OffPolicySpec(ApiModel):
         description="keep: train as on-policy; mask: drop stale tokens from the loss; "
         "tis: truncated importance sampling against the rollout log-probs.",
     )
-    tis_clip: float = Field(default=2.0, gt=0, description="Upper clip C of the TIS weight.")
+    tis_clip: float = Field(default=2.0, gt=0, le=1000, description="Upper clip C of the TIS weight.")
 
 
 class LrScheduleSpec(ApiModel):
     """Learning-rate schedule over the training steps (rollout rounds): linear warm-up, then constant
     or cosine decay to minLrRatio x learningRate at trainer.steps."""
 
-    warmup_steps: int = Field(default=0, ge=0, description="Steps of linear warm-up from 0 to learningRate.")
+    warmup_steps: int = Field(default=0, ge=0, le=MAX_COUNT, description="Steps of linear warm-up from 0 to learningRate.")
     decay: Literal["constant", "cosine"] = Field(default="constant", description="Shape after the warm-up.")
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1, description="cosine: final learning rate / learningRate.")
 
@@ -276,15 +331,15 @@ class AlgorithmSpec(ApiModel):
     """Policy-gradient algorithm and optimiser."""
 
     name: Literal["grpo", "dapo"] = Field(default="grpo", json_schema_extra=IMMUTABLE)
-    learning_rate: float = Field(default=1e-5, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    clip_low: float = Field(default=0.2, gt=0, description="PPO clip epsilon (lower side).")
+    learning_rate: float = Field(default=1e-5, gt=0, le=1)
+    weight_decay: float = Field(default=0.0, ge=0, le=10)
+    clip_low: float = Field(default=0.2, gt=0, le=10, description="PPO clip epsilon (lower side).")
     clip_high: float | None = Field(
-        default=None, gt=0, description="Upper clip epsilon; DAPO clip-higher. Defaults to clipLow for grpo, 0.28 for dapo."
+        default=None, gt=0, le=10, description="Upper clip epsilon; DAPO clip-higher. Defaults to clipLow for grpo, 0.28 for dapo."
     )
-    kl_coef: float = Field(default=0.0, ge=0)
-    entropy_coef: float = Field(default=0.0, ge=0)
-    max_grad_norm: float = Field(default=1.0, gt=0)
+    kl_coef: float = Field(default=0.0, ge=0, le=1000)
+    entropy_coef: float = Field(default=0.0, ge=0, le=1000)
+    max_grad_norm: float = Field(default=1.0, gt=0, le=1e6)
     dynamic_sampling: bool | None = Field(
         default=None, description="DAPO filter: drop groups whose rewards all agree. Defaults to true for dapo."
     )
@@ -327,10 +382,20 @@ class TruncationSpec(ApiModel):
     mode: Literal["none", "sigma", "tokens"] = Field(
         default="none", description="sigma: cut at mean + k*std of the round's lengths; tokens: absolute cap."
     )
-    k: float = Field(default=2.0, gt=0, description="Threshold multiplier for mode sigma.")
-    max_tokens: int | None = Field(default=None, gt=0, description="Segment cap for mode tokens.")
+    k: float = Field(
+        default=2.0,
+        gt=limits.TRUNCATION_K_MIN_EXCLUSIVE,
+        le=limits.TRUNCATION_K_MAX,
+        description="Threshold multiplier for mode sigma.",
+    )
+    max_tokens: int | None = Field(
+        default=None,
+        ge=limits.TRUNCATION_TOKENS_MIN,
+        le=limits.TRUNCATION_TOKENS_MAX,
+        description="Segment cap for mode tokens.",
+    )
     min_samples: int = Field(
-        default=8, ge=2, description="Finished samples needed in a round before the sigma threshold applies."
+        default=8, ge=2, le=MAX_COUNT, description="Finished samples needed in a round before the sigma threshold applies."
     )
 
     @model_validator(mode="after")
@@ -343,9 +408,10 @@ class TruncationSpec(ApiModel):
 class PartialRolloutSpec(ApiModel):
     """APRIL knobs: over-sampling, staleness bound, truncation."""
 
-    over_sampling: float = Field(default=2.0, ge=1.0, description="Groups launched per round / rolloutBatchSize.")
+    over_sampling: float = Field(
+        default=2.0, ge=limits.OVER_SAMPLING_MIN, le=limits.OVER_SAMPLING_MAX, description="Groups launched per round / rolloutBatchSize.")
     max_staleness: int = Field(
-        default=2, ge=0, description="Samples whose oldest token is more versions old than this are regenerated."
+        default=2, ge=0, le=1000, description="Samples whose oldest token is more versions old than this are regenerated."
     )
     truncation: TruncationSpec = Field(default_factory=TruncationSpec)
 
@@ -353,31 +419,33 @@ class PartialRolloutSpec(ApiModel):
 class EmbeddedEngineSpec(ApiModel):
     """The in-process PyTorch engine (CPU default)."""
 
-    num_engines: int = Field(default=1, ge=1)
-    max_batch_size: int = Field(default=64, ge=1, description="Sequences decoded together per step.")
-    device: str = "cpu"
+    num_engines: int = Field(default=1, ge=1, le=64)
+    max_batch_size: int = Field(default=64, ge=1, le=65536, description="Sequences decoded together per step.")
+    device: str = Field(default="cpu", min_length=1, max_length=64)
     dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="Precision of the served weights.")
 
 
 class PodDiscoverySpec(ApiModel):
     """SGLang workers found through the Kubernetes API: the ready pods matching a label selector."""
 
-    namespace: str = Field(min_length=1)
-    selector: dict[str, str] = Field(min_length=1, description="Labels every worker pod carries.")
+    namespace: DNS1123Label
+    selector: dict[LabelKey, LabelValue] = Field(
+        min_length=1, max_length=MAX_MAP, description="Labels every worker pod carries."
+    )
     port: int = Field(default=30000, ge=1, le=65535, description="Port of the SGLang HTTP API on each pod.")
 
 
 class SGLangSpec(ApiModel):
     """External SGLang workers, reached through the sglang router for generation."""
 
-    router_url: str | None = Field(default=None, description="sglang router base URL used for /generate.")
-    worker_urls: list[str] = Field(
+    router_url: HttpUrl | None = Field(default=None, description="sglang router base URL used for /generate.")
+    worker_urls: list[HttpUrl] = Field(
         default_factory=list, max_length=1024, description="Worker base URLs (aborts, weight updates)."
     )
-    request_timeout_seconds: float = Field(default=600.0, gt=0)
-    max_retries: int = Field(default=5, ge=0)
-    drain_timeout_seconds: float = Field(default=30.0, gt=0)
-    weights_dir: str | None = Field(
+    request_timeout_seconds: float = Field(default=600.0, gt=0, le=DAY_S)
+    max_retries: int = Field(default=5, ge=0, le=100)
+    drain_timeout_seconds: float = Field(default=30.0, gt=0, le=DAY_S)
+    weights_dir: FilePath | None = Field(
         default=None, description="Shared directory the trainer writes weights to for /update_weights_from_disk."
     )
     discovery: PodDiscoverySpec | None = Field(
@@ -418,17 +486,17 @@ class WeightTransportSpec(ApiModel):
 class Toleration(ApiModel):
     """A Kubernetes toleration (subset)."""
 
-    key: str | None = None
+    key: LabelKey | None = None
     operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = None
+    value: LabelValue | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
 
 
 class KeyRef(ApiModel):
     """A key of a Secret or ConfigMap in the RLJob's namespace (env[].valueFrom)."""
 
-    name: str = Field(min_length=1)
-    key: str = Field(min_length=1)
+    name: DNS1123Subdomain
+    key: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
     optional: bool | None = Field(default=None, description="Start the container even if the key is missing.")
 
 
@@ -459,8 +527,8 @@ class EnvVar(ApiModel):
         json_schema_extra=cel("self.value == '' || !has(self.valueFrom)", "value and valueFrom are exclusive")
     )
 
-    name: str = Field(min_length=1)
-    value: str = ""
+    name: EnvVarName
+    value: str = Field(default="", max_length=32768)
     value_from: EnvVarSource | None = Field(
         default=None, description="secretKeyRef or configMapKeyRef (for example HF_TOKEN from a Secret)."
     )
@@ -475,8 +543,8 @@ class EnvVar(ApiModel):
 class ResourceQuantities(ApiModel):
     """CPU and memory quantities of a container."""
 
-    cpu: str | None = Field(default=None, pattern=QUANTITY_PATTERN)
-    memory: str | None = Field(default=None, pattern=QUANTITY_PATTERN)
+    cpu: Quantity | None = None
+    memory: Quantity | None = None
 
 
 class ComputeResources(ApiModel):
@@ -503,6 +571,10 @@ class InferencePoolSpec(ApiModel):
         json_schema_extra=cel(
             "self.tensorParallelSize <= self.gpusPerReplica",
             "tensorParallelSize must not exceed gpusPerReplica",
+            "self.gpusPerReplica % self.tensorParallelSize == 0",
+            "tensorParallelSize must divide gpusPerReplica",
+            "self.vendor != 'cpu' || self.tensorParallelSize == 1",
+            "tensorParallelSize must be 1 on a cpu pool (the CPU server has no tensor parallelism)",
             "!has(self.resourceName) || (self.vendor != 'cpu' && self.resourceName.startsWith(self.vendor + '.com/'))",
             "resourceName must belong to the pool's vendor (nvidia.com/... or amd.com/...); cpu pools take none",
         )
@@ -510,18 +582,27 @@ class InferencePoolSpec(ApiModel):
 
     name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     vendor: PoolVendor
-    resource_name: str | None = Field(
+    resource_name: ResourceName | None = Field(
         default=None, description="GPU resource; defaults to nvidia.com/gpu or amd.com/gpu by vendor."
     )
-    gpus_per_replica: int = Field(default=1, ge=1)
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    replicas: int = Field(default=1, ge=0)
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    gpus_per_replica: int = Field(default=1, ge=1, le=MAX_GPUS_PER_REPLICA)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=MAX_GPUS_PER_REPLICA)
+    replicas: int = Field(default=1, ge=0, le=10_000)
+    node_selector: dict[LabelKey, LabelValue] = label_map()
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST)
-    image: str | None = None
-    extra_args: list[str] = Field(default_factory=list, max_length=MAX_LIST)
+    image: ImageRef | None = None
+    extra_args: list[Flag] = Field(
+        default_factory=list,
+        max_length=MAX_LIST,
+        description="Extra SGLang server flags; the operator's own (" + ", ".join(OPERATOR_OWNED_SGLANG_FLAGS)
+        + ") are rejected.",
+        json_schema_extra=cel(
+            f"self.all(a, !a.matches(r'{_OWNED_FLAG_RE}'))",
+            "extraArgs must not set a flag the operator sets (" + ", ".join(OPERATOR_OWNED_SGLANG_FLAGS) + ")",
+        ),
+    )
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_LIST, json_schema_extra=LIST_MAP_BY_NAME)
-    command: list[str] | None = Field(
+    command: list[Arg] | None = Field(
         default=None,
         max_length=MAX_LIST,
         description="Server command; defaults to python3 -m sglang.launch_server (model, tp, host and port are appended).",
@@ -531,17 +612,19 @@ class InferencePoolSpec(ApiModel):
         description="CPU and memory of each server container. Default: GPU pools request 4 CPUs and 32Gi with a "
         "96Gi memory limit; cpu pools request 1 CPU and 2Gi with an 8Gi limit.",
     )
-    shm_size: str = Field(
-        default="16Gi", pattern=QUANTITY_PATTERN, description="Size limit of /dev/shm (counts against the memory limit)."
+    shm_size: Quantity = Field(
+        default="16Gi", description="Size limit of /dev/shm (counts against the memory limit)."
     )
     max_unavailable: int = Field(
-        default=1, ge=0, description="PodDisruptionBudget: replicas a voluntary disruption (drain) may take at once."
+        default=1, ge=0, le=10_000, description="PodDisruptionBudget: replicas a voluntary disruption (drain) may take at once."
     )
 
     @model_validator(mode="after")
     def _tp_fits_gpus(self) -> InferencePoolSpec:
         if self.tensor_parallel_size > self.gpus_per_replica:
             raise ValueError("tensorParallelSize must not exceed gpusPerReplica")
+        if self.gpus_per_replica % self.tensor_parallel_size:
+            raise ValueError("tensorParallelSize must divide gpusPerReplica")
         if self.resource_name is not None and (
             self.vendor == "cpu" or not self.resource_name.startswith(f"{self.vendor}.com/")
         ):
@@ -550,11 +633,23 @@ class InferencePoolSpec(ApiModel):
             raise ValueError("tensorParallelSize must be 1 on a cpu pool (the CPU server has no tensor parallelism)")
         return self
 
+    @field_validator("extra_args")
+    @classmethod
+    def _no_owned_flags(cls, args: list[str]) -> list[str]:
+        owned = [a for a in args if re.match(_OWNED_FLAG_RE, a)]
+        if owned:
+            raise ValueError(
+                f"extraArgs must not set a flag the operator sets ({', '.join(OPERATOR_OWNED_SGLANG_FLAGS)}): {owned}"
+            )
+        return args
+
 
 class RouterSpec(ApiModel):
     """The sglang router in front of all pools (operator only)."""
 
-    image: str | None = Field(default=None, description="Router image; default: the rljob router image (images/router.Dockerfile).")
+    image: ImageRef | None = Field(
+        default=None, description="Router image; default: the rljob router image (images/router.Dockerfile)."
+    )
     policy: Literal["cache_aware", "round_robin", "random", "power_of_two", "consistent_hashing"] = "cache_aware"
     resources: ComputeResources = Field(default_factory=_router_resources, description="CPU and memory of the router.")
 
@@ -562,8 +657,7 @@ class RouterSpec(ApiModel):
 class WeightsVolumeSpec(ApiModel):
     """A claim the trainer writes weight versions to and the SGLang pods read them from (operator only)."""
 
-    claim: str = Field(
-        pattern=PVC_URI_PATTERN,
+    claim: PvcUri = Field(
         description="pvc://<claim>[/<dir>], a ReadWriteMany claim: writable in the trainer pods, read-only in the "
         "inference pods; the operator points rollout.sglang.weightsDir at it.",
     )
@@ -574,18 +668,24 @@ class RolloutSpec(ApiModel):
 
     engine: Literal["embedded", "sglang"] = "embedded"
     strategy: Literal["sync", "april"] = "april"
-    rollout_batch_size: int = Field(default=8, gt=0, description="Prompt groups trained per step (N).")
+    rollout_batch_size: int = Field(default=8, gt=0, le=1_000_000, description="Prompt groups trained per step (N).")
     samples_per_prompt: int = Field(
-        default=4, ge=1, description="Samples per group (G).", json_schema_extra=IMMUTABLE
+        default=4,
+        ge=1,
+        le=1024,
+        description="Samples per group (G); at least 2 for group-normalised algorithms (grpo, dapo).",
+        json_schema_extra=IMMUTABLE,
     )
-    max_response_length: int = Field(default=256, gt=0, description="Hard cap on response tokens.")
-    stop: list[str] = Field(
+    max_response_length: int = Field(
+        default=256, gt=0, le=limits.MAX_RESPONSE_TOKENS, description="Hard cap on response tokens."
+    )
+    stop: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] = Field(
         default_factory=list,
         max_length=16,
         description="Stop strings: a response ends once its text contains one (kept in the response). The model's "
         "stop token ids (tokenizer EOS and every eos_token_id of generation_config.json) always apply.",
     )
-    temperature: float = Field(default=1.0, gt=0)
+    temperature: float = Field(default=1.0, gt=0, le=10)
     top_p: float = Field(default=1.0, gt=0, le=1)
     partial: PartialRolloutSpec = Field(default_factory=PartialRolloutSpec)
     embedded: EmbeddedEngineSpec = Field(default_factory=EmbeddedEngineSpec)
@@ -601,11 +701,12 @@ class RolloutSpec(ApiModel):
     replicas: int | None = Field(
         default=None,
         ge=0,
+        le=100_000,
         description="Total inference replicas (the /scale subresource). When set, it is spread over the pools "
         "in proportion to their replicas; when unset each pool runs its own replicas.",
     )
     startup_budget_seconds: int = Field(
-        default=900, ge=30, description="Time an SGLang pod may take to load weights before it is restarted."
+        default=900, ge=30, le=DAY_S, description="Time an SGLang pod may take to load weights before it is restarted."
     )
     weights_volume: WeightsVolumeSpec | None = Field(
         default=None,
@@ -642,15 +743,16 @@ class RolloutSpec(ApiModel):
 class TrainerSpec(ApiModel):
     """Training loop and, on a cluster, the trainer pods."""
 
-    steps: int = Field(default=20, gt=0, description="Optimizer steps (one per rollout round).")
-    micro_batch_size: int = Field(default=16, gt=0, description="Samples per forward/backward pass.")
+    steps: int = Field(default=20, gt=0, le=MAX_COUNT, description="Optimizer steps (one per rollout round).")
+    micro_batch_size: int = Field(default=16, gt=0, le=65536, description="Samples per forward/backward pass.")
     logprob_chunk_tokens: int = Field(
         default=1024,
         gt=0,
+        le=limits.MAX_RESPONSE_TOKENS,
         description="Response tokens whose logits are materialised at once when computing log-probs and "
         "entropy (memory is chunk x vocabulary floats, recomputed in the backward pass).",
     )
-    device: str = "cpu"
+    device: str = Field(default="cpu", min_length=1, max_length=64)
     dtype: Literal["float32", "bfloat16"] = Field(
         default="float32",
         description="Precision of the model's parameters. bfloat16 keeps fp32 master weights and fp32 AdamW state.",
@@ -658,44 +760,59 @@ class TrainerSpec(ApiModel):
     gradient_checkpointing: bool = Field(
         default=False, description="Recompute decoder-layer activations in backward (less memory, ~1.3x compute)."
     )
-    seed: int = 0
-    replicas: int = Field(default=1, ge=1)
-    image: str | None = None
-    vendor: Literal["nvidia", "amd", "cpu"] = "nvidia"
-    gpus_per_replica: int = Field(default=1, ge=0)
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    replicas: int = Field(default=1, ge=1, le=1024)
+    image: ImageRef | None = None
+    vendor: Literal["nvidia", "amd", "cpu"] = Field(default="nvidia", description="GPU vendor; nvidia and amd need gpusPerReplica > 0.")
+    gpus_per_replica: int = Field(default=1, ge=0, le=MAX_GPUS_PER_REPLICA)
+    node_selector: dict[LabelKey, LabelValue] = label_map()
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST)
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_LIST, json_schema_extra=LIST_MAP_BY_NAME)
-    shm_size: str = Field(default="16Gi", pattern=QUANTITY_PATTERN, description="On a cluster: size limit of /dev/shm.")
+    shm_size: Quantity = Field(default="16Gi", description="On a cluster: size limit of /dev/shm.")
 
 
 class CheckpointSpec(ApiModel):
     """Checkpoints hold model, optimizer, data cursor, RNG and the partial-rollout buffer."""
 
-    dir: str = Field(default="runs/checkpoints", description="Local directory (or mounted volume).")
-    every_steps: int = Field(default=5, ge=1)
-    keep: int = Field(default=2, ge=1, description="Most recent checkpoints kept.")
+    dir: FilePath = Field(default="runs/checkpoints", description="Local directory (or mounted volume).")
+    every_steps: int = Field(default=5, ge=1, le=MAX_COUNT)
+    keep: int = Field(default=2, ge=1, le=1000, description="Most recent checkpoints kept.")
     resume: bool = Field(default=True, description="Resume from the newest checkpoint in dir when one exists.")
     uri: str | None = Field(
         default=None,
+        min_length=1,
+        max_length=2048,
         description="On a cluster: pvc://<claim> mounts an existing claim; any other URI is passed to the runtime "
-        "as the checkpoint directory. Unset: the operator creates a PVC.",
-        json_schema_extra=IMMUTABLE,
+        "as the checkpoint directory. Unset: the operator creates a PVC. Cannot be added, removed or changed.",
+        json_schema_extra=cel(
+            f"!self.startsWith('pvc://') || (self.size() <= 259 && self.substring(6).matches(r'{DNS1123_SUBDOMAIN_PATTERN}'))",
+            "the claim of a pvc:// uri must be a DNS-1123 subdomain (lowercase alphanumerics, '-', '.')",
+        ),
     )
-    storage_size: str = Field(default="10Gi", description="On a cluster: size of the checkpoint PVC.")
-    storage_class_name: str | None = Field(default=None, description="On a cluster: storage class of the PVC.")
+    storage_size: Quantity = Field(default="10Gi", description="On a cluster: size of the checkpoint PVC (a quantity).")
+    storage_class_name: DNS1123Subdomain | None = Field(
+        default=None, description="On a cluster: storage class of the PVC; cannot change."
+    )
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = Field(
         default="ReadWriteOnce",
-        description="On a cluster: access mode of the checkpoint PVC (ReadWriteMany for trainers on several nodes).",
+        description="On a cluster: access mode of the checkpoint PVC (ReadWriteMany for trainers on several nodes); "
+        "cannot change.",
     )
+
+    @field_validator("uri")
+    @classmethod
+    def _claim_name(cls, uri: str | None) -> str | None:
+        if uri is not None and uri.startswith("pvc://") and not re.match(DNS1123_SUBDOMAIN_PATTERN, uri[6:]):
+            raise ValueError("the claim of a pvc:// uri must be a DNS-1123 subdomain (lowercase alphanumerics, '-', '.')")
+        return uri
 
 
 class MetricsSpec(ApiModel):
     """Prometheus endpoint and JSON-lines log of the runtime."""
 
     port: int = Field(default=0, ge=0, le=65535, description="Prometheus /metrics port; 0 disables it.")
-    host: str = "127.0.0.1"
-    jsonl: str | None = Field(default=None, description="JSON-lines file; defaults to <output>/metrics.jsonl.")
+    host: str = Field(default="127.0.0.1", min_length=1, max_length=253)
+    jsonl: FilePath | None = Field(default=None, description="JSON-lines file; defaults to <output>/metrics.jsonl.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -705,7 +822,7 @@ class MetricsSpec(ApiModel):
 class AutotunePrometheusSpec(ApiModel):
     """Where the operator's autotuner reads the runtime metrics."""
 
-    address: str | None = Field(
+    address: HttpUrl | None = Field(
         default=None,
         description="Prometheus base URL, e.g. http://prometheus.monitoring:9090. Unset: the operator's "
         "default (chart value autotune.prometheus.address, env RLJOB_PROMETHEUS_ADDRESS).",
@@ -714,9 +831,11 @@ class AutotunePrometheusSpec(ApiModel):
         default=None, description="Secret key holding a bearer token sent as Authorization: Bearer."
     )
     timeout_seconds: float = Field(default=5.0, gt=0, le=60, description="Timeout of one instant query.")
-    match_labels: dict[str, str] = Field(
+    match_labels: dict[Annotated[str, StringConstraints(max_length=128, pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")], Text] = Field(
         default_factory=dict,
-        description="Extra label matchers for this job's series (e.g. namespace), added to rljob=<name>.",
+        max_length=16,
+        description="Extra label matchers for this job's series, added to rljob=<name> and "
+        "rljob_namespace=<namespace>.",
     )
 
 
@@ -725,15 +844,42 @@ class KnobBounds(ApiModel):
 
     model_config = ConfigDict(json_schema_extra=cel("self.min <= self.max", "min must not exceed max"))
 
-    min: float = Field(ge=0)
-    max: float = Field(ge=0)
-    max_step: float = Field(gt=0, description="Largest change in one adjustment.")
+    min: float = Field(ge=0, le=limits.TRUNCATION_TOKENS_MAX)
+    max: float = Field(ge=0, le=limits.TRUNCATION_TOKENS_MAX)
+    max_step: float = Field(gt=0, le=limits.TRUNCATION_TOKENS_MAX, description="Largest change in one adjustment.")
 
     @model_validator(mode="after")
     def _ordered(self) -> KnobBounds:
         if self.min > self.max:
             raise ValueError("min must not exceed max")
         return self
+
+
+# The tuned knobs' bounds lie inside what the runtime accepts (api/knob_limits.py): a bound outside
+# would let the autotuner write a value the runtime clamps, and the loop would never see its effect.
+
+
+class OverSamplingBounds(KnobBounds):
+    """Bounds of the over-sampling ratio."""
+
+    min: float = Field(ge=limits.OVER_SAMPLING_MIN, le=limits.OVER_SAMPLING_MAX)
+    max: float = Field(ge=limits.OVER_SAMPLING_MIN, le=limits.OVER_SAMPLING_MAX)
+    max_step: float = Field(gt=0, le=limits.OVER_SAMPLING_MAX, description="Largest change in one adjustment.")
+
+
+class TruncationKBounds(KnobBounds):
+    """Bounds of the sigma multiplier k."""
+
+    min: float = Field(gt=limits.TRUNCATION_K_MIN_EXCLUSIVE, le=limits.TRUNCATION_K_MAX)
+    max: float = Field(gt=limits.TRUNCATION_K_MIN_EXCLUSIVE, le=limits.TRUNCATION_K_MAX)
+    max_step: float = Field(gt=0, le=limits.TRUNCATION_K_MAX, description="Largest change in one adjustment.")
+
+
+class TruncationTokensBounds(KnobBounds):
+    """Bounds of the segment cap in tokens."""
+
+    min: float = Field(ge=limits.TRUNCATION_TOKENS_MIN, le=limits.TRUNCATION_TOKENS_MAX)
+    max: float = Field(ge=limits.TRUNCATION_TOKENS_MIN, le=limits.TRUNCATION_TOKENS_MAX)
 
 
 class TruncationBand(ApiModel):
@@ -774,22 +920,25 @@ class AutotuneSpec(ApiModel):
     hysteresis: float = Field(
         default=0.03, ge=0, le=0.5, description="Margin outside the band before tuning starts; it stops inside the band."
     )
-    over_sampling: KnobBounds = Field(default_factory=lambda: KnobBounds(min=1.0, max=4.0, max_step=0.5))
-    truncation_k: KnobBounds = Field(
-        default_factory=lambda: KnobBounds(min=0.5, max=6.0, max_step=0.5), description="Bounds of k (truncation mode sigma)."
+    over_sampling: OverSamplingBounds = Field(
+        default_factory=lambda: OverSamplingBounds(min=1.0, max=4.0, max_step=0.5)
     )
-    truncation_tokens: KnobBounds = Field(
-        default_factory=lambda: KnobBounds(min=8, max=1_000_000, max_step=64),
+    truncation_k: TruncationKBounds = Field(
+        default_factory=lambda: TruncationKBounds(min=0.5, max=6.0, max_step=0.5),
+        description="Bounds of k (truncation mode sigma).",
+    )
+    truncation_tokens: TruncationTokensBounds = Field(
+        default_factory=lambda: TruncationTokensBounds(min=8, max=limits.TRUNCATION_TOKENS_MAX, max_step=64),
         description="Bounds of the segment cap in tokens (truncation mode tokens); capped by maxResponseLength.",
     )
     min_length_spread: float = Field(
-        default=0.1, ge=0, description="Below this σ/μ of response lengths over-sampling buys nothing and is lowered."
+        default=0.1, ge=0, le=100, description="Below this σ/μ of response lengths over-sampling buys nothing and is lowered."
     )
     max_off_policy_ratio: float = Field(
         default=0.8, ge=0, le=1, description="Over-sampling is never raised while the off-policy token ratio is above."
     )
     local: bool = Field(default=False, description="rljob run: tune from the runtime's own step metrics.")
-    knobs_file: str | None = Field(
+    knobs_file: FilePath | None = Field(
         default=None, description="rljob run: JSON/YAML file of knob overrides, re-read when it changes."
     )
 
@@ -808,20 +957,20 @@ class EvaluationSpec(ApiModel):
     """
 
     every_steps: int = Field(
-        default=0, ge=0, description="Evaluate before the first step, every N steps and after the last; 0: off."
+        default=0, ge=0, le=MAX_COUNT, description="Evaluate before the first step, every N steps and after the last; 0: off."
     )
     prompts: int = Field(
         default=128, gt=0, le=100_000,
         description="Held-out prompts per evaluation: synthetic problems after the training ones, or the first "
         "records of evaluation.jsonl.",
     )
-    jsonl: str | None = Field(
+    jsonl: FilePath | None = Field(
         default=None,
         description="Held-out JSONL file (rows like data's; on a cluster also pvc://<claim>/<file>); required when "
         "the training data is a file.",
     )
-    parquet: str | None = Field(default=None, description="Held-out Parquet file, instead of jsonl.")
-    temperature: float | None = Field(default=None, ge=0, description="Sampling temperature; default rollout.temperature.")
+    parquet: FilePath | None = Field(default=None, description="Held-out Parquet file, instead of jsonl.")
+    temperature: float | None = Field(default=None, ge=0, le=10, description="Sampling temperature; default rollout.temperature.")
 
     @property
     def file(self) -> str | None:
@@ -834,28 +983,28 @@ class ExtraVolume(ApiModel):
 
     model_config = ConfigDict(extra="allow", json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
 
-    name: str = Field(min_length=1, max_length=63)
+    name: DNS1123Label
 
 
 class VolumeMount(ApiModel):
     """A mount of one of spec.pods.volumes into the main container."""
 
-    name: str = Field(min_length=1)
-    mount_path: str = Field(min_length=1, pattern=r"^/")
+    name: DNS1123Label
+    mount_path: str = Field(min_length=1, max_length=PATH_MAX, pattern=r"^/")
     read_only: bool = False
-    sub_path: str | None = None
+    sub_path: FilePath | None = None
 
 
 class PodPolicySpec(ApiModel):
     """What every pod the operator creates (inference, router, trainer) gets (operator only)."""
 
-    image_pull_secrets: list[str] = Field(
+    image_pull_secrets: list[DNS1123Subdomain] = Field(
         default_factory=list, max_length=MAX_LIST, description="Secrets (docker-registry) to pull the images with."
     )
-    priority_class_name: str | None = None
-    scheduler_name: str | None = Field(default=None, description="For example a gang scheduler (volcano, kai).")
+    priority_class_name: DNS1123Subdomain | None = None
+    scheduler_name: DNS1123Subdomain | None = Field(default=None, description="For example a gang scheduler (volcano, kai).")
     fs_group: int = Field(
-        default=1000, ge=0, description="Group that owns mounted volumes, so the non-root containers can write them."
+        default=1000, ge=0, le=2**31 - 1, description="Group that owns mounted volumes, so the non-root containers can write them."
     )
     volumes: list[ExtraVolume] = Field(
         default_factory=list, max_length=MAX_LIST, description="Extra pod volumes (Kubernetes Volume objects)."
@@ -898,16 +1047,48 @@ def cluster_problems(spec: RLJobSpec) -> list[str]:
     return problems
 
 
+_GPU_VENDOR_NEEDS_GPUS = "trainer.gpusPerReplica must be at least 1 when trainer.vendor is nvidia or amd (use vendor cpu)"
+_GROUP_NEEDS_SAMPLES = (
+    "rollout.samplesPerPrompt must be at least 2 for group-normalised algorithms (grpo, dapo): "
+    "one sample per group has no advantage"
+)
+_GROUP_ALGOS = "[" + ", ".join(f"'{a}'" for a in GROUP_NORMALISED_ALGORITHMS) + "]"
+# Rules on the whole spec (cross-field, and transition rules comparing with the stored object).
+# Guards with has() because CEL sees the object after defaulting, but must compile for any shape.
+SPEC_RULES: list[dict[str, Any]] = [
+    rule(
+        "!has(self.evaluation) || !has(self.evaluation.everySteps) || self.evaluation.everySteps == 0 "
+        "|| has(self.data.synthetic) || has(self.evaluation.jsonl) || has(self.evaluation.parquet)",
+        _HELD_OUT_REQUIRED,
+        ".evaluation",
+    ),
+    rule(
+        f"!({cel_has('self.trainer.gpusPerReplica')}) || self.trainer.gpusPerReplica > 0 "
+        f"|| ({cel_has('self.trainer.vendor')} && self.trainer.vendor == 'cpu')",
+        _GPU_VENDOR_NEEDS_GPUS,
+        ".trainer.gpusPerReplica",
+    ),
+    rule(
+        f"!({cel_has('self.rollout.samplesPerPrompt')}) || self.rollout.samplesPerPrompt >= 2 "
+        f"|| ({cel_has('self.algorithm.name')} && !(self.algorithm.name in {_GROUP_ALGOS}))",
+        _GROUP_NEEDS_SAMPLES,
+        ".rollout.samplesPerPrompt",
+    ),
+    *(
+        rule(expr, f"spec.{path} is immutable: it cannot be added, removed or changed once the RLJob exists", f".{path}")
+        for expr, path in (
+            immutable_optional("checkpoint.uri"),
+            immutable_optional("checkpoint.storageClassName"),
+            immutable_optional("checkpoint.accessMode"),
+        )
+    ),
+]
+
+
 class RLJobSpec(ApiModel):
     """Everything one RL job needs; the same spec runs locally and on a cluster."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel(
-            "!has(self.evaluation) || !has(self.evaluation.everySteps) || self.evaluation.everySteps == 0 "
-            "|| has(self.data.synthetic) || has(self.evaluation.jsonl) || has(self.evaluation.parquet)",
-            _HELD_OUT_REQUIRED,
-        )
-    )
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": SPEC_RULES})
 
     model: ModelSpec = Field(json_schema_extra=IMMUTABLE)
     data: DataSpec = Field(json_schema_extra=IMMUTABLE)
@@ -921,13 +1102,18 @@ class RLJobSpec(ApiModel):
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     pods: PodPolicySpec = Field(default_factory=PodPolicySpec)
     suspend: bool = False
-    active_deadline_seconds: int | None = Field(default=None, gt=0)
-    backoff_limit: int = Field(default=3, ge=0)
+    active_deadline_seconds: int | None = Field(default=None, gt=0, le=2**31 - 1)
+    backoff_limit: int = Field(default=3, ge=0, le=1000)
 
     @model_validator(mode="after")
     def _held_out_set(self) -> RLJobSpec:
         if self.evaluation.every_steps and self.data.synthetic is None and self.evaluation.file is None:
             raise ValueError(_HELD_OUT_REQUIRED)
+        t = self.trainer
+        if t.vendor != "cpu" and t.gpus_per_replica == 0:
+            raise ValueError(_GPU_VENDOR_NEEDS_GPUS)
+        if self.algorithm.name in GROUP_NORMALISED_ALGORITHMS and self.rollout.samples_per_prompt < 2:
+            raise ValueError(_GROUP_NEEDS_SAMPLES)
         return self
 
 
@@ -936,8 +1122,13 @@ class ObjectMeta(ApiModel):
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
-    name: str = Field(min_length=1)
-    namespace: str | None = None
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_JOB_NAME,
+        pattern=DNS1035_LABEL_PATTERN,
+        description="A DNS-1035 label: the operator derives Service and StatefulSet names from it.",
+    )
+    namespace: DNS1123Label | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
 

@@ -67,14 +67,21 @@ def collection_path(api_version: str, kind: str, namespace: str) -> str:
     return f"{prefix}/namespaces/{namespace}/{plural}"
 
 
-def load_api_client() -> client.ApiClient:
-    """In-cluster service account credentials, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+def load_api_client(pool_maxsize: int | None = None) -> client.ApiClient:
+    """In-cluster service account credentials, else the kubeconfig (KUBECONFIG or ~/.kube/config).
+
+    `pool_maxsize`: HTTPS connections kept open (the client's default is 5 per CPU); a caller with
+    more concurrent threads needs as many, or each extra request pays a new TLS handshake.
+    """
+    cfg = client.Configuration()
     try:
-        config.load_incluster_config()
-        return client.ApiClient()
+        config.load_incluster_config(client_configuration=cfg)
     except config.ConfigException:
         # The client reads KUBECONFIG once, at import time; read it now so a later change counts.
-        return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=cfg)
+    if pool_maxsize is not None:
+        cfg.connection_pool_maxsize = pool_maxsize
+    return client.ApiClient(cfg)
 
 
 @dataclass

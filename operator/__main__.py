@@ -14,6 +14,15 @@ import signal
 import socket
 import string
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from rljob.operator.leader import LeaderElector
+
+log = logging.getLogger("rljob.operator")
 
 
 def peering_identity() -> str:
@@ -36,6 +45,63 @@ def peering_identity() -> str:
     return f"{user}@{socket.gethostname()}/{now}/{suffix}"
 
 
+class _StandbyHealth(BaseHTTPRequestHandler):
+    """200 on every path: a standby replica waiting for the Lease is alive (kopf's endpoint starts with it)."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = b'{"standby": true}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        return
+
+
+def standby_liveness(url: str) -> ThreadingHTTPServer | None:
+    """Serve the liveness URL while waiting for leadership; None when liveness is off."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    server = ThreadingHTTPServer((parts.hostname or "0.0.0.0", parts.port or 8081), _StandbyHealth)
+    threading.Thread(target=server.serve_forever, name="standby-liveness", daemon=True).start()
+    return server
+
+
+def lead_or_wait(args: argparse.Namespace, identity: str) -> LeaderElector:
+    """With --leader-elect: block until this replica holds the Lease, then keep renewing it.
+
+    Returns the elector (to release the Lease at shutdown). A replica that loses the Lease exits with
+    status 1 at once, so two replicas never reconcile together.
+    """
+    from rljob.common.kube import Kube, load_api_client
+    from rljob.operator.leader import LeaderElector
+
+    elector = LeaderElector(
+        Kube(load_api_client()),
+        namespace=args.leader_election_namespace,
+        name=args.leader_election_id,
+        identity=identity,
+        lease_s=args.lease_seconds,
+        renew_s=args.renew_seconds,
+        retry_s=min(2.0, args.renew_seconds),
+    )
+    health = standby_liveness(args.liveness)
+    elector.acquire()
+    if health is not None:
+        health.shutdown()
+        health.server_close()
+
+    def lost() -> None:
+        log.error("leadership lost: exiting so that only the new leader reconciles")
+        os._exit(1)
+
+    elector.keep_renewing(lost, threading.Event())
+    return elector
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, export them for the handlers module, and run kopf until stopped."""
     parser = argparse.ArgumentParser(prog="python -m rljob.operator", description=__doc__)
@@ -46,6 +112,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-port", type=int, default=8080, help="operator /metrics port (0 disables)")
     parser.add_argument("--metrics-addr", default="0.0.0.0")
     parser.add_argument("--resync-seconds", type=float, default=10.0, help="status resync period")
+    parser.add_argument(
+        "--apply-concurrency", type=int, default=8, help="children of one RLJob applied at once (1: one by one)"
+    )
+    parser.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="run as one of several replicas: only the holder of a coordination.k8s.io Lease reconciles",
+    )
+    parser.add_argument(
+        "--leader-election-namespace",
+        default=os.environ.get("POD_NAMESPACE", "default"),
+        help="namespace of the Lease (default: $POD_NAMESPACE, else default)",
+    )
+    parser.add_argument("--leader-election-id", default="rljob-operator", help="name of the Lease")
+    parser.add_argument("--lease-seconds", type=int, default=15, help="a leader silent this long is replaced")
+    parser.add_argument("--renew-seconds", type=float, default=5.0, help="how often the leader renews the Lease")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
 
@@ -60,17 +142,25 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RLJOB_OPERATOR_METRICS_PORT"] = str(args.metrics_port)
     os.environ["RLJOB_OPERATOR_METRICS_ADDR"] = args.metrics_addr
     os.environ["RLJOB_WATCH_NAMESPACES"] = ",".join(args.namespace)
+    os.environ["RLJOB_APPLY_CONCURRENCY"] = str(args.apply_concurrency)
     importlib.import_module("rljob.operator.handlers")
 
     import kopf
 
-    kopf.run(
-        standalone=True,
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        liveness_endpoint=args.liveness or None,
-        identity=peering_identity(),
-    )
+    identity = peering_identity()
+    elector = lead_or_wait(args, identity) if args.leader_elect else None
+    try:
+        # standalone: kopf's own peering is not needed, the Lease decides who runs.
+        kopf.run(
+            standalone=True,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            liveness_endpoint=args.liveness or None,
+            identity=identity,
+        )
+    finally:
+        if elector is not None:
+            elector.release()
     return 0
 
 

@@ -22,7 +22,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from rljob.api.spec import API_GROUP, API_VERSION, CLUSTER_RULES, KIND, RLJobSpec
+from rljob.api.spec import API_GROUP, API_VERSION, CLUSTER_RULES, KIND, MAX_JOB_NAME, RLJobSpec
+from rljob.api.validation import DNS1035_LABEL_PATTERN
 from rljob.api.status import RLJobStatus
 
 log = logging.getLogger(__name__)
@@ -36,14 +37,10 @@ CRD_PATH = Path(__file__).resolve().parent.parent / "crds" / f"{API_GROUP}_{PLUR
 # Keys of JSON Schema that OpenAPI v3 structural schemas do not accept (or we do not want).
 _DROPPED_KEYS = {"title", "additionalProperties", "$defs", "discriminator"}
 
-# Child names are built from the job name (Services must be DNS-1035 labels; StatefulSet pod names
-# plus the controller-revision-hash label must fit in 63 characters).
-MAX_JOB_NAME = 40
-
 ROOT_RULES = [
     {
         "rule": f"self.metadata.name.size() <= {MAX_JOB_NAME} && "
-        "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        f"self.metadata.name.matches(r'{DNS1035_LABEL_PATTERN}')",
         "message": f"metadata.name must be a DNS-1035 label (lowercase letter first) of at most {MAX_JOB_NAME} "
         "characters: the operator derives Service and StatefulSet names from it",
     }
@@ -98,6 +95,22 @@ def _strip_null_branch(node: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _key_rule(names: dict[str, Any]) -> dict[str, Any]:
+    """CEL rule checking every key of a map against a `propertyNames` schema (pattern, maxLength)."""
+    checks = []
+    if "maxLength" in names:
+        checks.append(f"k.size() <= {names['maxLength']}")
+    if "minLength" in names:
+        checks.append(f"k.size() >= {names['minLength']}")
+    if "pattern" in names:
+        checks.append(f"k.matches(r'{names['pattern']}')")  # raw string: regex escapes are not CEL escapes
+    if not checks:
+        raise ValueError(f"map keys with no checkable constraint: {names}")
+    what = f"at most {names['maxLength']} characters" if "maxLength" in names else ""
+    pattern = f"matching {names['pattern']}" if "pattern" in names else ""
+    return {"rule": f"self.all(k, {' && '.join(checks)})", "message": f"keys must be {' '.join(filter(None, (what, pattern)))}"}
+
+
 def to_structural(node: dict[str, Any], required: bool = True) -> dict[str, Any]:
     """Convert an inlined pydantic JSON schema node to a structural OpenAPI v3 schema node."""
     # `X | None = None` means "absent unless set": it must never be defaulted to {} below, or the
@@ -119,14 +132,24 @@ def to_structural(node: dict[str, Any], required: bool = True) -> dict[str, Any]
             out["properties"] = {name: to_structural(sub, name in req) for name, sub in value.items()}
         elif key == "items":
             out["items"] = to_structural(value)
+        elif key in ("propertyNames", "patternProperties"):
+            continue  # map keys: see below
         else:
             out[key] = value
     if out.get("type") == "object" and "properties" not in out:
         extra = node.get("additionalProperties")
+        names = dict(node.get("propertyNames") or {})
+        if "patternProperties" in node:
+            # pydantic puts a key pattern here, with the value schema under it.
+            ((pattern, extra),) = node["patternProperties"].items()
+            names["pattern"] = pattern
         if isinstance(extra, dict) and extra:
             out["additionalProperties"] = to_structural(extra)
         else:
             out["x-kubernetes-preserve-unknown-fields"] = True
+        if names:
+            # Structural schemas cannot constrain map keys: the same pattern and length as a CEL rule.
+            out.setdefault("x-kubernetes-validations", []).append(_key_rule(names))
     if (
         not required
         and not nullable

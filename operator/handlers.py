@@ -1,6 +1,12 @@
 """kopf handlers: thin adapters from Kubernetes events to `reconcile` (all decisions live elsewhere).
 
 Run with `python -m rljob.operator` (flags: --help) or `kopf run -m rljob.operator.handlers`.
+
+Watches are cheap: child kinds are watched with a server-side label selector (only objects labelled
+`app.kubernetes.io/managed-by=rljob-operator` and `rljob.io/job-name` reach the operator), and every
+watched object lands in one ObjectCache (operator/cache.py) that the reconcile reads instead of
+LISTing the API on each resync.
+
 Settings come from the environment so both entry points behave the same:
 RLJOB_RESYNC_SECONDS (status resync period, default 10), RLJOB_OPERATOR_METRICS_PORT (default 8080,
 0 = off), RLJOB_OPERATOR_METRICS_ADDR (default 0.0.0.0), RLJOB_WATCH_NAMESPACES (comma-separated
@@ -20,11 +26,13 @@ from typing import Any
 import kopf
 
 from rljob.api.spec import API_GROUP, API_VERSION
+from rljob.common.kube import RLJOB_PLURAL, load_api_client
 from rljob.operator.builders.meta import LABEL_JOB, LABEL_ROLE, MANAGER, ROLE_INFERENCE, ROLE_TRAINER
-from rljob.common.kube import RLJOB_PLURAL, shared_kube
+from rljob.common.autotune.prometheus import PrometheusPool
 from rljob.operator.autotune.timer import TICK_S, autotune_job
-from rljob.operator.metrics import JOB_PHASES, serve
-from rljob.operator.reconcile import InvalidSpec, reconcile, sync_status
+from rljob.operator.cache import RLJOB_API_VERSION, CachedKube
+from rljob.operator.metrics import CACHED_OBJECTS, JOB_LOCKS_HELD, JOB_PHASES, serve
+from rljob.operator.reconcile import APPLY_CONCURRENCY, JOB_LOCKS, InvalidSpec, reconcile, sync_status
 from rljob.operator.resync import ResyncLoop, list_rljobs
 from rljob.operator.status_logic import pod_observation
 
@@ -37,10 +45,21 @@ WATCH_NAMESPACES = [ns for ns in os.environ.get("RLJOB_WATCH_NAMESPACES", "").sp
 
 RLJOB = (API_GROUP, API_VERSION, RLJOB_PLURAL)
 CHILD_LABELS = {LABEL_JOB: kopf.PRESENT, "app.kubernetes.io/managed-by": MANAGER}
+# The same filter on the server side: the API server sends only the operator's children.
+CHILD_SELECTOR = f"app.kubernetes.io/managed-by={MANAGER},{LABEL_JOB}"
+# Watched child kinds: (group, version, plural) for kopf, (apiVersion, kind) for the cache.
+CHILD_KINDS = {
+    ("apps", "v1", "statefulsets"): ("apps/v1", "StatefulSet"),
+    ("apps", "v1", "deployments"): ("apps/v1", "Deployment"),
+    ("batch", "v1", "jobs"): ("batch/v1", "Job"),
+    ("", "v1", "pods"): ("v1", "Pod"),
+    ("", "v1", "services"): ("v1", "Service"),
+    ("policy", "v1", "poddisruptionbudgets"): ("policy/v1", "PodDisruptionBudget"),
+}
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Keep kopf's bookkeeping in annotations (the structural status schema is ours) and bound all waits."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -52,39 +71,80 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
     settings.execution.max_workers = 8
+    for group, version, plural in CHILD_KINDS:
+        settings.watching.label_selectors[group, version, plural] = CHILD_SELECTOR
+    # kopf's workers times the concurrent applies of one job: one pooled connection for each.
+    memo.kube = CachedKube(load_api_client(pool_maxsize=settings.execution.max_workers * APPLY_CONCURRENCY))
+    CACHED_OBJECTS.set_function(memo.kube.cache.__len__)
+    JOB_LOCKS_HELD.set_function(JOB_LOCKS.__len__)
     if METRICS_PORT:
         serve(METRICS_PORT, METRICS_ADDR)
         log.info("operator metrics on http://%s:%d/metrics", METRICS_ADDR, METRICS_PORT)
 
 
-async def _resync_pass(namespace: str, name: str) -> None:
-    await asyncio.to_thread(sync_status, shared_kube(), namespace, name)
+def _cache_event(kube: CachedKube, api_version: str, kind: str, event: dict[str, Any], body: kopf.Body) -> None:
+    meta = body.get("metadata", {})
+    if event.get("type") == "DELETED":
+        kube.cache.remove(api_version, kind, meta.get("namespace", ""), meta.get("name", ""))
+    else:
+        kube.cache.upsert(api_version, kind, dict(event.get("object") or body))
+
+
+# Cache feeders first: kopf runs an object's event handlers in order, so the reconcile below
+# already reads the object of this very event.
+@kopf.on.event(*RLJOB, id="cache-rljobs")
+async def cache_rljob(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Keep the cached copy of an RLJob current (dropped with its DELETED event)."""
+    _cache_event(memo.kube, RLJOB_API_VERSION, "RLJob", event, body)
+
+
+def _child_cache_handler(group: str, version: str, plural: str, api_version: str, kind: str) -> None:
+    @kopf.on.event(group, version, plural, labels=CHILD_LABELS, id=f"cache-{plural}")
+    async def cache_child(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        _cache_event(memo.kube, api_version, kind, event, body)
+
+
+for (_group, _version, _plural), (_api_version, _kind) in CHILD_KINDS.items():
+    _child_cache_handler(_group, _version, _plural, _api_version, _kind)
 
 
 @kopf.on.startup()
 async def start_resync(memo: kopf.Memo, **_: Any) -> None:
     """Start the resync loops (lifecycle status, autotuner): timers without kopf's finalizer."""
-    def jobs() -> list[tuple[str, str]]:
-        return list_rljobs(shared_kube(), WATCH_NAMESPACES)
+    kube: CachedKube = memo.kube
+    # One pooled Prometheus HTTP client per operator, in kopf's event loop (closed at cleanup).
+    pool = memo.prometheus_pool = PrometheusPool()
 
-    loops = [ResyncLoop("resync", RESYNC_SECONDS, jobs, _resync_pass), ResyncLoop("autotune", TICK_S, jobs, autotune_job)]
+    def jobs() -> list[tuple[str, str]]:
+        return list_rljobs(kube, WATCH_NAMESPACES)
+
+    async def resync_pass(namespace: str, name: str) -> None:
+        await asyncio.to_thread(sync_status, kube, namespace, name)
+
+    async def autotune_pass(namespace: str, name: str) -> None:
+        await autotune_job(kube, pool, namespace, name)
+
+    loops = [ResyncLoop("resync", RESYNC_SECONDS, jobs, resync_pass), ResyncLoop("autotune", TICK_S, jobs, autotune_pass)]
     memo["resync_tasks"] = [asyncio.create_task(loop.run_forever(), name=loop.step) for loop in loops]
 
 
 @kopf.on.cleanup()
 async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the resync loops."""
+    """Stop the resync loops and close the Prometheus connections."""
     for task in memo.get("resync_tasks", []):
         task.cancel()
+    pool = getattr(memo, "prometheus_pool", None)
+    if pool is not None:
+        await pool.aclose()
 
 
 @kopf.on.resume(*RLJOB, retries=20, backoff=5)
 @kopf.on.create(*RLJOB, retries=20, backoff=5)
 @kopf.on.update(*RLJOB, field="spec", retries=20, backoff=5)
-def apply(namespace: str, name: str, **_: Any) -> None:
+def apply(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     """Apply the children for the current spec and refresh the status."""
     try:
-        reconcile(shared_kube(), namespace, name)
+        reconcile(memo.kube, namespace, name)
     except InvalidSpec as err:
         raise kopf.PermanentError(str(err)) from None
 
@@ -92,22 +152,24 @@ def apply(namespace: str, name: str, **_: Any) -> None:
 @kopf.on.event("apps", "v1", "statefulsets", labels=CHILD_LABELS)
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
 @kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS)
-def workload_changed(namespace: str, labels: dict[str, str], **_: Any) -> None:
+def workload_changed(namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
     """A child workload changed (replicas, the trainer Job finished or is gone): refresh the parent now."""
-    sync_status(shared_kube(), namespace, labels[LABEL_JOB])
+    sync_status(memo.kube, namespace, labels[LABEL_JOB])
 
 
 @kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
-def pod_changed(event: dict[str, Any], body: kopf.Body, namespace: str, labels: dict[str, str], **_: Any) -> None:
+def pod_changed(
+    event: dict[str, Any], body: kopf.Body, namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any
+) -> None:
     """Pods that failed, finished or vanished: the watch may be the only one to see them."""
     pod = pod_observation(dict(body))
     role = labels.get(LABEL_ROLE)
     if role == ROLE_TRAINER and (pod.exits or pod.disrupted):
         log.info("trainer pod %s/%s terminated or disrupted: %s", namespace, pod.name, [e.reason for e in pod.exits])
-        sync_status(shared_kube(), namespace, labels[LABEL_JOB], trainer_pods=[pod])
+        sync_status(memo.kube, namespace, labels[LABEL_JOB], trainer_pods=[pod])
     elif role == ROLE_INFERENCE and (event.get("type") == "DELETED" or pod.failures()):
         log.info("inference pod %s/%s lost (%s)", namespace, pod.name, event.get("type"))
-        sync_status(shared_kube(), namespace, labels[LABEL_JOB], lost_inference_pods=[pod])
+        sync_status(memo.kube, namespace, labels[LABEL_JOB], lost_inference_pods=[pod])
 
 
 @kopf.on.delete(*RLJOB, optional=True)

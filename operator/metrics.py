@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from importlib.metadata import PackageNotFoundError, version
 
-from prometheus_client import REGISTRY, Counter, Histogram, Info, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Info, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -30,6 +30,12 @@ RESTARTS = Counter(
     "Trainer group restarts (role trainer: failures, trainer-interrupted: disruptions) and lost inference replicas "
     "(role rollout)",
     ["namespace", "name", "role"],
+)
+# State that must follow the live jobs (memory bounded as jobs come and go); set_function at start-up.
+CACHED_OBJECTS = Gauge("rljob_operator_cached_objects", "Objects in the operator's watch cache (RLJobs and children)")
+JOB_LOCKS_HELD = Gauge("rljob_operator_job_locks", "Per-RLJob locks currently held or waited for")
+API_REQUESTS = Counter(
+    "rljob_operator_api_requests_total", "API requests of the reconcile (kopf's own watches and patches excluded)", ["verb"]
 )
 
 

@@ -8,9 +8,10 @@ operator) with the same result and no duplicate children.
 from __future__ import annotations
 
 import logging
-import threading
+import os
 import time
-from collections import defaultdict
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,10 +23,11 @@ from rljob.api.spec import RLJobSpec
 from rljob.api.status import RLJobStatus, utcnow
 from rljob.operator.builders import JobRef, build_children
 from rljob.operator.builders.inference import effective_pools, pool_workload_name
-from rljob.operator.builders.meta import LABEL_JOB, LABEL_ROLE, ROLE_INFERENCE, ROLE_TRAINER, selector_string
+from rljob.operator.builders.meta import LABEL_JOB, LABEL_POOL, LABEL_ROLE, ROLE_INFERENCE, ROLE_TRAINER, selector_string
 from rljob.operator.builders.router import router_name
 from rljob.operator.builders.trainer import ANNOTATION_TEMPLATE_HASH, trainer_name
 from rljob.common.kube import Kube, KubeError
+from rljob.operator.keyed_locks import KeyedLocks
 from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
 from rljob.operator.status_logic import (
     ApplyResult,
@@ -41,11 +43,14 @@ from rljob.operator.status_logic import (
 
 log = logging.getLogger(__name__)
 
+# Children applied concurrently per job (RLJOB_APPLY_CONCURRENCY, `--apply-concurrency`; 1: one by one).
+APPLY_CONCURRENCY = max(1, int(os.environ.get("RLJOB_APPLY_CONCURRENCY", "8")))
+_WORKLOAD_KINDS = ("StatefulSet", "Deployment", "Job")
 # Children the operator may prune when a pool disappears from the spec.
 _POOL_KINDS = (("apps/v1", "StatefulSet"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"))
 
-_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
-_locks_guard = threading.Lock()
+# Handlers run on a thread pool; one lock per RLJob, dropped when no handler uses it.
+JOB_LOCKS = KeyedLocks()
 
 
 class InvalidSpec(ValueError):
@@ -68,9 +73,7 @@ class ChildrenNotApplied(RuntimeError):
 @contextmanager
 def job_lock(namespace: str, name: str) -> Iterator[None]:
     """Serialise work on one RLJob inside this process (handlers run on a thread pool)."""
-    with _locks_guard:
-        lock = _locks[(namespace, name)]
-    with lock:
+    with JOB_LOCKS.hold((namespace, name)):
         yield
 
 
@@ -85,6 +88,28 @@ def measured(step: str) -> Iterator[None]:
         raise
     finally:
         RECONCILE_SECONDS.labels(step).observe(time.perf_counter() - start)
+
+
+def _contains(current: Any, applied: Any) -> bool:
+    """Whether `current` already holds every value of `applied` (list-maps keyed by `type` per item)."""
+    if isinstance(applied, dict):
+        return isinstance(current, dict) and all(k in current and _contains(current[k], v) for k, v in applied.items())
+    if isinstance(applied, list) and all(isinstance(i, dict) and "type" in i for i in applied):
+        if not isinstance(current, list):
+            return False
+        by_type = {i.get("type"): i for i in current if isinstance(i, dict)}
+        return all(i["type"] in by_type and _contains(by_type[i["type"]], i) for i in applied)
+    return current == applied
+
+
+def status_apply_changes(current: dict[str, Any], previous: dict[str, Any], applied: dict[str, Any]) -> bool:
+    """Whether server-side applying `applied` (all the operator's fields) would change the live status.
+
+    `current` is the live status, `previous` the operator's fields as read from it (operator_apply of
+    the parsed status): every applied value must already be live, and nothing the operator holds may
+    be dropped (a field it leaves out is removed by the apply).
+    """
+    return previous != applied or not _contains(current, applied)
 
 
 def parse_spec(body: dict[str, Any]) -> RLJobSpec:
@@ -103,27 +128,38 @@ def _status(body: dict[str, Any]) -> RLJobStatus:
         return RLJobStatus()
 
 
+def _apply_one(kube: Kube, body: dict[str, Any], child: dict[str, Any]) -> str | None:
+    """Apply one child (the trainer Job through its recreate rule); the child's name when it is waiting."""
+    what = f"{child['kind']} {child['metadata']['name']}"
+    try:
+        result = _apply_trainer_job(kube, body, child) if child["kind"] == "Job" else kube.apply(child)
+    except KubeError as err:
+        raise ChildApplyError(what, err) from None
+    if result == "waiting":
+        return what
+    if result != "unchanged":
+        kube.post_event(body, "Normal", result.capitalize(), f"{what} {result}")
+    return None
+
+
 def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool) -> list[str]:
     """Server-side apply every child, prune pools removed from the spec, post an Event per change.
 
-    Returns the children still waiting (the trainer Job being recreated); raises ChildApplyError
-    naming the object the API server refused.
+    Children are independent requests, so they go out APPLY_CONCURRENCY at a time, in two waves: what
+    the workloads use (config, identity, volume, Services, PDBs) before the workloads, so their pods
+    never wait for a missing ServiceAccount or claim. Returns the children still waiting (the trainer
+    Job being recreated); raises ChildApplyError naming the first object the API server refused.
     """
     job = JobRef.from_body(body)
+    children = build_children(job, spec, active=active)
+    waves = [[c for c in children if c["kind"] not in _WORKLOAD_KINDS], [c for c in children if c["kind"] in _WORKLOAD_KINDS]]
     waiting: list[str] = []
-    for child in build_children(job, spec, active=active):
-        what = f"{child['kind']} {child['metadata']['name']}"
-        try:
-            if child["kind"] == "Job":
-                result = _apply_trainer_job(kube, body, child)
-            else:
-                result = kube.apply(child)
-        except KubeError as err:
-            raise ChildApplyError(what, err) from None
-        if result == "waiting":
-            waiting.append(what)
-        elif result != "unchanged":
-            kube.post_event(body, "Normal", result.capitalize(), f"{what} {result}")
+    with ThreadPoolExecutor(max_workers=APPLY_CONCURRENCY, thread_name_prefix="apply") as pool:
+        for wave in waves:
+            for done in [pool.submit(_apply_one, kube, body, child) for child in wave]:
+                what = done.result()  # re-raises the first failure
+                if what is not None:
+                    waiting.append(what)
     wanted = {pool_workload_name(job, p) for p in effective_pools(spec.rollout)}
     selector = selector_string({LABEL_JOB: job.name, LABEL_ROLE: ROLE_INFERENCE})
     for api_version, kind in _POOL_KINDS:
@@ -181,6 +217,13 @@ def _workload(obj: dict[str, Any] | None) -> WorkloadObs | None:
     )
 
 
+def _pool_workload(obj: dict[str, Any] | None, ready_pods: int) -> WorkloadObs | None:
+    workload = _workload(obj)
+    if workload is None:
+        return None
+    return WorkloadObs(replicas=workload.replicas, ready=min(workload.ready, ready_pods))
+
+
 def _is_ready(pod: dict[str, Any]) -> bool:
     conditions = (pod.get("status") or {}).get("conditions") or []
     return not pod["metadata"].get("deletionTimestamp") and any(
@@ -196,8 +239,14 @@ def observe(kube: Kube, job: JobRef, spec: RLJobSpec) -> Observed:
     trainer_job = kube.get("batch/v1", "Job", job.namespace, trainer_name(job))
     pods = kube.list("v1", "Pod", job.namespace, selector)
     inference = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == ROLE_INFERENCE]
+    # A pool's ready count is capped by its Ready pods seen: the StatefulSet's readyReplicas lags a lost
+    # pod by a controller round trip, and a cached read of it can be the old value.
+    ready_pods = Counter((p["metadata"].get("labels") or {}).get(LABEL_POOL) for p in inference if _is_ready(p))
     return Observed(
-        pools={p.name: _workload(statefulsets.get(pool_workload_name(job, p))) for p in effective_pools(spec.rollout)},
+        pools={
+            p.name: _pool_workload(statefulsets.get(pool_workload_name(job, p)), ready_pods[p.name])
+            for p in effective_pools(spec.rollout)
+        },
         router=_workload(deployments.get(router_name(job))),
         trainer=trainer_job_observation(trainer_job) if trainer_job is not None else None,
         trainer_pods=[
@@ -289,7 +338,12 @@ def _sync_once(
         log.info("restarting the trainer group of %s/%s (Job deleted: %s)", namespace, name, deleted)
     elif _needs_apply(obs, decision.active):
         decision = decide(apply_result(kube, body, spec, decision.active))
-    kube.apply_rljob_status(namespace, name, operator_apply(decision.status))
+    status = operator_apply(decision.status)
+    # A resync that changes nothing writes nothing (one request per job and period saved).
+    if status_apply_changes(body.get("status") or {}, operator_apply(prev), status):
+        kube.apply_rljob_status(namespace, name, status)
+    if decision.status.phase != prev.phase:
+        log.info("%s/%s: %s -> %s %s", namespace, name, prev.phase, decision.status.phase, [e.reason for e in decision.events])
     JOB_PHASES.set(namespace, name, decision.status.phase)
     for event in decision.events:
         kube.post_event(body, event.type, event.reason, event.message)

@@ -429,6 +429,9 @@ def compute_status(
             events.append(EventRecord("Warning", "BackoffLimitExceeded", message))
     if restart_job is not None:
         restarts.last_trainer_restart_time = now
+        # One restart per Job: a later read of the same Job (failed, not yet seen deleting, e.g. a watch
+        # cache that has the pod's deletion before the Job's) must not count its failure again.
+        restarts.handled_failures = _remember(restarts.handled_failures, [failure_key(ROLE_TRAINER, restart_job, "job")])
 
     if outcome is None and was_active and prev.start_time and spec.active_deadline_seconds:
         if (now - prev.start_time).total_seconds() >= spec.active_deadline_seconds:

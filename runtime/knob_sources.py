@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
+from rljob.api import knob_limits as limits
 from rljob.api.spec import RLJobSpec
 from rljob.api.status import EffectiveKnobs
 from rljob.common.autotune.controller import (
@@ -45,9 +46,11 @@ class KnobFile(BaseModel):
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
-    over_sampling: float | None = Field(default=None, ge=1.0)
-    truncation_k: float | None = Field(default=None, gt=0)
-    truncation_max_tokens: int | None = Field(default=None, gt=0)
+    over_sampling: float | None = Field(default=None, ge=limits.OVER_SAMPLING_MIN, le=limits.OVER_SAMPLING_MAX)
+    truncation_k: float | None = Field(default=None, gt=limits.TRUNCATION_K_MIN_EXCLUSIVE, le=limits.TRUNCATION_K_MAX)
+    truncation_max_tokens: int | None = Field(
+        default=None, ge=limits.TRUNCATION_TOKENS_MIN, le=limits.TRUNCATION_TOKENS_MAX
+    )
     reason: str = ""
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from rljob.api import knob_limits as limits
 from rljob.runtime.rollout.scheduler import RolloutScheduler
 
 
@@ -37,7 +38,7 @@ def apply_knobs(scheduler: RolloutScheduler, knobs: KnobValues) -> list[str]:
     if knobs.over_sampling is not None and hasattr(strategy, "over_sampling"):
         if strategy.over_sampling != knobs.over_sampling:
             changes.append(f"over_sampling {strategy.over_sampling:g} -> {knobs.over_sampling:g}")
-            strategy.over_sampling = max(1.0, knobs.over_sampling)
+            strategy.over_sampling = max(limits.OVER_SAMPLING_MIN, knobs.over_sampling)
     t = scheduler.truncation
     if knobs.truncation_k is not None and t.k != knobs.truncation_k:
         changes.append(f"truncation_k {t.k:g} -> {knobs.truncation_k:g}")

@@ -106,7 +106,7 @@ def ledger_imbalance(rec: StepRecord | dict[str, Any]) -> tuple[int, int]:
 class RuntimeMetrics:
     """Prometheus collectors for the runtime, plus the JSON-lines log."""
 
-    def __init__(self, job_name: str, jsonl_path: Path | None = None) -> None:
+    def __init__(self, job_name: str, jsonl_path: Path | None = None, namespace: str = "") -> None:
         self.registry = CollectorRegistry()
         self.jsonl_path = jsonl_path
         self._lock = threading.Lock()
@@ -119,7 +119,10 @@ class RuntimeMetrics:
         def counter(name: str, doc: str) -> Counter:
             return Counter(p + name, doc, registry=r)
 
-        gauge("job_info", "Static information about the running job.", ("rljob",)).labels(job_name).set(1)
+        # rljob_namespace, not namespace: a Kubernetes scrape adds the pod's own `namespace` target label.
+        gauge("job_info", "Static information about the running job.", ("rljob", "rljob_namespace")).labels(
+            job_name, namespace
+        ).set(1)
         self.tokens_per_s = gauge("rollout_tokens_per_second", "Rollout tokens generated per second, last round.")
         self.ceiling = gauge(
             "rollout_ceiling_tokens_per_second", "Bubble-free ceiling estimate: full-batch decode rate of the engines."

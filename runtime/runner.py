@@ -274,7 +274,7 @@ class JobRunner:
         self.checkpoints = CheckpointManager(self.spec.checkpoint.dir, keep=self.spec.checkpoint.keep,
                                              distributed=distributed)
         jsonl = Path(self.spec.metrics.jsonl) if self.spec.metrics.jsonl else self.output_dir / "metrics.jsonl"
-        self.metrics = RuntimeMetrics(job.metadata.name, jsonl)
+        self.metrics = RuntimeMetrics(job.metadata.name, jsonl, namespace=job.metadata.namespace or "")
         self.metrics_port: int | None = None
         self.resumed_from: str | None = None
         self.knob_sources: list[KnobSource] = []

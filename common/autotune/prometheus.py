@@ -53,13 +53,24 @@ class VectorSample:
 
 
 class PrometheusClient:
-    """Instant queries against one Prometheus server (`/api/v1/query`)."""
+    """Instant queries against one Prometheus server (`/api/v1/query`).
 
-    def __init__(self, address: str, timeout_s: float = 5.0, bearer_token: str | None = None) -> None:
-        headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
+    With `http`, requests go through that shared connection pool (see PrometheusPool), which the
+    client does not close; without it, the client owns a pool of its own.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float = 5.0,
+        bearer_token: str | None = None,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
         self.address = address.rstrip("/")
         self.timeout_s = timeout_s
-        self._client = httpx.AsyncClient(base_url=self.address, timeout=timeout_s, headers=headers)
+        self._headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
+        self._owned = http is None
+        self._client = http if http is not None else httpx.AsyncClient()
 
     async def __aenter__(self) -> Self:
         return self
@@ -68,7 +79,9 @@ class PrometheusClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        """Close the connection pool if this client owns it."""
+        if self._owned:
+            await self._client.aclose()
 
     async def query(self, expr: str, time: float | None = None) -> list[VectorSample]:
         """Evaluate `expr`; returns the instant vector (a scalar result becomes one unlabeled sample)."""
@@ -76,7 +89,9 @@ class PrometheusClient:
         if time is not None:
             params["time"] = f"{time:.3f}"
         try:
-            resp = await self._client.get("/api/v1/query", params=params)
+            resp = await self._client.get(
+                f"{self.address}/api/v1/query", params=params, headers=self._headers, timeout=self.timeout_s
+            )
         except httpx.HTTPError as exc:
             raise PrometheusUnavailable(f"Prometheus at {self.address} unreachable: {exc!r}") from exc
         if resp.status_code >= 500 or resp.status_code in (429, 503):
@@ -104,6 +119,25 @@ class PrometheusClient:
         if math.isnan(value) or math.isinf(value):
             raise NoData(f"query {expr!r} returned {value}")
         return value
+
+
+class PrometheusPool:
+    """One HTTP connection pool for every Prometheus the autotuner reads (keep-alive across ticks and jobs).
+
+    Create and use it inside one event loop; `aclose` at shutdown.
+    """
+
+    def __init__(self, max_connections: int = 32) -> None:
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._http = httpx.AsyncClient(limits=limits)
+
+    def client(self, address: str, timeout_s: float = 5.0, bearer_token: str | None = None) -> PrometheusClient:
+        """A client for one server and credential, sharing the pool's connections."""
+        return PrometheusClient(address, timeout_s=timeout_s, bearer_token=bearer_token, http=self._http)
+
+    async def aclose(self) -> None:
+        """Close every pooled connection."""
+        await self._http.aclose()
 
 
 def _parse(data: dict[str, Any], expr: str) -> list[VectorSample]:

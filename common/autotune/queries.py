@@ -1,12 +1,14 @@
 """PromQL for one RLJob's runtime metrics, and the read of one controller Observation.
 
-Runtime series carry no job label of their own; `rljob_job_info{rljob="<name>"}` (value 1) names
-the job of a scrape target, so every query joins on (job, instance) with it. Several trainer
-replicas are averaged.
+Runtime series carry no job label of their own; `rljob_job_info{rljob="<name>",rljob_namespace="<ns>"}`
+(value 1) names the job of a scrape target, so every query joins on (job, instance) with it. The
+namespace is always part of the selector: two jobs of the same name in different namespaces are
+two jobs. Several trainer replicas are averaged. The queries of one reading run concurrently.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -22,9 +24,9 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def job_selector(name: str, match_labels: Mapping[str, str] = {}) -> str:
-    """Label matchers of the job's info series, e.g. {rljob="demo",namespace="ml"}."""
-    labels = {"rljob": name, **match_labels}
+def job_selector(name: str, namespace: str, match_labels: Mapping[str, str] = {}) -> str:
+    """Label matchers of the job's info series, e.g. {rljob="demo",rljob_namespace="ml"}."""
+    labels = {"rljob": name, "rljob_namespace": namespace, **match_labels}
     return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items())) + "}"
 
 
@@ -33,11 +35,12 @@ class JobQueries:
     """The queries the autotuner runs for one job; each is stored in status next to the knob it moved."""
 
     name: str
+    namespace: str
     match_labels: Mapping[str, str]
     window_s: int
 
     def _joined(self, inner: str) -> str:
-        info = f"{METRIC_PREFIX}job_info{job_selector(self.name, self.match_labels)}"
+        info = f"{METRIC_PREFIX}job_info{job_selector(self.name, self.namespace, self.match_labels)}"
         return f"{inner} * on(job, instance) group_left() {info}"
 
     def averaged(self, metric: str, matchers: str = "") -> str:
@@ -75,22 +78,27 @@ async def _optional(client: PrometheusClient, expr: str) -> float | None:
         return None
 
 
-async def read_observation(client: PrometheusClient, q: JobQueries) -> Reading:
-    """Read the controller's inputs. The truncation rate is required (NoData propagates); the rest is optional.
+async def read_observation(client: PrometheusClient, q: JobQueries, step: int | None) -> Reading:
+    """Read the controller's inputs, all queries at once. The truncation rate is required (NoData
+    propagates); the rest is optional.
 
+    `step` is the job's persisted training step (status.trainer.step): settling counts rounds on it,
+    so a trainer restart, whose runtime counters start again at zero, does not reset the count.
     Raises PrometheusUnavailable / PrometheusQueryError / NoData / AmbiguousResult as the client does.
     """
-    rate = await client.query_value(q.truncation_rate)
-    steps = await _optional(client, q.latest("steps_total"))
-    obs = Observation(
-        truncation_rate=rate,
-        length_mean=await _optional(client, q.averaged("response_length_tokens", '{stat="mean"}')),
-        length_std=await _optional(client, q.averaged("response_length_tokens", '{stat="std"}')),
-        tokens_per_second=await _optional(client, q.averaged("rollout_tokens_per_second")),
-        ceiling_tokens_per_second=await _optional(client, q.averaged("rollout_ceiling_tokens_per_second")),
-        off_policy_ratio=await _optional(client, q.averaged("off_policy_token_ratio")),
-        entropy=await _optional(client, q.averaged("policy_entropy")),
-        steps=int(steps) if steps is not None else None,
+    optional = {
+        "length_mean": q.averaged("response_length_tokens", '{stat="mean"}'),
+        "length_std": q.averaged("response_length_tokens", '{stat="std"}'),
+        "tokens_per_second": q.averaged("rollout_tokens_per_second"),
+        "ceiling_tokens_per_second": q.averaged("rollout_ceiling_tokens_per_second"),
+        "off_policy_ratio": q.averaged("off_policy_token_ratio"),
+        "entropy": q.averaged("policy_entropy"),
+    }
+    rate, knobs, *values = await asyncio.gather(
+        client.query_value(q.truncation_rate),
+        client.query(q.knobs),
+        *(_optional(client, expr) for expr in optional.values()),
     )
-    in_force = {s.labels.get("knob", ""): s.value for s in await client.query(q.knobs)}
+    obs = Observation(truncation_rate=rate, steps=step, **dict(zip(optional, values, strict=True)))
+    in_force = {s.labels.get("knob", ""): s.value for s in knobs}
     return Reading(observation=obs, in_force=in_force, query=q.truncation_rate)

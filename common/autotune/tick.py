@@ -120,9 +120,19 @@ def query_window(spec: RLJobSpec, status: RLJobStatus, now: datetime) -> int:
     return window
 
 
-def queries_for(name: str, spec: RLJobSpec, status: RLJobStatus, now: datetime) -> JobQueries:
-    """The PromQL of this tick."""
-    return JobQueries(name=name, match_labels=dict(spec.autotune.prometheus.match_labels), window_s=query_window(spec, status, now))
+def queries_for(name: str, namespace: str, spec: RLJobSpec, status: RLJobStatus, now: datetime) -> JobQueries:
+    """The PromQL of this tick (the job's series in its namespace)."""
+    return JobQueries(
+        name=name,
+        namespace=namespace,
+        match_labels=dict(spec.autotune.prometheus.match_labels),
+        window_s=query_window(spec, status, now),
+    )
+
+
+def persisted_step(status: RLJobStatus) -> int | None:
+    """The job's training step as the trainer last wrote it to status (survives trainer restarts)."""
+    return status.trainer.step
 
 
 def _condition(status: RLJobStatus, true: bool, reason: str, message: str, generation: int, now: datetime) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ from rljob.operator.autotune.metrics import AutotuneMetrics
 from rljob.common.autotune.prometheus import (
     PrometheusClient,
     PrometheusError,
+    PrometheusPool,
     PrometheusUnavailable,
 )
 from rljob.common.autotune.queries import read_observation
@@ -57,8 +58,9 @@ def _read_secret_key(namespace: str, name: str, key: str) -> str:
     return base64.b64decode(data).decode().strip()
 
 
-async def prometheus_client_for(spec: RLJobSpec, namespace: str) -> PrometheusClient:
-    """A client for the job's Prometheus: address and token from the spec, else the operator's settings."""
+async def prometheus_client_for(spec: RLJobSpec, namespace: str, pool: PrometheusPool) -> PrometheusClient:
+    """A client for the job's Prometheus on the shared pool: address and token from the spec, else the
+    operator's settings."""
     p = spec.autotune.prometheus
     address = p.address or os.environ.get("RLJOB_PROMETHEUS_ADDRESS")
     if not address:
@@ -74,29 +76,38 @@ async def prometheus_client_for(spec: RLJobSpec, namespace: str) -> PrometheusCl
             raise PrometheusUnavailable(f"cannot read bearer token from Secret {ref.name}/{ref.key}: {exc}") from exc
     elif token_file := os.environ.get("RLJOB_PROMETHEUS_BEARER_TOKEN_FILE"):
         token = Path(token_file).read_text().strip()
-    return PrometheusClient(address, timeout_s=p.timeout_seconds, bearer_token=token)
+    return pool.client(address, timeout_s=p.timeout_seconds, bearer_token=token)
 
 
-async def run_tick(name: str, namespace: str, spec: RLJobSpec, status: RLJobStatus, generation: int, now: datetime) -> tick.TickResult:
+async def run_tick(
+    name: str,
+    namespace: str,
+    spec: RLJobSpec,
+    status: RLJobStatus,
+    generation: int,
+    now: datetime,
+    pool: PrometheusPool,
+) -> tick.TickResult:
     """One tick with its Prometheus I/O; never raises for Prometheus failures."""
     if spec.autotune.mode == "Off" or not tick.due(spec, status, now):
         return tick.on_mode(spec, status, generation, now)
     try:
-        async with await prometheus_client_for(spec, namespace) as client:
-            reading = await read_observation(client, tick.queries_for(name, spec, status, now))
+        client = await prometheus_client_for(spec, namespace, pool)
+        reading = await read_observation(
+            client, tick.queries_for(name, namespace, spec, status, now), tick.persisted_step(status)
+        )
     except PrometheusError as exc:
         return tick.on_failure(spec, status, exc, generation, now)
     return tick.on_reading(name, spec, status, reading, generation, now)
 
 
-def autotuner_kube() -> Kube:
-    """The shared API client, writing as the autotuner's field manager."""
-    return dataclasses.replace(shared_kube(), field_manager=AUTOTUNER_FIELD_MANAGER)
+async def autotune_job(kube: Kube, pool: PrometheusPool, namespace: str, name: str) -> None:
+    """Run the autotuner for one RLJob and write its status and Events.
 
-
-async def autotune_job(namespace: str, name: str) -> None:
-    """Run the autotuner for one RLJob and write its status and Events."""
-    kube = autotuner_kube()
+    `kube` is the operator's (cache-backed) client; the status is written as the autotuner's field
+    manager. `pool` holds the pooled Prometheus connections shared by all jobs.
+    """
+    kube = dataclasses.replace(kube, field_manager=AUTOTUNER_FIELD_MANAGER)
     body = await asyncio.to_thread(kube.get_rljob, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return
@@ -111,7 +122,7 @@ async def autotune_job(namespace: str, name: str) -> None:
         return  # finished jobs are not tuned
     previous = tick.current_knobs(job_spec, job_status)
     generation = int(body["metadata"].get("generation") or 0)
-    result = await run_tick(name, namespace, job_spec, job_status, generation, utcnow())
+    result = await run_tick(name, namespace, job_spec, job_status, generation, utcnow(), pool)
     if result.patch:
         merged = RLJobStatus.model_validate(tick.merge_patch(status_wire, result.patch))
         await asyncio.to_thread(kube.apply_rljob_status, namespace, name, tick.autotuner_status(merged))

@@ -17,6 +17,7 @@ from rljob.api.status import RLJobStatus
 from rljob.common.autotune.prometheus import (
     NoData,
     PrometheusClient,
+    PrometheusPool,
     PrometheusQueryError,
     PrometheusUnavailable,
 )
@@ -42,7 +43,7 @@ def step(n: int, rate: float, cap: float) -> StepRecord:
 
 @pytest.fixture
 def runtime_metrics() -> Iterator[tuple[RuntimeMetrics, str]]:
-    metrics = RuntimeMetrics("tuned")
+    metrics = RuntimeMetrics("tuned", namespace="ns")
     port = metrics.serve("127.0.0.1", free_port())
     yield metrics, f"127.0.0.1:{port}"
 
@@ -70,17 +71,20 @@ async def test_client_reads_observation_and_types_failures(
     wait_until(lambda: prom.query("rljob_truncation_rate") or None, 15, "first truncation sample")
 
     async with PrometheusClient(prom.url, timeout_s=5) as client:
-        reading = await read_observation(client, JobQueries("tuned", {}, window_s=30))
+        reading = await read_observation(client, JobQueries("tuned", "ns", {}, window_s=30), step=7)
         obs = reading.observation
         assert obs.truncation_rate == pytest.approx(0.6)
         assert obs.length_spread == pytest.approx(0.5)
         assert obs.ceiling_share == pytest.approx(0.5)
-        assert obs.steps == 3 and obs.off_policy_ratio == pytest.approx(0.3) and obs.entropy == pytest.approx(1.2)
+        # The step is the persisted one passed in, not the runtime's counter (3).
+        assert obs.steps == 7 and obs.off_policy_ratio == pytest.approx(0.3) and obs.entropy == pytest.approx(1.2)
         assert reading.in_force["segment_cap_tokens"] == 8 and reading.in_force["over_sampling"] == 2
-        assert 'rljob="tuned"' in reading.query
+        assert 'rljob="tuned"' in reading.query and 'rljob_namespace="ns"' in reading.query
 
         with pytest.raises(NoData):
-            await read_observation(client, JobQueries("other-job", {}, window_s=30))
+            await read_observation(client, JobQueries("other-job", "ns", {}, window_s=30), step=None)
+        with pytest.raises(NoData):  # the same name in another namespace is another job
+            await read_observation(client, JobQueries("tuned", "other-ns", {}, window_s=30), step=None)
         with pytest.raises(PrometheusQueryError):
             await client.query_value("rate(rljob_truncation_rate[")
 
@@ -109,10 +113,11 @@ async def test_tick_tunes_backs_off_while_prometheus_is_down_and_resumes(
     )
     wire: dict[str, Any] = {}
     now = datetime.now(UTC).replace(microsecond=0)
+    pool = PrometheusPool()
 
     async def tick(at: datetime) -> Any:
         nonlocal wire
-        result = await run_tick("tuned", "ns", spec, RLJobStatus.model_validate(wire), 1, at)
+        result = await run_tick("tuned", "ns", spec, RLJobStatus.model_validate(wire), 1, at, pool)
         wire = merge(wire, result.patch)
         return result
 
@@ -140,3 +145,25 @@ async def test_tick_tunes_backs_off_while_prometheus_is_down_and_resumes(
     assert wire["effectiveKnobs"]["truncation"]["value"] == 24.0
     cond = next(c for c in wire["conditions"] if c["type"] == "AutotuneActive")
     assert cond["status"] == "True" and wire["autotune"]["consecutiveFailures"] == 0
+    await pool.aclose()
+
+
+async def test_same_name_in_two_namespaces_is_read_apart(prometheus_factory: PrometheusFactory) -> None:
+    """Two runtimes of jobs named alike in namespaces a and b: each reading sees only its own series."""
+    targets = []
+    for namespace, rate in (("team-a", 0.1), ("team-b", 0.9)):
+        metrics = RuntimeMetrics("same", namespace=namespace)
+        targets.append(f"127.0.0.1:{metrics.serve('127.0.0.1', free_port())}")
+        metrics.record(step(1, rate, 8))
+    prom = prometheus_factory(targets, scrape_interval="1s")
+    prom.wait_for_targets_up()
+    wait_until(lambda: len(prom.query("rljob_truncation_rate")) == 2 or None, 15, "both runtimes scraped")
+    pool = PrometheusPool()
+    try:
+        client = pool.client(prom.url, timeout_s=5)
+        a = await read_observation(client, JobQueries("same", "team-a", {}, window_s=30), step=None)
+        b = await read_observation(client, JobQueries("same", "team-b", {}, window_s=30), step=None)
+    finally:
+        await pool.aclose()
+    assert a.observation.truncation_rate == pytest.approx(0.1)
+    assert b.observation.truncation_rate == pytest.approx(0.9)

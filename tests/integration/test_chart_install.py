@@ -512,15 +512,17 @@ def test_upgrade_with_changed_values_and_a_refused_bad_value(kube_cluster: KubeC
     release.run("upgrade", release.name, str(CHART), "-f", str(values), "--wait", "--timeout", "3m")
     deployment = kube_cluster.apps().read_namespaced_deployment(release.fullname, release.namespace)
     assert "--resync-seconds=30" in deployment.spec.template.spec.containers[0].args
-    assert deployment.spec.strategy.type == "Recreate"
+    # Leader election (the default): a new pod waits as a standby, so a rollout may overlap the old one.
+    assert "--leader-elect" in deployment.spec.template.spec.containers[0].args
+    assert deployment.spec.strategy.type == "RollingUpdate"
     role = k8s.RbacAuthorizationV1Api(kube_cluster.api).read_cluster_role(release.fullname)
     assert any("secrets" in r.resources and r.verbs == ["get"] for r in role.rules)
     rule = custom(kube_cluster).get_namespaced_custom_object(
         "monitoring.coreos.com", "v1", release.namespace, "prometheusrules", f"{release.fullname}-alerts")
     assert any("> 0.5" in r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
     assert crd_established(kube_cluster, "rljobs.rljob.io")
-    # A bad value is refused before anything changes.
-    refused = release.run("upgrade", release.name, str(CHART), "-f", str(values), "--set", "replicaCount=3", check=False)
+    # A bad value is refused before anything changes (replicas above the schema's maximum of 10).
+    refused = release.run("upgrade", release.name, str(CHART), "-f", str(values), "--set", "replicaCount=11", check=False)
     assert refused.returncode != 0 and "/replicaCount" in refused.stderr, refused.stderr
     history = yaml.safe_load(release.run("history", release.name, "-o", "yaml").stdout)
     assert [h["revision"] for h in history] == [1, 2] and history[-1]["status"] == "deployed"

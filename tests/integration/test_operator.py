@@ -515,8 +515,9 @@ def test_a_refused_child_becomes_a_condition_and_observed_generation_waits(
     volumes("refused")
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("refused"))
     wait_phase(api, namespace, "refused", "Running")
-    # The CRD accepts any nodeSelector map; the API server refuses this key on the Job's pod template.
-    bad = {"spec": {"trainer": {"nodeSelector": {**TRAINER_NODE_SELECTOR, "no spaces allowed": "x"}}}}
+    # The CRD checks each toleration field alone; the API server refuses a value with operator Exists on
+    # the Job's pod template.
+    bad = {"spec": {"trainer": {"tolerations": [{"key": "example.com/dedicated", "operator": "Exists", "value": "x"}]}}}
     api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "refused", bad)
 
     def refused() -> dict[str, Any] | None:
@@ -526,7 +527,7 @@ def test_a_refused_child_becomes_a_condition_and_observed_generation_waits(
 
     job = wait_for(refused, "ChildrenApplied=False", timeout=60)
     message = condition(job, "ChildrenApplied")["message"]
-    assert "Job refused-trainer" in message and "no spaces allowed" in message, message
+    assert "Job refused-trainer" in message and "tolerations[0]" in message, message
     assert job["metadata"]["generation"] == 2 and job["status"]["observedGeneration"] == 1
     assert "ApplyFailed" in events(kube_cluster, namespace, "refused")
 
@@ -557,6 +558,9 @@ def test_status_writers_never_clobber_each_other(
              "the operator applied generation 2", 60)
     job = wait_phase(api, namespace, "shared", "Running")
     assert condition(job, "ExternalCheck")["reason"] == "Waiting", "the operator keeps other managers' conditions"
+    # The autotuner's loop ticks on its own period (RLJOB_AUTOTUNE_TICK_SECONDS): wait for its first write.
+    job = wait_for(lambda: next((j for j in [get(api, namespace, "shared")] if condition(j, "AutotuneActive")), None),
+                   "the autotuner's own condition", 60)
     assert condition(job, "AutotuneActive")["reason"] == "AutotuneOff", "the autotuner applied its own"
     assert condition(job, "Ready")["status"] == "True"
     assert job["status"]["trainer"]["step"] == 4 and job["status"]["trainer"]["lastCheckpoint"]["step"] == 2

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from rljob.api.spec import AutotuneSpec, KnobBounds
+from rljob.api.spec import AutotuneSpec, TruncationTokensBounds
 from rljob.common.autotune.controller import (
     Bounds,
     ControllerConfig,
@@ -151,7 +151,7 @@ def test_invalid_rate_is_never_acted_on() -> None:
 
 
 def test_config_from_spec_caps_tokens_by_response_length() -> None:
-    spec = AutotuneSpec(truncation_tokens=KnobBounds(min=8, max=4096, max_step=32), cooldown_seconds=30)
+    spec = AutotuneSpec(truncation_tokens=TruncationTokensBounds(min=8, max=4096, max_step=32), cooldown_seconds=30)
     cfg = ControllerConfig.from_spec(spec, max_response_length=256)
     assert cfg.truncation_tokens == Bounds(8, 256, 32)
     assert cfg.cooldown_s == 30 and cfg.band_low == 0.15 and cfg.band_high == 0.25

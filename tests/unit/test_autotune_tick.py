@@ -97,7 +97,7 @@ def test_window_starts_after_the_last_change() -> None:
     status = merged(RLJobStatus(), tick.on_reading("j", s, RLJobStatus(), reading(0.8), 1, NOW).patch)
     assert tick.query_window(s, status, NOW + timedelta(seconds=25)) == 25
     assert tick.query_window(s, status, NOW + timedelta(seconds=600)) == 60
-    assert "[25s]" in tick.queries_for("j", s, status, NOW + timedelta(seconds=25)).truncation_rate
+    assert "[25s]" in tick.queries_for("j", "ns", s, status, NOW + timedelta(seconds=25)).truncation_rate
 
 
 def test_failure_keeps_knobs_sets_condition_and_backs_off() -> None:

@@ -119,13 +119,17 @@ def test_lint_strict_and_template(helm: Path, values: Path | None) -> None:
     assert "0 chart(s) failed" in lint.stdout
     objects = render(helm, files)
     deployment = find(objects, "Deployment")
-    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    # Leader election (on by default) lets a rollout's new pod wait as a standby: no Recreate gap.
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--leader-elect" in args and "--leader-election-namespace=rljob-system" in args
     for obj in objects:
         assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm", obj["metadata"]["name"]
 
 
 BAD_VALUES: list[tuple[list[str], str]] = [
-    (["replicaCount=2"], "/replicaCount"),
+    (["replicaCount=2", "leaderElection.enabled=false"], "/replicaCount"),
+    (["leaderElection.leaseSeconds=1"], "/leaderElection/leaseSeconds"),
     (["operatr.verbose=true"], "additional properties 'operatr' not allowed"),
     (["operator.watchNamespaces={Team_A}"], "/operator/watchNamespaces/0"),
     (["image.tag=latest"], "/image/tag"),
@@ -274,8 +278,12 @@ def test_operator_role_covers_every_kind_it_applies_and_what_it_grants_the_train
 
 def test_watch_namespaces_use_roles_not_a_cluster_wide_grant(helm: Path) -> None:
     objects = render(helm, [CHART / "ci/namespaced-values.yaml"])
-    roles = [o for o in objects if o["kind"] == "Role"]
+    roles = [o for o in objects if o["kind"] == "Role" and not o["metadata"]["name"].endswith("-leader-election")]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-team-a", "ml-team-b"]
+    # The leader election Role grants Leases in the release namespace only.
+    election = find(objects, "Role", "rljob-rljob-operator-leader-election")
+    assert election["metadata"]["namespace"] == "rljob-system"
+    assert election["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
     assert rules_allow(operator_rules(objects, namespaced=True), "", "secrets", "get")
     cluster_reads = find(objects, "ClusterRole", "rljob-rljob-operator-cluster-reads")["rules"]
     assert sorted(r["resources"][0] for r in cluster_reads) == ["customresourcedefinitions", "namespaces"]

@@ -111,3 +111,30 @@ def test_optional_objects_are_not_defaulted_into_existence() -> None:
     data = _root()["properties"]["spec"]["properties"]["data"]
     assert "default" not in data["properties"]["synthetic"]
     assert data["properties"]["jsonl"]["type"] == "string"
+
+
+def _spec_nodes(node: dict, path: str = "spec"):
+    yield path, node
+    for name, sub in (node.get("properties") or {}).items():
+        yield from _spec_nodes(sub, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        yield from _spec_nodes(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _spec_nodes(node["additionalProperties"], f"{path}.*")
+
+
+def test_every_spec_field_is_bounded() -> None:
+    """Numbers have both bounds; strings, lists and maps a maximum size (CEL's cost estimate needs them)."""
+    spec = crdgen.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    unbounded = []
+    for path, node in _spec_nodes(spec):
+        kind = node.get("type")
+        if kind in ("integer", "number") and not ("minimum" in node and "maximum" in node):
+            unbounded.append(f"{path}: {kind} without minimum and maximum")
+        elif kind == "string" and "maxLength" not in node and "enum" not in node:
+            unbounded.append(f"{path}: string without maxLength")
+        elif kind == "array" and "maxItems" not in node:
+            unbounded.append(f"{path}: array without maxItems")
+        elif kind == "object" and "additionalProperties" in node and "maxProperties" not in node:
+            unbounded.append(f"{path}: map without maxProperties")
+    assert not unbounded, "\n".join(unbounded)

@@ -149,10 +149,15 @@ def test_trainer_failure_restarts_group_until_backoff_limit() -> None:
         # The whole gang restarts: the operator deletes this Job (a new one resumes from the checkpoint).
         assert d.restart_trainer_job == job_uid and d.status.restarts.trainer == n and d.active
         assert d.events[0].reason == "TrainerRestarting" and f"restart {n}/2" in d.events[0].message
-        assert d.status.restarts.handled_failures == [f"trainer/t{n}/0"]
+        assert d.status.restarts.handled_failures == [f"trainer/t{n}/0", f"trainer/{job_uid}/job"]
         # Seen again before the Job is gone (timer + watch): acted on once.
         again = _run(_spec(), d.status, _obs(trainer_pods=[failed], job=job))
         assert not again.restart_trainer and again.status.restarts.trainer == n
+        # The same Job read once more as failed, its pod already gone and the Job not yet seen deleting
+        # (a watch cache delivers the pod's deletion first): still the one failure.
+        failed_job = TrainerJobObs(uid=job_uid, replicas=1, ready=0, failed_message="pod failed: FailJob")
+        stale = _run(_spec(), d.status, _obs(job=failed_job))
+        assert not stale.restart_trainer and stale.status.restarts.trainer == n and stale.status.outcome is None
         deleting = TrainerJobObs(uid=job_uid, replicas=1, ready=0, deleting=True)
         gone = _run(_spec(), again.status, _obs(trainer_pods=[failed], job=deleting))
         assert not gone.restart_trainer and gone.status.restarts.trainer == n

@@ -34,7 +34,7 @@ it create those Roles and their RoleBindings without the `escalate` or `bind` ve
 # PodDisruptionBudgets of the inference pools (pruned with their pool).
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Pods: watched for failures, evictions and the trainer leader's success.
 - apiGroups: [""]
   resources: ["pods"]
@@ -42,7 +42,7 @@ it create those Roles and their RoleBindings without the `escalate` or `bind` ve
 # Headless Services of pools (pruned with them), the router's and the trainer's Service.
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Per-job runtime config, trainer and router identities and checkpoint volume.
 - apiGroups: [""]
   resources: ["configmaps", "serviceaccounts", "persistentvolumeclaims"]

@@ -1,0 +1,429 @@
+"""What the operator costs at scale: N RLJobs applied at once on a local control plane with fake nodes.
+
+    python benchmarks/operator_scale.py --nodes 1000 --jobs 10 100      # writes docs/benchmarks/operator_scale.*
+
+A private control plane (etcd, kube-apiserver, controllers, scheduler; tests/cluster) gets `--nodes`
+kwok nodes (40 % NVIDIA, 30 % AMD, 30 % CPU, 8 GPUs per GPU node). For each job count the operator
+(`python -m rljob.operator -n bench-N`) runs as its own process; the RLJobs (two pools on both GPU
+vendors, a CPU trainer, a pre-bound checkpoint volume) are created from a thread pool at once.
+Reported per run:
+
+- apply -> all 13 children created, apply -> phase Running (kwok makes pods Ready at once): p50, p99;
+- the operator's CPU seconds and RSS (from /proc) at the end of the ramp and at steady state;
+- API requests per second per job at steady state, two ways: the reconcile's own requests
+  (`rljob_operator_api_requests_total`), and every request the API server counted
+  (`apiserver_request_total`, watches excluded) with the operator running minus the same rate after
+  it stopped (so kopf's own annotation patches count too, and the control plane's own traffic not).
+
+Timestamps come from watches started before the first apply, on this machine's clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+# Appended, not prepended: the repository's `operator/` folder must not shadow the standard library's.
+sys.path.append(str(REPO))
+
+from machine_info import describe, load_average  # noqa: E402
+
+from tests.cluster.kube import KubeCluster, start_cluster  # noqa: E402
+
+GROUP, VERSION, PLURAL = "rljob.io", "v1alpha1", "rljobs"
+MANAGED = "app.kubernetes.io/managed-by=rljob-operator"
+CHILDREN_PER_JOB = 13
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def rljob(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "RLJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"huggingFace": "Qwen/Qwen3-0.6B"},
+            "data": {"synthetic": {"numPrompts": 64}},
+            "rollout": {
+                "rolloutBatchSize": 4,
+                "pools": [
+                    {"name": "nv", "vendor": "nvidia", "replicas": 2, "gpusPerReplica": 2, "tensorParallelSize": 2},
+                    {"name": "mi", "vendor": "amd", "replicas": 1, "gpusPerReplica": 1},
+                ],
+            },
+            "trainer": {"vendor": "cpu", "gpusPerReplica": 0},
+        },
+    }
+
+
+def proc_usage(pid: int) -> tuple[float, float]:
+    """(CPU seconds user+system, RSS MiB) of a process and its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / TICKS
+    rss_kib = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmRSS"))
+    return cpu, rss_kib / 1024
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))
+    return round(ordered[k], 3)
+
+
+class Watcher:
+    """First-seen times of every managed child and of each RLJob reaching phase Running."""
+
+    def __init__(self, cluster: KubeCluster, namespace: str) -> None:
+        from kubernetes import client as k8s
+
+        self.namespace = namespace
+        self.api = cluster.api
+        core, apps, rbac = k8s.CoreV1Api(self.api), k8s.AppsV1Api(self.api), k8s.RbacAuthorizationV1Api(self.api)
+        self.lists = {
+            "StatefulSet": apps.list_namespaced_stateful_set,
+            "Deployment": apps.list_namespaced_deployment,
+            "Service": core.list_namespaced_service,
+            "ConfigMap": core.list_namespaced_config_map,
+            "ServiceAccount": core.list_namespaced_service_account,
+            "PersistentVolumeClaim": core.list_namespaced_persistent_volume_claim,
+            "Role": rbac.list_namespaced_role,
+            "RoleBinding": rbac.list_namespaced_role_binding,
+        }
+        self.custom = k8s.CustomObjectsApi(self.api)
+        self.created: dict[str, dict[str, float]] = {}  # job -> child key -> time
+        self.running: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._children, args=(k,), daemon=True) for k in self.lists]
+        self.threads.append(threading.Thread(target=self._jobs, daemon=True))
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def _children(self, kind: str) -> None:
+        self._retrying(lambda: self._watch_children(kind))
+
+    def _retrying(self, watch_loop: Any) -> None:
+        """Restart a watch that failed (a loaded API server answers 504 "Too large resource version");
+        the new watch lists first, and first-seen times are kept."""
+        while not self.stop.is_set():
+            try:
+                watch_loop()
+            except Exception:  # noqa: BLE001 (any stream failure: start over)
+                time.sleep(0.5)
+
+    def _watch_children(self, kind: str) -> None:
+        from kubernetes import watch
+
+        while not self.stop.is_set():
+            for event in watch.Watch().stream(self.lists[kind], self.namespace, label_selector=MANAGED, timeout_seconds=30):
+                meta = event["object"].metadata
+                job = (meta.labels or {}).get("rljob.io/job-name")
+                if job:
+                    with self.lock:
+                        self.created.setdefault(job, {}).setdefault(f"{kind}/{meta.name}", time.time())
+                if self.stop.is_set():
+                    return
+
+    def _jobs(self) -> None:
+        self._retrying(self._watch_jobs)
+
+    def _watch_jobs(self) -> None:
+        from kubernetes import watch
+
+        while not self.stop.is_set():
+            for event in watch.Watch().stream(
+                self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, timeout_seconds=30
+            ):
+                obj = event["object"]
+                if (obj.get("status") or {}).get("phase") == "Running":
+                    with self.lock:
+                        self.running.setdefault(obj["metadata"]["name"], time.time())
+                if self.stop.is_set():
+                    return
+
+    def all_created(self, job: str) -> float | None:
+        with self.lock:
+            seen = self.created.get(job, {})
+            return max(seen.values()) if len(seen) >= CHILDREN_PER_JOB else None
+
+
+def apiserver_requests(cluster: KubeCluster) -> float:
+    """Requests the API server served so far (watches excluded)."""
+    with cluster.http() as http:
+        text = http.get("/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{") and 'verb="WATCH"' not in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def operator_requests(metrics_port: int) -> float:
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+    return sum(float(m.group(1)) for m in re.finditer(r"^rljob_operator_api_requests_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+NODE_LABELS = {
+    "nv": {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+           "nvidia.com/gpu.count": "8", "rljob.io/accelerator": "nvidia"},
+    "amd": {"amd.com/gpu.present": "true", "amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM",
+            "amd.com/gpu.family": "AI", "rljob.io/accelerator": "amd"},
+    "cpu": {},
+}
+GPU_RESOURCE = {"nv": "nvidia.com/gpu", "amd": "amd.com/gpu"}
+
+
+def add_fake_nodes(cluster: KubeCluster, counts: dict[str, int]) -> float:
+    """Create kwok nodes (as tests/cluster/localkube/nodes.go shapes them) up to `counts` per pool; wait
+    until all are Ready. Returns the seconds it took. (localkube's own start-up wait checks each node
+    with one GET inside one second, which 1,000 nodes cannot pass on a loaded machine.)"""
+    core = cluster.core()
+    start = time.time()
+    existing = {n.metadata.name for n in core.list_node().items}
+
+    def create(name: str, pool: str) -> None:
+        capacity = {"cpu": "64", "memory": "1Ti", "pods": "110"}
+        if pool in GPU_RESOURCE:
+            capacity[GPU_RESOURCE[pool]] = "8"
+        labels = {"type": "kwok", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                  "kubernetes.io/arch": "amd64", **NODE_LABELS[pool]}
+        core.create_node({"apiVersion": "v1", "kind": "Node",
+                          "metadata": {"name": name, "labels": labels, "annotations": {"kwok.x-k8s.io/node": "fake"}},
+                          "status": {"capacity": capacity, "allocatable": capacity}})
+
+    wanted = [(f"{pool}-{i}", pool) for pool, n in counts.items() for i in range(n)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda item: create(*item), [w for w in wanted if w[0] not in existing]))
+    total = sum(counts.values())
+    while True:
+        nodes = core.list_node(_request_timeout=120).items
+        ready = sum(any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []) for n in nodes)
+        if ready >= total:
+            return time.time() - start
+        time.sleep(5)
+
+
+def create_volumes(cluster: KubeCluster, namespace: str, jobs: list[str]) -> None:
+    core = cluster.core()
+    for job in jobs:
+        core.create_persistent_volume({
+            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{namespace}-{job}"},
+            "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": f"/tmp/rljob-bench/{job}"},
+                     "claimRef": {"namespace": namespace, "name": f"{job}-checkpoints"}},
+        })
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_one(cluster: KubeCluster, n_jobs: int, steady_s: float, resync_s: float, timeout_s: float, log_dir: Path) -> dict[str, Any]:
+    namespace = cluster.create_namespace(f"bench-{n_jobs}")
+    jobs = [f"j{i:04d}" for i in range(n_jobs)]
+    create_volumes(cluster, namespace, jobs)
+    metrics_port, liveness_port = free_port(), free_port()
+    log_path = log_dir / f"operator-{n_jobs}.log"
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    with log_path.open("wb") as log:
+        op = subprocess.Popen(
+            [sys.executable, "-m", "rljob.operator", "-n", namespace, "--metrics-port", str(metrics_port),
+             "--metrics-addr", "127.0.0.1", "--liveness", f"http://127.0.0.1:{liveness_port}/healthz",
+             "--resync-seconds", str(resync_s)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd="/", start_new_session=True,
+        )
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{liveness_port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or op.poll() is not None:
+                raise RuntimeError(f"operator did not start; see {log_path}")
+            time.sleep(0.5)
+        # kopf's RLJob watch is up once it has logged its first probe; give it a moment, then measure from idle.
+        time.sleep(3.0)
+        idle_cpu, idle_rss = proc_usage(op.pid)
+        watcher = Watcher(cluster, namespace)
+        watcher.start()
+        time.sleep(1.0)  # watches established before the first apply
+        from kubernetes import client as k8s
+
+        custom = k8s.CustomObjectsApi(cluster.api)
+        applied: dict[str, float] = {}
+
+        def apply(job: str) -> None:
+            start = time.time()
+            custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob(job))
+            applied[job] = start
+
+        ramp_start = time.time()
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            list(pool.map(apply, jobs))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and len(watcher.running) < n_jobs:
+            time.sleep(0.5)
+        ramp_s = time.time() - ramp_start
+        ramp_cpu, ramp_rss = proc_usage(op.pid)
+        to_children = [t - applied[j] for j in jobs if (t := watcher.all_created(j)) is not None]
+        to_ready = [watcher.running[j] - applied[j] for j in jobs if j in watcher.running]
+
+        # Steady state: every job Running, nothing changing; the resync timer keeps working.
+        api_before, op_before, cpu_before, t0 = apiserver_requests(cluster), operator_requests(metrics_port), proc_usage(op.pid)[0], time.time()
+        time.sleep(steady_s)
+        api_after, op_after, (cpu_after, steady_rss), t1 = (
+            apiserver_requests(cluster), operator_requests(metrics_port), proc_usage(op.pid), time.time()
+        )
+        with_operator = (api_after - api_before) / (t1 - t0)
+        watcher.stop.set()
+        op.send_signal(signal.SIGTERM)
+        try:
+            op.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # kopf waits for running handlers; the baseline needs it gone
+            os.killpg(op.pid, signal.SIGKILL)
+            op.wait(timeout=30)
+        base_before, b0 = apiserver_requests(cluster), time.time()
+        time.sleep(steady_s)
+        baseline = (apiserver_requests(cluster) - base_before) / (time.time() - b0)
+        return {
+            "jobs": n_jobs,
+            "created": len(applied),
+            "all_children_created": len(to_children),
+            "running": len(to_ready),
+            "apply_to_children_s": {"p50": percentile(to_children, 50), "p99": percentile(to_children, 99)},
+            "apply_to_running_s": {"p50": percentile(to_ready, 50), "p99": percentile(to_ready, 99)},
+            "ramp_s": round(ramp_s, 1),
+            "operator_idle": {"rss_mib": round(idle_rss, 1), "cpu_s": round(idle_cpu, 2)},
+            "operator_after_ramp": {"rss_mib": round(ramp_rss, 1), "cpu_s": round(ramp_cpu - idle_cpu, 2)},
+            "steady": {
+                "seconds": round(t1 - t0, 1),
+                "rss_mib": round(steady_rss, 1),
+                "cpu_share": round((cpu_after - cpu_before) / (t1 - t0), 4),
+                "reconcile_requests_per_s_per_job": round((op_after - op_before) / (t1 - t0) / n_jobs, 4),
+                "apiserver_requests_per_s_with_operator": round(with_operator, 2),
+                "apiserver_requests_per_s_without_operator": round(baseline, 2),
+                "operator_requests_per_s_per_job": round((with_operator - baseline) / n_jobs, 4),
+            },
+            "resync_seconds": resync_s,
+            "load_average_end": load_average(),
+        }
+    finally:
+        if op.poll() is None:
+            os.killpg(op.pid, signal.SIGKILL)
+        cluster.delete_namespace(namespace)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = result["runs"]
+    n = [r["jobs"] for r in runs]
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 4))
+    for key, label in (("apply_to_children_s", "apply → children"), ("apply_to_running_s", "apply → Running")):
+        a.plot(n, [r[key]["p50"] for r in runs], "o-", label=f"{label} p50")
+        a.plot(n, [r[key]["p99"] for r in runs], "s--", label=f"{label} p99")
+    a.set(xscale="log", xlabel="RLJobs applied at once", ylabel="seconds", title="latency")
+    a.legend(fontsize=7)
+    b.plot(n, [r["steady"]["rss_mib"] for r in runs], "o-", label="RSS steady (MiB)")
+    b.plot(n, [r["operator_after_ramp"]["cpu_s"] for r in runs], "s-", label="CPU s during ramp")
+    b.set(xscale="log", xlabel="RLJobs", title="operator resources")
+    b.legend(fontsize=7)
+    c.plot(n, [r["steady"]["operator_requests_per_s_per_job"] for r in runs], "o-", label="all (API server delta)")
+    c.plot(n, [r["steady"]["reconcile_requests_per_s_per_job"] for r in runs], "s-", label="reconcile only")
+    c.set(xscale="log", xlabel="RLJobs", ylabel="requests / s / job", title="steady-state API load")
+    c.legend(fontsize=7)
+    fig.suptitle(f"rljob operator, {result['nodes']['total']} kwok nodes — {result['machine']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=1000, help="kwok nodes (40%% NVIDIA, 30%% AMD, 30%% CPU)")
+    parser.add_argument("--jobs", type=int, nargs="+", default=[10, 100], help="job counts, one run each")
+    parser.add_argument("--steady-seconds", type=float, default=60.0, help="steady-state measurement window")
+    parser.add_argument("--resync-seconds", type=float, default=10.0, help="the operator's resync period")
+    parser.add_argument("--timeout", type=float, default=600.0, help="most seconds to wait for all jobs Running")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
+    parser.add_argument("--name", default="operator_scale", help="stem of the JSON and PNG written to --out")
+    args = parser.parse_args()
+    # SIGTERM (timeout, kill) still stops the control plane and the operator: run the finally blocks.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    nv, amd = int(args.nodes * 0.4), int(args.nodes * 0.3)
+    cpu = args.nodes - nv - amd
+    state = Path(tempfile.mkdtemp(prefix="rljob-bench-"))
+    cluster = start_cluster(state / "plane")  # localkube's few default nodes; the rest are added below
+    try:
+        os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+        print(f"adding kwok nodes up to {nv} NVIDIA, {amd} AMD, {cpu} CPU", flush=True)
+        nodes_s = add_fake_nodes(cluster, {"nv": nv, "amd": amd, "cpu": cpu})
+        print(f"{args.nodes} nodes Ready after {nodes_s:.0f} s", flush=True)
+        crd = REPO / "crds" / "rljob.io_rljobs.yaml"
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+        cluster.kubectl("wait", "--for=condition=Established", "crd/rljobs.rljob.io", "--timeout=60s")
+        # A fresh CRD answers 429 "storage is (re)initializing" for a while: wait until lists succeed.
+        for _ in range(120):
+            if cluster.kubectl("get", "rljobs", "-A", check=False).returncode == 0:
+                break
+            time.sleep(0.5)
+        time.sleep(2.0)
+        runs = []
+        for n in args.jobs:
+            print(f"--- {n} jobs on {args.nodes} nodes", flush=True)
+            runs.append(run_one(cluster, n, args.steady_seconds, args.resync_seconds, args.timeout, state))
+            print(json.dumps(runs[-1], indent=1), flush=True)
+    finally:
+        cluster.stop()
+    result = {
+        "benchmark": "operator_scale",
+        "machine": describe(),
+        "nodes": {"total": args.nodes, "nvidia": nv, "amd": amd, "cpu": cpu},
+        "kubernetes": cluster.version,
+        "runs": runs,
+    }
+    print(f"\n{'jobs':>5} {'children p50':>12} {'p99':>7} {'Running p50':>11} {'p99':>7} {'RSS MiB':>8} "
+          f"{'CPU share':>9} {'req/s/job':>9} {'reconcile':>9}")
+    for r in runs:
+        s = r["steady"]
+        print(f"{r['jobs']:>5} {r['apply_to_children_s']['p50']!s:>12} {r['apply_to_children_s']['p99']!s:>7} "
+              f"{r['apply_to_running_s']['p50']!s:>11} {r['apply_to_running_s']['p99']!s:>7} {s['rss_mib']:>8} "
+              f"{s['cpu_share']:>9} {s['operator_requests_per_s_per_job']:>9} {s['reconcile_requests_per_s_per_job']:>9}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, args.out / f"{args.name}.png")
+    print(f"wrote {args.out / args.name}.json and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

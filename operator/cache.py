@@ -1,0 +1,183 @@
+"""The operator's read cache: the latest copy of every RLJob and child object its watches deliver.
+
+kopf's watch streams (server-side filtered to the operator's own children, see handlers.configure)
+feed `ObjectCache` through event handlers; `CachedKube` serves the reconcile's reads from it, so a
+resync costs no LIST and no GET. Writes still go to the API server; the answer of a status patch is
+stored at once, so the next read never sees the status from before our own write.
+
+When the cache holds nothing for a job and kind (the operator just started, or the children do not
+exist yet) the read falls through to the API server: a cold cache is never mistaken for "no child".
+Deleted objects leave the cache with their DELETED event, so memory follows the live objects. A status
+write the API server refuses drops the cached RLJob, so the retry reads it from the API.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from rljob.api.spec import API_GROUP, API_VERSION, KIND
+from rljob.common.kube import Kube, KubeError
+from rljob.operator.builders.meta import LABEL_JOB
+from rljob.operator.metrics import API_REQUESTS
+
+RLJOB_API_VERSION = f"{API_GROUP}/{API_VERSION}"
+# Kinds whose reads the cache serves (the watched ones).
+CACHED_KINDS = frozenset(
+    {
+        ("apps/v1", "StatefulSet"),
+        ("apps/v1", "Deployment"),
+        ("batch/v1", "Job"),
+        ("v1", "Pod"),
+        ("v1", "Service"),
+        ("policy/v1", "PodDisruptionBudget"),
+        (RLJOB_API_VERSION, KIND),
+    }
+)
+
+_Key = tuple[str, str, str, str]  # api_version, kind, namespace, name
+
+
+def parse_selector(selector: str) -> dict[str, str]:
+    """An equality label selector `a=b,c=d` (what the operator builds) as a dict."""
+    out = {}
+    for part in filter(None, selector.split(",")):
+        key, sep, value = part.partition("=")
+        if not sep or key.endswith("!"):
+            raise ValueError(f"only equality selectors are served from the cache: {selector!r}")
+        out[key.strip()] = value.strip().lstrip("=")
+    return out
+
+
+def _version(obj: dict[str, Any]) -> int | None:
+    rv = obj.get("metadata", {}).get("resourceVersion")
+    return int(rv) if isinstance(rv, str) and rv.isdigit() else None
+
+
+class ObjectCache:
+    """Objects by kind, namespace and name, with an index by the `rljob.io/job-name` label; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._objects: dict[_Key, dict[str, Any]] = {}
+        self._by_job: dict[tuple[str, str, str, str], set[str]] = {}
+
+    def upsert(self, api_version: str, kind: str, obj: dict[str, Any]) -> None:
+        """Store an object unless the cache already holds a newer version of it."""
+        meta = obj["metadata"]
+        key = (api_version, kind, meta.get("namespace", ""), meta["name"])
+        with self._lock:
+            old = self._objects.get(key)
+            if old is not None:
+                new_v, old_v = _version(obj), _version(old)
+                if new_v is not None and old_v is not None and new_v < old_v:
+                    return
+                self._unindex(key, old)
+            self._objects[key] = obj
+            job = (meta.get("labels") or {}).get(LABEL_JOB)
+            if job is not None:
+                self._by_job.setdefault((api_version, kind, key[2], job), set()).add(key[3])
+
+    def remove(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        """Forget an object (its DELETED event)."""
+        key = (api_version, kind, namespace, name)
+        with self._lock:
+            old = self._objects.pop(key, None)
+            if old is not None:
+                self._unindex(key, old)
+
+    def _unindex(self, key: _Key, obj: dict[str, Any]) -> None:
+        job = (obj["metadata"].get("labels") or {}).get(LABEL_JOB)
+        if job is None:
+            return
+        index = (key[0], key[1], key[2], job)
+        names = self._by_job.get(index)
+        if names is not None:
+            names.discard(key[3])
+            if not names:
+                del self._by_job[index]
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A deep copy of the cached object, or None."""
+        with self._lock:
+            obj = self._objects.get((api_version, kind, namespace, name))
+            return copy.deepcopy(obj) if obj is not None else None
+
+    def list_job(self, api_version: str, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]] | None:
+        """Copies of a job's objects matching `labels` (which must name the job); None when the cache holds
+        none of the job's objects of this kind."""
+        job = labels[LABEL_JOB]
+        with self._lock:
+            names = self._by_job.get((api_version, kind, namespace, job))
+            if not names:
+                return None
+            objs = [self._objects[(api_version, kind, namespace, n)] for n in sorted(names)]
+            return [
+                copy.deepcopy(o)
+                for o in objs
+                if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())
+            ]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._objects)
+
+    def index_size(self) -> int:
+        """Entries of the job index (bounded by the live jobs and kinds)."""
+        with self._lock:
+            return len(self._by_job)
+
+
+@dataclass
+class CachedKube(Kube):
+    """Kube whose reads of watched kinds come from an ObjectCache (falling through when it has nothing)."""
+
+    cache: ObjectCache = field(default_factory=ObjectCache)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        API_REQUESTS.labels(method).inc()  # what the cache saves shows here (rljob_operator_api_requests_total)
+        return super().request(method, path, body, query, content_type)
+
+    def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
+        labels = parse_selector(selector)
+        if (api_version, kind) in CACHED_KINDS and LABEL_JOB in labels:
+            cached = self.cache.list_job(api_version, kind, namespace, labels)
+            if cached is not None:
+                return cached
+        return super().list(api_version, kind, namespace, selector)
+
+    def get_rljob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        cached = self.cache.get(RLJOB_API_VERSION, KIND, namespace, name)
+        if cached is not None:
+            return cached
+        fresh = super().get_rljob(namespace, name)
+        if fresh is not None:
+            self.cache.upsert(RLJOB_API_VERSION, KIND, copy.deepcopy(fresh))
+        return fresh
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        if (api_version, kind) in CACHED_KINDS:
+            cached = self.cache.get(api_version, kind, namespace, name)
+            if cached is not None:
+                return cached
+        return super().get(api_version, kind, namespace, name)
+
+    def apply_rljob_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        try:
+            result = super().apply_rljob_status(namespace, name, status)
+        except KubeError:
+            # Refused (for example a 409 or 422 against a newer object): the retry must read the RLJob from the API.
+            self.cache.remove(RLJOB_API_VERSION, KIND, namespace, name)
+            raise
+        if result.get("metadata", {}).get("name"):
+            self.cache.upsert(RLJOB_API_VERSION, KIND, result)
+        return result

@@ -1,0 +1,257 @@
+"""Every validation rule of the RLJob API, as a table, against the real API server and against pydantic.
+
+Each invalid RLJob is created in the local control plane (the generated CRD, installed as the chart
+does) and must be refused with HTTP 422 naming the field; the same document through
+`parse_rljob` (what `rljob validate` and `rljob run` use) must fail naming the same field. The
+valid examples shipped in docs/ and the chart pass both. Immutability needs an old object, so it is
+checked against the API server only.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from rljob.api.load import RLJobConfigError, parse_rljob
+from rljob.api.spec import cluster_problems
+from rljob.operator import crdgen
+
+from tests.cluster.kube import wait_until
+
+GROUP, VERSION, PLURAL = "rljob.io", "v1alpha1", "rljobs"
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted([*REPO.glob("docs/examples/*.yaml"), *REPO.glob("charts/rljob-operator/examples/*.yaml")])
+
+
+def base() -> dict[str, Any]:
+    """A valid RLJob touching every part the table mutates."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "RLJob",
+        "metadata": {"name": "table"},
+        "spec": {
+            "model": {"huggingFace": "Qwen/Qwen3-0.6B"},
+            "data": {"synthetic": {"numPrompts": 64}},
+            "rollout": {
+                "rolloutBatchSize": 4,
+                "pools": [
+                    {"name": "nv", "vendor": "nvidia", "replicas": 1, "gpusPerReplica": 2, "tensorParallelSize": 2,
+                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]},
+                ],
+            },
+            "trainer": {"vendor": "cpu", "gpusPerReplica": 0, "env": [{"name": "HF_HOME", "value": "/cache"}]},
+            "autotune": {"mode": "Recommend", "prometheus": {"address": "http://prometheus.monitoring:9090"}},
+        },
+    }
+
+
+_STEP = re.compile(r"([A-Za-z]+)(?:\[(\d+)\])?")
+
+
+def set_path(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """`doc` with `a.b[0].c` set to `value` (intermediate objects created)."""
+    out = copy.deepcopy(doc)
+    node: Any = out
+    steps = [_STEP.fullmatch(p) for p in path.split(".")]
+    for i, m in enumerate(steps):
+        assert m is not None, path
+        key, index = m.group(1), m.group(2)
+        last = i == len(steps) - 1
+        if index is None:
+            if last:
+                node[key] = value
+            else:
+                node = node.setdefault(key, {})
+        else:
+            item = node[key][int(index)]
+            if last:
+                node[key][int(index)] = value
+            else:
+                node = item
+    return out
+
+
+LONG_IMAGE = "registry.example.com/" + "a" * 600
+# (case id, path, invalid value, substrings the rejection must contain: the field named)
+INVALID: list[tuple[str, str, Any, tuple[str, ...]]] = [
+    # bounds
+    ("batch-zero", "spec.rollout.rolloutBatchSize", 0, ("rollout.rolloutBatchSize",)),
+    ("batch-huge", "spec.rollout.rolloutBatchSize", 10**9, ("rollout.rolloutBatchSize",)),
+    ("oversampling-huge", "spec.rollout.partial.overSampling", 100.0, ("rollout.partial.overSampling",)),
+    ("top-p-above-one", "spec.rollout.topP", 1.5, ("rollout.topP",)),
+    ("trainer-replicas-huge", "spec.trainer.replicas", 100_000, ("trainer.replicas",)),
+    ("backoff-negative", "spec.backoffLimit", -1, ("backoffLimit",)),
+    ("pool-replicas-huge", "spec.rollout.pools[0].replicas", 10**6, ("rollout.pools[0].replicas",)),
+    ("learning-rate-huge", "spec.algorithm.learningRate", 5.0, ("algorithm.learningRate",)),
+    ("seed-negative", "spec.data.synthetic.seed", -1, ("data.synthetic.seed",)),
+    ("response-length-huge", "spec.rollout.maxResponseLength", 10**7, ("rollout.maxResponseLength",)),
+    ("deadline-zero", "spec.activeDeadlineSeconds", 0, ("activeDeadlineSeconds",)),
+    ("prometheus-timeout-huge", "spec.autotune.prometheus.timeoutSeconds", 600.0, ("autotune.prometheus.timeoutSeconds",)),
+    # formats
+    ("image-garbage", "spec.trainer.image", "Not A/Valid Image!", ("trainer.image",)),
+    ("image-bad-digest", "spec.rollout.pools[0].image", "lmsysorg/sglang:v0.5@sha256:xyz", ("rollout.pools[0].image",)),
+    ("image-too-long", "spec.rollout.router.image", LONG_IMAGE, ("rollout.router.image",)),
+    ("pool-name-uppercase", "spec.rollout.pools[0].name", "Bad_Name", ("rollout.pools[0].name",)),
+    ("node-selector-bad-key", "spec.trainer.nodeSelector", {"bad key!": "x"}, ("trainer.nodeSelector",)),
+    ("node-selector-bad-value", "spec.rollout.pools[0].nodeSelector", {"gpu": "two words"}, ("rollout.pools[0].nodeSelector",)),
+    ("storage-size-not-quantity", "spec.checkpoint.storageSize", "ten gigs", ("checkpoint.storageSize",)),
+    ("storage-size-negative", "spec.checkpoint.storageSize", "-10Gi", ("checkpoint.storageSize",)),
+    ("storage-class-not-dns", "spec.checkpoint.storageClassName", "Fast_SSD", ("checkpoint.storageClassName",)),
+    ("pvc-claim-not-dns", "spec.checkpoint.uri", "pvc://Bad_Claim", ("checkpoint.uri",)),
+    ("prometheus-no-scheme", "spec.autotune.prometheus.address", "prometheus:9090", ("autotune.prometheus.address",)),
+    ("worker-url-garbage", "spec.rollout.sglang.workerUrls", ["not a url"], ("rollout.sglang.workerUrls[0]",)),
+    ("env-name-bad", "spec.trainer.env[0].name", "1 BAD NAME", ("trainer.env[0].name",)),
+    ("resource-name-no-domain", "spec.rollout.pools[0].resourceName", "gpu", ("rollout.pools[0].resourceName",)),
+    ("secret-name-not-dns", "spec.autotune.prometheus.bearerTokenSecretRef", {"name": "Bad_Secret", "key": "token"},
+     ("autotune.prometheus.bearerTokenSecretRef.name",)),
+    ("toleration-key-bad", "spec.rollout.pools[0].tolerations[0].key", "bad key", ("rollout.pools[0].tolerations[0].key",)),
+    ("hf-id-garbage", "spec.model.huggingFace", "not a / hub id", ("model.huggingFace",)),
+    ("job-name-too-long", "metadata.name", "j" * 41, ("metadata.name",)),
+    ("job-name-underscore", "metadata.name", "my_job", ("metadata.name",)),
+    # cross-field
+    ("gpu-vendor-zero-gpus", "spec.trainer.vendor", "nvidia", ("trainer.gpusPerReplica",)),
+    ("tp-does-not-divide", "spec.rollout.pools[0].gpusPerReplica", 3, ("rollout.pools[0]", "tensorParallelSize")),
+    ("one-sample-per-group", "spec.rollout.samplesPerPrompt", 1, ("rollout.samplesPerPrompt",)),
+    ("autotune-oversampling-below-runtime", "spec.autotune.overSampling", {"min": 0.5, "max": 2, "maxStep": 0.5},
+     ("autotune.overSampling.min",)),
+    ("autotune-k-zero", "spec.autotune.truncationK", {"min": 0, "max": 2, "maxStep": 0.5}, ("autotune.truncationK.min",)),
+    ("autotune-tokens-zero", "spec.autotune.truncationTokens", {"min": 0, "max": 64, "maxStep": 8},
+     ("autotune.truncationTokens.min",)),
+    ("autotune-oversampling-above-runtime", "spec.autotune.overSampling", {"min": 1, "max": 64, "maxStep": 0.5},
+     ("autotune.overSampling.max",)),
+    ("extra-args-owned-tp", "spec.rollout.pools[0].extraArgs", ["--tp", "4"], ("rollout.pools[0].extraArgs",)),
+    ("extra-args-owned-port", "spec.rollout.pools[0].extraArgs", ["--port=31000"], ("rollout.pools[0].extraArgs",)),
+    ("resource-name-other-vendor", "spec.rollout.pools[0].resourceName", "amd.com/gpu", ("rollout.pools[0]", "resourceName")),
+    # sizes (CEL cost bounds)
+    ("extra-args-too-many", "spec.rollout.pools[0].extraArgs", [f"--x{i}" for i in range(65)], ("rollout.pools[0].extraArgs",)),
+    ("node-selector-too-many", "spec.trainer.nodeSelector", {f"k{i}": "v" for i in range(65)}, ("trainer.nodeSelector",)),
+    ("stop-strings-too-many", "spec.rollout.stop", ["x"] * 17, ("rollout.stop",)),
+]
+
+
+def invalid_doc(path: str, value: Any) -> dict[str, Any]:
+    return set_path(base(), path, value)
+
+
+@pytest.mark.parametrize(("case", "path", "value", "fields"), INVALID, ids=[c[0] for c in INVALID])
+def test_pydantic_rejects_naming_the_field(case: str, path: str, value: Any, fields: tuple[str, ...]) -> None:
+    with pytest.raises(RLJobConfigError) as info:
+        parse_rljob(invalid_doc(path, value), "job.yaml")
+    for field in fields:
+        assert field in str(info.value), (case, field, str(info.value))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_shipped_examples_are_valid_for_pydantic(example: Path) -> None:
+    parse_rljob(yaml.safe_load(example.read_text()), str(example))
+
+
+def test_base_document_is_valid_for_pydantic() -> None:
+    parse_rljob(base())
+
+
+# ------------------------------------------------------------------------------------------------
+# the real API server
+
+
+@pytest.fixture(scope="module")
+def api(kube_cluster: Any) -> Iterator[k8s.CustomObjectsApi]:
+    """The generated CRD installed by server-side apply, as the chart does; the API server must accept
+    it (a CRD whose CEL rules exceed the cost budget is refused here)."""
+    applied = kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crdgen.CRD_PATH), check=False)
+    assert applied.returncode == 0, f"the API server refused the CRD:\n{applied.stderr}"
+    ext = k8s.ApiextensionsV1Api(kube_cluster.api)
+
+    def established() -> bool:
+        conds = ext.read_custom_resource_definition("rljobs.rljob.io").status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conds)
+
+    wait_until(established, 30, "RLJob CRD established")
+    yield k8s.CustomObjectsApi(kube_cluster.api)
+
+
+@pytest.fixture(scope="module")
+def table_namespace(kube_cluster: Any) -> Iterator[str]:
+    name = kube_cluster.create_namespace("validation")
+    yield name
+    kube_cluster.delete_namespace(name)
+
+
+def create(api: k8s.CustomObjectsApi, namespace: str, doc: dict[str, Any]) -> dict[str, Any]:
+    return api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, doc, field_validation="Strict")
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(("case", "path", "value", "fields"), INVALID, ids=[c[0] for c in INVALID])
+def test_api_server_rejects_naming_the_field(
+    api: k8s.CustomObjectsApi, table_namespace: str, case: str, path: str, value: Any, fields: tuple[str, ...]
+) -> None:
+    doc = invalid_doc(path, value)
+    with pytest.raises(ApiException) as info:
+        create(api, table_namespace, doc)
+    assert info.value.status == 422, (case, info.value.body)
+    for field in fields:
+        assert field in info.value.body, (case, field, info.value.body)
+
+
+@pytest.mark.cluster
+def test_api_server_accepts_the_base_and_the_shipped_examples(api: k8s.CustomObjectsApi, table_namespace: str) -> None:
+    """Cluster examples are accepted; local-only ones (`rljob validate --cluster` names their problem,
+    e.g. a builtin model with the default GPU pool) are refused by the CRD's cluster rules, naming the field."""
+    created = create(api, table_namespace, base())
+    assert created["spec"]["checkpoint"]["accessMode"] == "ReadWriteOnce"  # defaults still filled in
+    local_only = 0
+    for example in EXAMPLES:
+        doc = yaml.safe_load(example.read_text())
+        doc["metadata"].pop("namespace", None)
+        problems = cluster_problems(parse_rljob(copy.deepcopy(doc), str(example)).spec)
+        if not problems:
+            create(api, table_namespace, doc)
+            continue
+        local_only += 1
+        with pytest.raises(ApiException) as info:
+            create(api, table_namespace, doc)
+        assert info.value.status == 422, (example.name, info.value.body)
+        for problem in problems:
+            assert problem.split(":")[0].removeprefix("spec.") in info.value.body, (example.name, problem)
+    assert local_only < len(EXAMPLES), "no cluster example was created"
+
+
+# (case id, checkpoint at creation, merge patch of spec.checkpoint, field named)
+IMMUTABLE: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
+    ("uri-added", {}, {"uri": "pvc://existing"}, "checkpoint.uri"),
+    ("uri-changed", {"uri": "pvc://one"}, {"uri": "pvc://two"}, "checkpoint.uri"),
+    ("uri-removed", {"uri": "pvc://one"}, {"uri": None}, "checkpoint.uri"),
+    ("storage-class-added", {}, {"storageClassName": "fast"}, "checkpoint.storageClassName"),
+    ("storage-class-changed", {"storageClassName": "fast"}, {"storageClassName": "slow"}, "checkpoint.storageClassName"),
+    ("storage-class-removed", {"storageClassName": "fast"}, {"storageClassName": None}, "checkpoint.storageClassName"),
+    ("access-mode-changed", {}, {"accessMode": "ReadWriteMany"}, "checkpoint.accessMode"),
+]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(("case", "initial", "patch", "field"), IMMUTABLE, ids=[c[0] for c in IMMUTABLE])
+def test_api_server_keeps_checkpoint_location_immutable(
+    api: k8s.CustomObjectsApi, table_namespace: str, case: str, initial: dict[str, Any], patch: dict[str, Any], field: str
+) -> None:
+    doc = base()
+    doc["metadata"]["name"] = f"imm-{case}"
+    doc["spec"]["checkpoint"] = initial
+    create(api, table_namespace, doc)
+    with pytest.raises(ApiException) as info:
+        api.patch_namespaced_custom_object(
+            GROUP, VERSION, table_namespace, PLURAL, doc["metadata"]["name"], {"spec": {"checkpoint": patch}}
+        )
+    assert info.value.status == 422 and field in info.value.body and "immutable" in info.value.body, info.value.body
+    # The rest of the checkpoint section stays mutable.
+    changed = api.patch_namespaced_custom_object(
+        GROUP, VERSION, table_namespace, PLURAL, doc["metadata"]["name"], {"spec": {"checkpoint": {"everySteps": 7}}}
+    )
+    assert changed["spec"]["checkpoint"]["everySteps"] == 7

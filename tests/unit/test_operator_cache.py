@@ -1,0 +1,154 @@
+"""The operator's bounded per-job state: keyed locks, the object cache, no-op status applies, Lease rules."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from rljob.operator.cache import ObjectCache, parse_selector
+from rljob.operator.keyed_locks import KeyedLocks
+from rljob.operator.leader import LeaseRecord, may_take
+from rljob.operator.reconcile import status_apply_changes
+
+
+def test_locks_are_dropped_when_jobs_go_away() -> None:
+    locks = KeyedLocks()
+    for i in range(1000):
+        with locks.hold(("ns", f"job-{i}")):
+            assert len(locks) == 1
+    assert len(locks) == 0
+
+
+def test_locks_serialise_one_key_and_survive_contention() -> None:
+    locks = KeyedLocks()
+    inside = 0
+    most = 0
+    guard = threading.Lock()
+
+    def work() -> None:
+        nonlocal inside, most
+        for _ in range(200):
+            with locks.hold(("ns", "same")):
+                with guard:
+                    inside += 1
+                    most = max(most, inside)
+                with guard:
+                    inside -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most == 1 and len(locks) == 0
+
+
+def obj(name: str, job: str, rv: str, role: str = "inference", **extra: Any) -> dict[str, Any]:
+    labels = {"rljob.io/job-name": job, "rljob.io/role": role}
+    return {"metadata": {"name": name, "namespace": "ns", "labels": labels, "resourceVersion": rv}, **extra}
+
+
+def test_cache_lists_by_job_and_labels_and_forgets_deleted_objects() -> None:
+    cache = ObjectCache()
+    for i in range(100):
+        cache.upsert("v1", "Pod", obj(f"j{i}-infer-0", f"j{i}", "1"))
+        cache.upsert("v1", "Pod", obj(f"j{i}-trainer-0", f"j{i}", "1", role="trainer"))
+    labels = {"rljob.io/job-name": "j7", "rljob.io/role": "trainer"}
+    assert [o["metadata"]["name"] for o in cache.list_job("v1", "Pod", "ns", labels) or []] == ["j7-trainer-0"]
+    assert cache.list_job("v1", "Pod", "ns", {"rljob.io/job-name": "absent"}) is None  # cold: fall through
+    assert cache.list_job("v1", "Pod", "other", labels) is None
+    for i in range(100):
+        cache.remove("v1", "Pod", "ns", f"j{i}-infer-0")
+        cache.remove("v1", "Pod", "ns", f"j{i}-trainer-0")
+    assert len(cache) == 0 and cache.index_size() == 0
+
+
+def test_cache_keeps_the_newer_version_and_hands_out_copies() -> None:
+    cache = ObjectCache()
+    cache.upsert("v1", "Pod", obj("p", "j", "20", status={"phase": "Running"}))
+    cache.upsert("v1", "Pod", obj("p", "j", "10", status={"phase": "Pending"}))  # a late, older event
+    got = cache.get("v1", "Pod", "ns", "p")
+    assert got is not None and got["status"]["phase"] == "Running"
+    got["status"]["phase"] = "mutated"
+    assert cache.get("v1", "Pod", "ns", "p")["status"]["phase"] == "Running"  # type: ignore[index]
+
+
+def test_relabelled_object_moves_between_jobs() -> None:
+    cache = ObjectCache()
+    cache.upsert("v1", "Pod", obj("p", "a", "1"))
+    cache.upsert("v1", "Pod", obj("p", "b", "2"))
+    assert cache.list_job("v1", "Pod", "ns", {"rljob.io/job-name": "a"}) is None
+    assert len(cache.list_job("v1", "Pod", "ns", {"rljob.io/job-name": "b"}) or []) == 1
+
+
+def test_selectors_served_from_the_cache_are_equality_only() -> None:
+    assert parse_selector("rljob.io/job-name=j,rljob.io/role=trainer") == {
+        "rljob.io/job-name": "j",
+        "rljob.io/role": "trainer",
+    }
+    with pytest.raises(ValueError):
+        parse_selector("rljob.io/role!=trainer")
+
+
+_RUNNING = {"phase": "Running", "rollout": {"ready": 2}}
+_READY = {"type": "Ready", "status": "True"}
+_TUNED = {"type": "AutotuneActive", "status": "True"}
+
+
+@pytest.mark.parametrize(
+    ("current", "previous", "applied", "changes"),
+    [
+        # Live status holds every applied value, other managers' fields and conditions besides: no write.
+        ({**_RUNNING, "trainer": {"step": 3}}, _RUNNING, _RUNNING, False),
+        ({"conditions": [_READY, _TUNED]}, {"conditions": [_READY]}, {"conditions": [_READY]}, False),
+        # A changed value, a condition of ours added or changed, a field missing live: write.
+        (_RUNNING, _RUNNING, {**_RUNNING, "phase": "Degraded"}, True),
+        ({"conditions": [_TUNED]}, {"conditions": []}, {"conditions": [_READY]}, True),
+        ({"conditions": [_READY]}, {"conditions": [_READY]}, {"conditions": [{**_READY, "status": "False"}]}, True),
+        ({}, {"rollout": {"ready": 0}}, {"rollout": {"ready": 0}}, True),
+        # A field the operator held and now leaves out must be removed by the apply: write.
+        ({**_RUNNING, "outcome": {"reason": "x"}}, {**_RUNNING, "outcome": {"reason": "x"}}, _RUNNING, True),
+    ],
+)
+def test_status_apply_changes(
+    current: dict[str, Any], previous: dict[str, Any], applied: dict[str, Any], changes: bool
+) -> None:
+    assert status_apply_changes(current, previous, applied) is changes
+
+
+def record(holder: str, renew: str = "t1", duration: int = 15) -> LeaseRecord:
+    return LeaseRecord(holder=holder, renew_time=renew, duration_s=duration, transitions=0)
+
+
+def test_lease_is_taken_when_free_held_or_expired_on_our_own_clock() -> None:
+    assert may_take(record(""), "me", observed_at=100.0, now=100.0)
+    assert may_take(record("me"), "me", observed_at=100.0, now=100.0)
+    assert not may_take(record("other"), "me", observed_at=100.0, now=114.9)
+    assert may_take(record("other"), "me", observed_at=100.0, now=115.0)
+
+
+def test_a_refused_status_write_makes_the_next_read_fresh() -> None:
+    """A status apply the API server refuses (409): the cached RLJob is dropped, the retry GETs it from the API."""
+    from rljob.common.kube import KubeError
+    from rljob.operator.cache import RLJOB_API_VERSION, CachedKube
+
+    calls: list[tuple[str, str]] = []
+    fresh = obj("job", "job", "9")
+
+    class Server(CachedKube):
+        def request(self, method: str, path: str, body: Any = None, query: Any = None, content_type: str = "") -> Any:
+            calls.append((method, path))
+            if method == "PATCH":
+                raise KubeError(409, {"message": "the object has been modified"})
+            return fresh
+
+    kube = Server(api=None)  # type: ignore[arg-type]
+    kube.cache.upsert(RLJOB_API_VERSION, "RLJob", obj("job", "job", "5"))
+    assert kube.get_rljob("ns", "job")["metadata"]["resourceVersion"] == "5"  # type: ignore[index]
+    assert calls == []
+    with pytest.raises(KubeError):
+        kube.apply_rljob_status("ns", "job", {"phase": "Running"})
+    assert kube.get_rljob("ns", "job")["metadata"]["resourceVersion"] == "9"  # type: ignore[index]
+    assert [m for m, _ in calls] == ["PATCH", "GET"]
+    assert kube.cache.get(RLJOB_API_VERSION, "RLJob", "ns", "job")["metadata"]["resourceVersion"] == "9"  # type: ignore[index]

@@ -2,7 +2,7 @@
 
 Everything a user sets: the model on a PersistentVolumeClaim, a cpu inference pool (rljob's
 SGLang-protocol server), the router image built from the sglang-router package, the trainer gang
-(an Indexed Job running torchrun -> `rljob run`), weights over the `distributed` transport from the
+(an Indexed Job of two pods, torchrun ranks 0 and 1 -> `rljob run`, FSDP2 over gloo), weights over the `distributed` transport from the
 trainer pod to the engine pod, worker discovery through the API server, status reported by the
 trainer. The operator runs on the host against the real node's API server; the runtime image is
 `runtime-thin` with the test run's virtualenv mounted read-only (`spec.pods.volumes`).
@@ -31,6 +31,8 @@ pytestmark = [pytest.mark.realnode, pytest.mark.cluster, pytest.mark.slow]
 
 GROUP, VERSION, PLURAL = "rljob.io", "v1alpha1", "rljobs"
 STEPS = 2
+# Two trainer pods: torchrun ranks 0 and 1 rendezvous across pods through the headless Service.
+TRAINER_REPLICAS = 2
 
 
 def _checkpoint_volume(rc: RealCluster, namespace: str, folder: Path, claim: str) -> None:
@@ -62,7 +64,7 @@ def _rljob(runtime: str, router: str) -> dict[str, Any]:
                 "router": {"image": router, "policy": "round_robin"},
                 "weightTransport": {"mode": "distributed", "backend": "gloo", "bucketMegabytes": 1},
             },
-            "trainer": {"vendor": "cpu", "gpusPerReplica": 0, "replicas": 1, "image": runtime, "steps": STEPS,
+            "trainer": {"vendor": "cpu", "gpusPerReplica": 0, "replicas": TRAINER_REPLICAS, "image": runtime, "steps": STEPS,
                         "microBatchSize": 4},
             "evaluation": {"everySteps": 100, "prompts": 2},
             "checkpoint": {"everySteps": 1},

@@ -98,7 +98,7 @@ async def test_local_autotuner_brings_truncation_into_band(engine: EmbeddedEngin
         caps.append(knobs["segment_cap_tokens"])
         await engine.update_weights(WeightUpdate(version=version, module=engine.model))
         result = await scheduler.run_round(version)
-        rec = step_record(version + 1, version, result, None, {"rollout": result.stats.rollout_seconds}, knobs, 0.0, 0)
+        rec = step_record(version + 1, version, result, None, {"rollout": result.stats.rollout_seconds}, knobs, 0.0, None)
         records.append(rec)
         tuner.observe(rec)
         clock["t"] += 5.0

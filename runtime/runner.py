@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -182,6 +183,13 @@ def status_metrics(rec: StepRecord) -> dict[str, float | int]:
     }
 
 
+def metrics_namespace(job: RLJob, environ: Mapping[str, str]) -> str:
+    """The namespace the job's metrics carry (`rljob_namespace`, which the autotuner selects on): the
+    RLJob object's, RLJOB_NAMESPACE (as the status reporter and the knob source use it), else the job
+    file's metadata. A trainer pod's rendered job file need not carry a namespace; its env always does."""
+    return environ.get("RLJOB_NAMESPACE") or job.metadata.namespace or ""
+
+
 def step_record(
     step: int,
     trained_version: int,
@@ -274,7 +282,7 @@ class JobRunner:
         self.checkpoints = CheckpointManager(self.spec.checkpoint.dir, keep=self.spec.checkpoint.keep,
                                              distributed=distributed)
         jsonl = Path(self.spec.metrics.jsonl) if self.spec.metrics.jsonl else self.output_dir / "metrics.jsonl"
-        self.metrics = RuntimeMetrics(job.metadata.name, jsonl, namespace=job.metadata.namespace or "")
+        self.metrics = RuntimeMetrics(job.metadata.name, jsonl, namespace=metrics_namespace(job, os.environ))
         self.metrics_port: int | None = None
         self.resumed_from: str | None = None
         self.knob_sources: list[KnobSource] = []

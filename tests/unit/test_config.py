@@ -87,3 +87,17 @@ def test_cli_reports_config_error_without_traceback(tmp_path, capsys):
 def test_cli_missing_file(tmp_path, capsys):
     assert main(["validate", str(tmp_path / "nope.yaml")]) == 2
     assert "cannot read file" in capsys.readouterr().out
+
+
+def test_metrics_carry_the_namespace_of_the_rljob_the_trainer_reports_to() -> None:
+    """The autotuner selects on rljob_namespace: a trainer started for an RLJob (RLJOB_NAMESPACE, as the
+    status reporter uses it) must export that namespace even when its job file names none."""
+    from rljob.api import parse_rljob
+    from rljob.runtime.runner import metrics_namespace
+
+    job = parse_rljob({"apiVersion": "rljob.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "j"},
+                       "spec": {"model": {"builtin": "tiny-arith"}, "data": {"synthetic": {}}}})
+    assert metrics_namespace(job, {"RLJOB_NAMESPACE": "team-a"}) == "team-a"
+    assert metrics_namespace(job, {}) == ""
+    job.metadata.namespace = "ml"
+    assert metrics_namespace(job, {}) == "ml"

@@ -464,23 +464,25 @@ class WeightTransportSpec(ApiModel):
         "(/update_weights_from_disk); tensor: in process (embedded engine). Default: distributed for engine sglang, "
         "tensor for engine embedded.",
     )
-    bucket_megabytes: float = Field(default=256.0, gt=0, description="Size of one broadcast bucket (distributed).")
+    bucket_megabytes: float = Field(default=256.0, gt=0, le=65536, description="Size of one broadcast bucket (distributed).")
     backend: Literal["gloo", "nccl"] | None = Field(
         default=None, description="Collective backend of the weight-update group (distributed); default: nccl on GPUs, gloo on CPU."
     )
     master_address: str | None = Field(
         default=None,
+        max_length=253,
         description="Address the engines reach trainer rank 0 on for the weight-update group (distributed); "
         "default: the trainer pod's IP (POD_IP), else the address the trainer's host name resolves to.",
     )
     master_port: int = Field(default=29600, ge=0, le=65535, description="Port of the weight-update group's store; 0: any free port.")
-    timeout_seconds: float = Field(default=300.0, gt=0, description="Most one sync may take before it counts as failed.")
+    timeout_seconds: float = Field(default=300.0, gt=0, le=86_400, description="Most one sync may take before it counts as failed.")
     disk_dir: str | None = Field(
         default=None,
+        max_length=4096,
         description="Folder both the trainer and the inference pods mount (disk); default: rollout.sglang.weightsDir, "
         "else <output>/weights.",
     )
-    keep_last: int = Field(default=2, ge=1, description="Snapshots kept in diskDir (disk); older ones are deleted.")
+    keep_last: int = Field(default=2, ge=1, le=1000, description="Snapshots kept in diskDir (disk); older ones are deleted.")
 
 
 class Toleration(ApiModel):

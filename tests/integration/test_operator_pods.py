@@ -21,6 +21,7 @@ from tests.integration.test_operator import (  # noqa: F401  (fixtures are found
     api,
     crd,
     get,
+    kubelet,
     operator,
     pods,
     rljob,

@@ -54,7 +54,7 @@ def test_scaling_a_pool_from_2_to_3_touches_neither_trainer_nor_router(
     router_before = _uids(kube_cluster, namespace, "rljob.io/job-name=grow,rljob.io/role=router")
     assert len(trainer_before) == 1 and len(router_before) == 1
     apps = kube_cluster.apps()
-    trainer_generation = apps.read_namespaced_stateful_set("grow-trainer", namespace).metadata.generation
+    trainer_generation = k8s.BatchV1Api(kube_cluster.api).read_namespaced_job("grow-trainer", namespace).metadata.generation
     router_generation = apps.read_namespaced_deployment("grow-router", namespace).metadata.generation
     config_version = kube_cluster.core().read_namespaced_config_map("grow-config", namespace).metadata.resource_version
     workers = wait_for(lambda: len(_discovered(namespace, "grow")) == 3 and _discovered(namespace, "grow"), "3 workers")
@@ -74,7 +74,7 @@ def test_scaling_a_pool_from_2_to_3_touches_neither_trainer_nor_router(
 
     assert _uids(kube_cluster, namespace, "rljob.io/job-name=grow,rljob.io/role=trainer") == trainer_before
     assert _uids(kube_cluster, namespace, "rljob.io/job-name=grow,rljob.io/role=router") == router_before
-    assert apps.read_namespaced_stateful_set("grow-trainer", namespace).metadata.generation == trainer_generation
+    assert k8s.BatchV1Api(kube_cluster.api).read_namespaced_job("grow-trainer", namespace).metadata.generation == trainer_generation
     assert apps.read_namespaced_deployment("grow-router", namespace).metadata.generation == router_generation
     config = kube_cluster.core().read_namespaced_config_map("grow-config", namespace)
     assert config.metadata.resource_version == config_version, "the runtime config did not change"
@@ -104,8 +104,13 @@ def test_hardened_pods_with_storage_are_accepted_and_every_pool_has_a_budget(
     expected = {"store-infer-nv-0", "store-infer-nv-1", "store-infer-mi-0", "store-router", "store-trainer-0"}
 
     def created() -> dict[str, Any] | None:
-        found = {p.metadata.name.rsplit("-", 2)[0] if p.metadata.name.startswith("store-router-") else p.metadata.name: p
-                 for p in pods(kube_cluster, namespace, "rljob.io/job-name=store")}
+        # Deployment pods end in -<hash>-<id>, Indexed Job pods in -<index>-<id>.
+        def stem(name: str) -> str:
+            if name.startswith("store-router-"):
+                return name.rsplit("-", 2)[0]
+            return name.rsplit("-", 1)[0] if name.startswith("store-trainer-") else name
+
+        found = {stem(p.metadata.name): p for p in pods(kube_cluster, namespace, "rljob.io/job-name=store")}
         return found if set(found) == expected else None
 
     found = wait_for(created, "every child pod created", 60)

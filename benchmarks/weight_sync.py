@@ -32,7 +32,7 @@ from rljob.runtime.weights.disk import DiskTransport  # noqa: E402
 from rljob.runtime.weights.distributed import DistributedOptions, DistributedTransport  # noqa: E402
 from rljob.runtime.weights.transport import WeightTransport, module_buckets  # noqa: E402
 from machine_info import describe, load_average  # noqa: E402  # benchmarks/machine_info.py
-from tests.helpers.processes import start_worker, stop, wait_http  # noqa: E402
+from tests.helpers.processes import start_workers, stop  # noqa: E402
 from tests.helpers.tiny_model import build_tiny_model  # noqa: E402
 
 console = Console()
@@ -58,13 +58,7 @@ async def run_size(name: str, config: dict[str, int], args: argparse.Namespace, 
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     procs = []
     try:
-        urls = []
-        for i in range(2):
-            url, proc = start_worker(path, work / f"{name}-w{i}.log", max_batch_size=2)
-            urls.append(url)
-            procs.append(proc)
-        for i, (url, proc) in enumerate(zip(urls, procs, strict=True)):
-            wait_http(url + "/health", 300, proc, work / f"{name}-w{i}.log")
+        urls = start_workers(path, work, 2, procs, prefix=f"{name}-w", max_batch_size=2, timeout=300)
         engine = SGLangEngine(SGLangClientConfig(worker_urls=urls))
         await engine.start()
         bucket = int(args.bucket_mb * 2**20)

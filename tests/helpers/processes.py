@@ -69,6 +69,24 @@ def start_worker(
     return f"http://127.0.0.1:{port}", proc
 
 
+def start_workers(model_dir: Path, logs: Path, count: int, procs: list[subprocess.Popen[bytes]], *,
+                  prefix: str = "w", max_batch_size: int = 8, ready_path: str = "/health",
+                  timeout: float = 180) -> list[str]:
+    """``count`` workers over ``model_dir``, each waited on until ``ready_path`` answers; returns their URLs.
+
+    Each process is appended to ``procs`` as soon as it starts, so the caller's ``stop(procs)`` also
+    stops the ones started before a later worker failed to come up. Logs: ``logs/<prefix><i>.log``.
+    """
+    urls = []
+    for i in range(count):
+        url, proc = start_worker(model_dir, logs / f"{prefix}{i}.log", max_batch_size=max_batch_size)
+        urls.append(url)
+        procs.append(proc)
+    for i, url in enumerate(urls):
+        wait_http(url + ready_path, timeout, procs[-count + i], logs / f"{prefix}{i}.log")
+    return urls
+
+
 def start_router(workers: list[str], log: Path, port: int | None = None) -> tuple[str, subprocess.Popen[bytes]]:
     """The real sglang router (``sglang_router.launch_router``) over ``workers``; returns (url, process).
 

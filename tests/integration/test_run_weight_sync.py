@@ -19,7 +19,7 @@ import pytest
 from rljob.api import parse_rljob
 from rljob.runtime.metrics import StepRecord, ledger_imbalance, read_jsonl
 from rljob.runtime.runner import JobRunner, RunOptions
-from tests.helpers.processes import start_router, start_worker, stop, wait_http
+from tests.helpers.processes import start_router, start_workers, stop, wait_http
 from tests.integration.test_runner_resume import job_doc, tiny_policy
 
 STEPS = 4
@@ -56,13 +56,7 @@ def http_pool(tmp_path: Path) -> Iterator[tuple[Path, list[str], str]]:
     model = tiny_policy(tmp_path / "model")
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        workers = []
-        for i in range(2):
-            url, proc = start_worker(model, tmp_path / f"w{i}.log", max_batch_size=16)
-            workers.append(url)
-            procs.append(proc)
-        for i, (url, proc) in enumerate(zip(workers, procs, strict=True)):
-            wait_http(url + "/health_generate", 180, proc, tmp_path / f"w{i}.log")
+        workers = start_workers(model, tmp_path, 2, procs, max_batch_size=16, ready_path="/health_generate")
         router, proc = start_router(workers, tmp_path / "router.log")
         procs.append(proc)
         wait_http(router + "/health", 60, proc, tmp_path / "router.log")

@@ -8,11 +8,18 @@ random Qwen2 (fp32), the real `Trainer.train_step` (old-policy pass, PPO update,
 - 2 ranks x 1 thread: FSDP2 (`fully_shard`), each rank trains its token-balanced half of the groups;
   gloo over loopback carries the all-gathers, reduce-scatters and the global loss denominators.
 
-Each variant runs in fresh processes; the figure is the median of `--repeats` steps after one warm-up
-(the same batch every time, so the optimizer really steps and every step does the same work).
+Each variant runs in fresh processes: one warm-up step, then `--repeats` timed steps (the same batch
+every time, so the optimizer really steps and every step does the same work). The variants run
+interleaved, `--rounds` times over (A B C A B C ...), so that load from other work on a shared machine
+falls on all of them alike; each round records the load average. Two figures per step:
+
+- wall seconds (median over all rounds' steps): what a user waits;
+- CPU seconds summed over the ranks (process CPU time, intra-op threads included): the work done,
+  which other load on the machine disturbs far less than wall time.
+
 Prints a table and writes docs/benchmarks/trainer_scaling.json.
 
-Run: .venv/bin/python benchmarks/trainer_scaling.py [--repeats 5] [--groups 32]
+Run: .venv/bin/python benchmarks/trainer_scaling.py [--repeats 3] [--rounds 3] [--groups 32]
 """
 
 from __future__ import annotations
@@ -87,15 +94,16 @@ def _rank(rank: int, world: int, port: int, threads: int, args: argparse.Namespa
         mine = [groups[i] for i in shares[rank]]
     trainer = Trainer(_model(), AlgorithmSpec(learning_rate=1e-5), micro_batch_size=args.micro_batch,
                       distributed=distributed)
-    seconds = []
+    seconds, cpu_seconds = [], []
     for _ in range(args.repeats + 1):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         metrics = trainer.train_step(mine, policy_version=0)
         seconds.append(time.perf_counter() - start)
-    if rank == 0:
-        tokens = sum(group_tokens(g) for g in mine)
-        Path(out).write_text(json.dumps({"seconds": seconds[1:], "samples": metrics.samples, "tokens_rank0": tokens,
-                                         "loss": metrics.loss}))
+        cpu_seconds.append(time.process_time() - cpu_start)
+    tokens = sum(group_tokens(g) for g in mine)
+    Path(out, f"rank{rank}.json").write_text(json.dumps({
+        "seconds": seconds[1:], "cpu_seconds": cpu_seconds[1:], "samples": metrics.samples, "tokens": tokens,
+        "loss": metrics.loss}))
     if distributed is not None:
         distributed.close()
 
@@ -106,31 +114,51 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+VARIANTS = [(1, 1), (1, 2), (2, 1)]  # (ranks, threads per rank)
+
+
 def run_variant(world: int, threads: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One fresh run of a variant: per timed step, rank 0's wall seconds and the ranks' summed CPU seconds."""
+    load = load_average()
     with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "result.json")
-        mp.start_processes(_rank, args=(world, _free_port(), threads, args, out), nprocs=world, start_method="spawn")
-        result = json.loads(Path(out).read_text())
-    median = statistics.median(result["seconds"])
-    return {"ranks": world, "threads_per_rank": threads, "median_step_s": median, "steps_s": result["seconds"],
-            "samples": result["samples"], "tokens_on_rank0": result["tokens_rank0"], "loss": result["loss"]}
+        mp.start_processes(_rank, args=(world, _free_port(), threads, args, tmp), nprocs=world, start_method="spawn")
+        ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
+    cpu = [sum(step) for step in zip(*(r["cpu_seconds"] for r in ranks))]
+    return {"load_average": load, "steps_s": ranks[0]["seconds"], "cpu_steps_s": cpu, "samples": ranks[0]["samples"],
+            "tokens_on_rank0": ranks[0]["tokens"], "loss": ranks[0]["loss"]}
+
+
+def summarise(world: int, threads: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A variant's row: medians over every timed step of every round."""
+    steps = [s for run in runs for s in run["steps_s"]]
+    cpu = [s for run in runs for s in run["cpu_steps_s"]]
+    return {"ranks": world, "threads_per_rank": threads, "median_step_s": statistics.median(steps),
+            "median_cpu_s": statistics.median(cpu), "samples": runs[0]["samples"],
+            "tokens_on_rank0": runs[0]["tokens_on_rank0"], "loss": runs[0]["loss"], "rounds": runs}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per run, after one warm-up")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved runs of every variant")
     parser.add_argument("--groups", type=int, default=32)
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     load_before = load_average()
-    rows = [run_variant(1, 1, args), run_variant(1, 2, args), run_variant(2, 1, args)]
+    runs: dict[tuple[int, int], list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+    for round_ in range(args.rounds):
+        for world, threads in VARIANTS:
+            runs[(world, threads)].append(run_variant(world, threads, args))
+            print(f"round {round_ + 1}/{args.rounds}: {world} rank x {threads} thread done", flush=True)
+    rows = [summarise(world, threads, runs[(world, threads)]) for world, threads in VARIANTS]
     base = rows[0]["median_step_s"]
-    print(f"{'variant':<22}{'step s':>10}{'x 1 rank':>10}{'tokens on rank 0':>18}")
+    print(f"{'variant':<22}{'wall s':>9}{'x 1 rank':>10}{'CPU s':>9}{'tokens on rank 0':>18}")
     for r in rows:
         r["speedup_vs_1x1"] = base / r["median_step_s"]
         name = f"{r['ranks']} rank x {r['threads_per_rank']} thread"
-        print(f"{name:<22}{r['median_step_s']:>10.2f}{r['speedup_vs_1x1']:>10.2f}{r['tokens_on_rank0']:>18}")
+        print(f"{name:<22}{r['median_step_s']:>9.2f}{r['speedup_vs_1x1']:>10.2f}{r['median_cpu_s']:>9.2f}"
+              f"{r['tokens_on_rank0']:>18}")
     result = {
         "machine": describe(f"torch {torch.__version__}"),
         "load_average_before": load_before,
@@ -140,6 +168,7 @@ def main() -> None:
         "samples_per_group": 4,
         "micro_batch": args.micro_batch,
         "repeats": args.repeats,
+        "rounds": args.rounds,
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

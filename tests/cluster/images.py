@@ -11,6 +11,11 @@ the node's containerd. Nothing is pulled from or pushed to a registry:
   through a proxy with its own CA) and pip configuration;
 - `operator`: images/operator.Dockerfile, unchanged, `FROM base-python`;
 - `router`: images/router.Dockerfile (the sglang-router package), unchanged, `FROM base-python`;
+- `runtime-cuda` (on demand only, never by the tests: about 6 GB): images/runtime-cuda.Dockerfile,
+  unchanged, with PyTorch from PyPI, whose torch wheels are the CUDA build; it proves the Dockerfile
+  builds and its CUDA smoke check passes, not that it runs on a GPU (there is none here). Its ROCm
+  sibling cannot be built here: the ROCm wheels are only on download.pytorch.org, which this machine
+  cannot reach;
 - `runtime-thin`: the final stage of images/runtime.Dockerfile, unchanged except that the virtualenv
   (`COPY --from=build /opt/rljob`) is mounted read-only from an installed one at run time instead of
   being built (torch is gigabytes); `RUNTIME_UNCOVERED` lists the lines this leaves untested.
@@ -59,8 +64,13 @@ HOST_PIP_CONF = Path("/etc/pip.conf")
 RUNTIME_UNCOVERED = "build stage (FROM ... AS build through `rljob --help`) and `COPY --from=build /opt/rljob /opt/rljob`"
 
 NAMES = ("pause", "busybox", "base-python", "operator", "router", "runtime-thin")
+# Built only when named (`build runtime-cuda`): too big for the tests, which have no GPU to run it on.
+ON_DEMAND = ("runtime-cuda",)
 # Images built from a Dockerfile of images/ as it is, on base-python.
-DOCKERFILE_IMAGES = {"operator": "operator.Dockerfile", "router": "router.Dockerfile"}
+DOCKERFILE_IMAGES = {"operator": "operator.Dockerfile", "router": "router.Dockerfile",
+                     "runtime-cuda": "runtime-cuda.Dockerfile"}
+# Build arguments beyond PYTHON_IMAGE. PyPI's torch wheels for Linux x86_64 are the CUDA build.
+BUILD_ARGS = {"runtime-cuda": {"TORCH_INDEX_URL": "https://pypi.org/simple"}}
 
 
 class ImageBuildError(RuntimeError):
@@ -194,11 +204,13 @@ def image(name: str) -> Image:
                                 _file_sha(HOST_CA_BUNDLE), _file_sha(HOST_PIP_CONF)))
     if name in DOCKERFILE_IMAGES:
         df = REPO / "images" / DOCKERFILE_IMAGES[name]
-        return Image(name, _sha(RECIPE_VERSION, image("base-python").key, _context_key(df.read_text(), context_files(df))))
+        args = sorted(BUILD_ARGS.get(name, {}).items())
+        return Image(name, _sha(RECIPE_VERSION, image("base-python").key, *(f"{k}={v}" for k, v in args),
+                                _context_key(df.read_text(), context_files(df))))
     if name == "runtime-thin":
         df = REPO / "images" / "runtime.Dockerfile"
         return Image(name, _sha(RECIPE_VERSION, image("base-python").key, thin_runtime_dockerfile()))
-    raise KeyError(f"unknown image {name!r} (one of {', '.join(NAMES)})")
+    raise KeyError(f"unknown image {name!r} (one of {', '.join(NAMES + ON_DEMAND)})")
 
 
 def thin_runtime_dockerfile() -> str:
@@ -303,7 +315,8 @@ def _build_base_python(img: Image, work: Path) -> None:
                              "--env", "LANG=C.UTF-8", "--cmd", '["python3"]'])
 
 
-def _bud(img: Image, dockerfile_text: str, files: list[str], work: Path) -> None:
+def _bud(img: Image, dockerfile_text: str, files: list[str], work: Path,
+         build_args: dict[str, str] | None = None) -> None:
     base = image("base-python")
     _ensure_in_storage(base)
     ctx = work / "context"
@@ -317,6 +330,7 @@ def _bud(img: Image, dockerfile_text: str, files: list[str], work: Path) -> None
         "bud", "--quiet", "--isolation", "chroot", "--network", "host", "--pull-never",
         "--layers=false", "--format", "docker",
         "--build-arg", f"PYTHON_IMAGE={base.ref}",
+        *(a for k, v in sorted((build_args or {}).items()) for a in ("--build-arg", f"{k}={v}")),
         "-f", str(work / "Dockerfile"), "-t", img.ref, str(ctx),
         timeout=3600,
     )
@@ -331,7 +345,7 @@ def _build(img: Image, work: Path) -> None:
         _build_base_python(img, work)
     elif img.name in DOCKERFILE_IMAGES:
         df = REPO / "images" / DOCKERFILE_IMAGES[img.name]
-        _bud(img, df.read_text(), context_files(df), work)
+        _bud(img, df.read_text(), context_files(df), work, BUILD_ARGS.get(img.name))
     elif img.name == "runtime-thin":
         _bud(img, thin_runtime_dockerfile(), [], work)
     else:
@@ -364,7 +378,8 @@ def build(name: str) -> Image:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.cluster.images")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="build (or reuse) images; prints NAME ARCHIVE REF")
+    b = sub.add_parser("build", help=f"build (or reuse) images; prints NAME ARCHIVE REF (default: {' '.join(NAMES)}; "
+                                     f"on demand: {' '.join(ON_DEMAND)})")
     b.add_argument("names", nargs="*", default=list(NAMES))
     r = sub.add_parser("ref", help="print an image's reference")
     r.add_argument("name")

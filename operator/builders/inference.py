@@ -145,6 +145,11 @@ def pool_container(spec: RLJobSpec, pool: InferencePoolSpec) -> dict[str, Any]:
             "--port",
             str(SGLANG_PORT),
             "--enable-metrics",
+            # A fresh server serves the base weights, the job's version 0. SGLang's own default
+            # ("default") is no version the runtime could count as current, so a worker would never
+            # join the router at the start of a run.
+            "--weight-version",
+            "0",
             *pool.extra_args,
         ],
         "ports": [{"name": "http", "containerPort": SGLANG_PORT, "protocol": "TCP"}],

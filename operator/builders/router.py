@@ -7,16 +7,7 @@ from typing import Any
 from rljob.api.spec import RLJobSpec
 from rljob.operator.builders.inference import SGLANG_PORT
 from rljob.operator.builders.meta import ROLE_ROUTER, JobRef, child_name, labels, object_meta, selector_labels
-from rljob.operator.builders.pods import (
-    container_resources,
-    extra_mounts,
-    extra_volumes,
-    hardened_container_security,
-    pod_security_context,
-    scheduling_fields,
-    scratch_mount,
-    scratch_volume,
-)
+from rljob.operator.builders.pods import container_mounts, container_resources, hardened_container_security, pod_base, pod_volumes
 from rljob.operator.builders.vendor import ROUTER_IMAGE, ROUTER_UID
 
 
@@ -66,7 +57,7 @@ def router_deployment(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str, A
         "securityContext": hardened_container_security(),
         "readinessProbe": {"httpGet": {"path": "/liveness", "port": "http"}, "periodSeconds": 10},
         "livenessProbe": {"httpGet": {"path": "/liveness", "port": "http"}, "periodSeconds": 30, "failureThreshold": 5},
-        "volumeMounts": [scratch_mount(), *extra_mounts(spec.pods)],
+        "volumeMounts": container_mounts(spec.pods, [], shm=False),
     }
     return {
         "apiVersion": "apps/v1",
@@ -79,10 +70,9 @@ def router_deployment(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str, A
                 "metadata": {"labels": labels(job, ROLE_ROUTER)},
                 "spec": {
                     "automountServiceAccountToken": False,
-                    "securityContext": pod_security_context(spec.pods, ROUTER_UID),
-                    **scheduling_fields(spec.pods),
+                    **pod_base(spec.pods, ROUTER_UID),
                     "containers": [container],
-                    "volumes": [scratch_volume(), *extra_volumes(spec.pods)],
+                    "volumes": pod_volumes(spec.pods, []),
                 },
             },
         },

@@ -70,6 +70,12 @@ def router_plan(workers: list[WorkerView], version: int, listed: Collection[str]
     )
 
 
+def adds_due(add: list[str], posted: dict[str, float], now: float, grace_s: float) -> list[str]:
+    """The adds to send now. The router queues an add and lists the worker only once it has checked it,
+    so a worker posted less than ``grace_s`` ago is left to the router; after that it is posted again."""
+    return [url for url in add if now - posted.get(url, -grace_s) >= grace_s]
+
+
 def probe_delay(worker: WorkerView, version: int, policy: ProbePolicy) -> float:
     """Seconds until the next probe: the steady interval in the rotation, backoff outside it."""
     if in_rotation(worker, version):

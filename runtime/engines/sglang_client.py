@@ -55,6 +55,7 @@ from rljob.runtime.engines.base import (
 from rljob.runtime.engines.membership import (
     ProbePolicy,
     WorkerView,
+    adds_due,
     due,
     engine_healthy,
     in_rotation,
@@ -94,6 +95,7 @@ class SGLangClientConfig:
     probe_backoff_s: float = 0.5  # monitor: first re-probe of a worker out of the rotation
     probe_backoff_max_s: float = 8.0
     manage_router: bool = True  # keep the router's worker list equal to the rotation
+    router_add_grace_s: float = 10.0  # a worker the router accepted but does not list yet is posted again after this
 
 
 @dataclass
@@ -157,6 +159,7 @@ class SGLangEngine(Engine):
         self._monitor_task: asyncio.Task[None] | None = None
         self._membership_lock = asyncio.Lock()
         self._router_filled = False  # some worker was added: an empty router later means it restarted
+        self._router_posted: dict[str, float] = {}  # url -> when it was last posted to the router, until listed
         self._syncing = False  # a weight sync is under way: versions move, the monitor waits (see syncing())
         self._http = httpx.AsyncClient(
             limits=httpx.Limits(max_connections=config.max_concurrency + 64, max_keepalive_connections=64),
@@ -451,7 +454,14 @@ class SGLangEngine(Engine):
             self._router_filled = self._router_filled or bool(plan.add)
             for url in plan.remove:
                 await self._router_remove(url, listed[url])
-            for url in plan.add:
+            now = time.monotonic()
+            self._router_posted = {u: t for u, t in self._router_posted.items() if u in plan.add}
+            for url in adds_due(plan.add, self._router_posted, now, self.config.router_add_grace_s):
+                if url in self._router_posted:
+                    log.warning("the sglang router accepted worker %s %.0f s ago but does not list it: can the router "
+                                "reach it (its /health, /get_model_info)? Posting it again", url,
+                                now - self._router_posted[url])
+                self._router_posted[url] = now
                 await self._router_add(url)
 
     async def _router_add(self, url: str) -> None:

@@ -18,6 +18,7 @@ lives through the scale and fills up without a restart.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -117,8 +118,9 @@ def _start_router(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 async def test_a_scaled_in_worker_gets_traffic_only_once_it_holds_the_current_weights(
-    kube_cluster: Any, namespace: str, workers: Workers, tmp_path: Path
+    kube_cluster: Any, namespace: str, workers: Workers, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="rljob.runtime.engines.sglang_client")
     spec = RLJobSpec.model_validate({"model": {"huggingFace": "x/y"}, "data": {"synthetic": {}},
                                      "rollout": {"router": {"policy": "round_robin"}, "startupBudgetSeconds": 60}})
     job = JobRef(name=JOB, namespace=namespace, uid="u")
@@ -181,6 +183,21 @@ async def test_a_scaled_in_worker_gets_traffic_only_once_it_holds_the_current_we
         await wait_until(lambda: _is(router_workers(base), set(urls)), "the runtime to refill the restarted router",
                          timeout=60, interval=0.1)
         assert await _versions_through(base, ROUND_ROBIN_REQUESTS) == ["2"] * ROUND_ROBIN_REQUESTS
+
+        # A router that loses a worker without ever going down (no probe sees it fail) gets it back too:
+        # the runtime compares with the router's own list, not with what it last sent.
+        def adds() -> int:
+            return sum(f"worker {urls[0]} serves weight version 2: added" in r.getMessage() for r in caplog.records)
+
+        added_before = adds()
+        async with httpx.AsyncClient() as http:
+            listed = (await http.get(base + "/workers")).json()["workers"]
+            (victim,) = [w for w in listed if w["url"].rstrip("/") == urls[0]]
+            assert (await http.delete(f"{base}/workers/{victim['id']}")).status_code < 300
+        await wait_until(lambda: adds() > added_before, "the runtime to re-add the dropped worker", timeout=60,
+                         interval=0.1)
+        await wait_until(lambda: _is(router_workers(base), set(urls)), "the router to list it again", timeout=60,
+                         interval=0.1)
     finally:
         await transport.close()
         await engine.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rljob.runtime.engines.membership import (
     ProbePolicy,
     WorkerView,
+    adds_due,
     due,
     engine_healthy,
     in_rotation,
@@ -89,3 +90,10 @@ def test_refused_connection_is_not_retried():
     assert not retry_call(sent=False, attempt=0, retries=5), "nothing listens: fail fast"
     assert retry_call(sent=True, attempt=0, retries=5)
     assert not retry_call(sent=True, attempt=5, retries=5)
+
+
+def test_an_add_the_router_has_queued_is_not_posted_again_until_its_grace_ran_out():
+    posted = {"queued": 100.0, "stuck": 80.0}
+    due_now = adds_due(["new", "queued", "stuck"], posted, now=105.0, grace_s=10.0)
+    assert due_now == ["new", "stuck"]
+    assert adds_due(["queued"], posted, now=110.0, grace_s=10.0) == ["queued"], "the grace ends at grace_s"

@@ -13,13 +13,7 @@ from rljob.operator.builders.inference import (
     pool_statefulset,
 )
 from rljob.operator.builders.meta import JobRef
-from rljob.operator.builders.router import (
-    router_deployment,
-    router_role,
-    router_role_binding,
-    router_service,
-    router_service_account,
-)
+from rljob.operator.builders.router import router_deployment, router_service
 from rljob.operator.builders.trainer import (
     checkpoint_pvc,
     config_map,
@@ -50,7 +44,6 @@ def build_children(job: JobRef, spec: RLJobSpec, *, active: bool) -> list[dict[s
             pool_disruption_budget(job, pool),
             pool_statefulset(job, spec, pool, counts[pool.name], active),
         ]
-    children += [router_service_account(job), router_role(job), router_role_binding(job)]
     children += [router_service(job), router_deployment(job, spec, active)]
     children += [trainer_service(job, spec), trainer_job(job, spec, active)]
     return children

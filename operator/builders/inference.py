@@ -17,17 +17,12 @@ from rljob.operator.builders.meta import (
 )
 from rljob.operator.builders.pods import (
     SCRATCH_DIR,
+    container_mounts,
     container_resources,
-    extra_mounts,
-    extra_volumes,
     hardened_container_security,
     merge_env,
-    pod_security_context,
-    scheduling_fields,
-    scratch_mount,
-    scratch_volume,
-    shm_mount,
-    shm_volume,
+    pod_base,
+    pod_volumes,
 )
 from rljob.operator.builders.storage import model_path_in_pods, model_storage, weights_storage
 from rljob.operator.builders.vendor import (
@@ -145,6 +140,11 @@ def pool_container(spec: RLJobSpec, pool: InferencePoolSpec) -> dict[str, Any]:
             "--port",
             str(SGLANG_PORT),
             "--enable-metrics",
+            # A fresh server serves the base weights, the job's version 0. SGLang's own default
+            # ("default") is no version the runtime could count as current, so a worker would never
+            # join the router at the start of a run.
+            "--weight-version",
+            "0",
             *pool.extra_args,
         ],
         "ports": [{"name": "http", "containerPort": SGLANG_PORT, "protocol": "TCP"}],
@@ -156,7 +156,7 @@ def pool_container(spec: RLJobSpec, pool: InferencePoolSpec) -> dict[str, Any]:
         ),
         "readinessProbe": _probe("/health_generate", **READINESS),
         "livenessProbe": _probe("/health", **LIVENESS),
-        "volumeMounts": [shm_mount(), scratch_mount(), *files.mounts, *extra_mounts(spec.pods)],
+        "volumeMounts": container_mounts(spec.pods, files.mounts, shm=True),
     }
 
 
@@ -170,11 +170,10 @@ def pool_statefulset(
     # The CPU server is the runtime image (uid 1000); GPU pools run SGLang as the sglang-* images' user.
     uid = RUNTIME_UID if pool.vendor == "cpu" else SGLANG_UID
     pod_spec: dict[str, Any] = {
-        "securityContext": pod_security_context(spec.pods, uid),
-        **scheduling_fields(spec.pods),
+        **pod_base(spec.pods, uid),
         "containers": [pool_container(spec, pool)],
         "nodeSelector": dict(pool.node_selector),
-        "volumes": [shm_volume(pool.shm_size), scratch_volume(), *files.volumes, *extra_volumes(spec.pods)],
+        "volumes": pod_volumes(spec.pods, files.volumes, pool.shm_size),
     }
     if files.init_containers:
         pod_spec["initContainers"] = files.init_containers

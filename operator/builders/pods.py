@@ -102,3 +102,19 @@ def scheduling_fields(policy: PodPolicySpec) -> dict[str, Any]:
     if policy.scheduler_name:
         fields["schedulerName"] = policy.scheduler_name
     return fields
+
+
+def pod_base(policy: PodPolicySpec, run_as_user: int) -> dict[str, Any]:
+    """The pod-level fields every child pod shares: its security context and scheduling fields."""
+    return {"securityContext": pod_security_context(policy, run_as_user), **scheduling_fields(policy)}
+
+
+def pod_volumes(policy: PodPolicySpec, own: list[dict[str, Any]], shm_size: str | None = None) -> list[dict[str, Any]]:
+    """A pod's volumes: /dev/shm (when the role has one), /tmp, the role's ``own``, then the spec's extra ones."""
+    shm = [shm_volume(shm_size)] if shm_size is not None else []
+    return [*shm, scratch_volume(), *own, *extra_volumes(policy)]
+
+
+def container_mounts(policy: PodPolicySpec, own: list[dict[str, Any]], shm: bool) -> list[dict[str, Any]]:
+    """A main container's mounts, in the order of pod_volumes: /dev/shm (``shm``), /tmp, ``own``, the spec's."""
+    return [*([shm_mount()] if shm else []), scratch_mount(), *own, *extra_mounts(policy)]

@@ -5,23 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from rljob.api.spec import RLJobSpec
-from rljob.operator.builders.inference import SGLANG_PORT, worker_selector
+from rljob.operator.builders.inference import SGLANG_PORT
 from rljob.operator.builders.meta import ROLE_ROUTER, JobRef, child_name, labels, object_meta, selector_labels
-from rljob.operator.builders.pods import (
-    container_resources,
-    extra_mounts,
-    extra_volumes,
-    hardened_container_security,
-    pod_security_context,
-    scheduling_fields,
-    scratch_mount,
-    scratch_volume,
-)
+from rljob.operator.builders.pods import container_mounts, container_resources, hardened_container_security, pod_base, pod_volumes
 from rljob.operator.builders.vendor import ROUTER_IMAGE, ROUTER_UID
 
 
 def router_name(job: JobRef) -> str:
-    """Name of the router Deployment, Service, ServiceAccount, Role and RoleBinding."""
+    """Name of the router Deployment and Service."""
     return child_name(job, "router")
 
 
@@ -30,10 +21,14 @@ def router_url(job: JobRef) -> str:
     return f"http://{router_name(job)}.{job.namespace}.svc:{SGLANG_PORT}"
 
 
-def router_args(job: JobRef, spec: RLJobSpec) -> list[str]:
-    """sglang-router flags: workers come from Kubernetes service discovery (ready pods with the job's
-    inference labels), never from a URL list, so scaling a pool leaves the router pod alone."""
-    selector = [f"{k}={v}" for k, v in sorted(worker_selector(job).items())]
+def router_args(spec: RLJobSpec) -> list[str]:
+    """sglang-router flags: the router starts with no workers and has no discovery of its own.
+
+    The trainer's runtime (rank 0) finds the pools' pods itself and adds a worker through the router's
+    worker API only once that worker serves the current weight version (docs/weight_sync.md), so a new
+    or restarted replica never serves its start-up weights through the router. Scaling a pool leaves
+    these arguments, and so the router pod, as they are.
+    """
     return [
         "--host",
         "0.0.0.0",
@@ -43,30 +38,26 @@ def router_args(job: JobRef, spec: RLJobSpec) -> list[str]:
         spec.rollout.router.policy,
         "--worker-startup-timeout-secs",
         str(spec.rollout.startup_budget_seconds),
-        "--service-discovery",
-        "--selector",
-        *selector,
-        "--service-discovery-port",
-        str(SGLANG_PORT),
-        "--service-discovery-namespace",
-        job.namespace,
     ]
 
 
 def router_deployment(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str, Any]:
-    """Router Deployment (CPU only) running under its own ServiceAccount, which may watch pods."""
+    """Router Deployment (CPU only). It needs no Kubernetes API access (no discovery), so it gets no
+    ServiceAccount token; it is Ready as soon as it serves (``/liveness``): its ``/readiness`` stays 503
+    while it holds no workers, which is how it starts, and the runtime can only fill it through the
+    Service once it is Ready."""
     router = spec.rollout.router
     container = {
         "name": "router",
         "image": router.image or ROUTER_IMAGE,
         "command": ["python3", "-m", "sglang_router.launch_router"],
-        "args": router_args(job, spec),
+        "args": router_args(spec),
         "ports": [{"name": "http", "containerPort": SGLANG_PORT, "protocol": "TCP"}],
         "resources": container_resources(router.resources),
         "securityContext": hardened_container_security(),
-        "readinessProbe": {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 10},
+        "readinessProbe": {"httpGet": {"path": "/liveness", "port": "http"}, "periodSeconds": 10},
         "livenessProbe": {"httpGet": {"path": "/liveness", "port": "http"}, "periodSeconds": 30, "failureThreshold": 5},
-        "volumeMounts": [scratch_mount(), *extra_mounts(spec.pods)],
+        "volumeMounts": container_mounts(spec.pods, [], shm=False),
     }
     return {
         "apiVersion": "apps/v1",
@@ -78,41 +69,13 @@ def router_deployment(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str, A
             "template": {
                 "metadata": {"labels": labels(job, ROLE_ROUTER)},
                 "spec": {
-                    "serviceAccountName": router_name(job),
-                    "securityContext": pod_security_context(spec.pods, ROUTER_UID),
-                    **scheduling_fields(spec.pods),
+                    "automountServiceAccountToken": False,
+                    **pod_base(spec.pods, ROUTER_UID),
                     "containers": [container],
-                    "volumes": [scratch_volume(), *extra_volumes(spec.pods)],
+                    "volumes": pod_volumes(spec.pods, []),
                 },
             },
         },
-    }
-
-
-def router_service_account(job: JobRef) -> dict[str, Any]:
-    """The router's identity for service discovery."""
-    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": object_meta(job, router_name(job), ROLE_ROUTER)}
-
-
-def router_role(job: JobRef) -> dict[str, Any]:
-    """Service discovery watches the pods of the job's namespace; nothing else."""
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": object_meta(job, router_name(job), ROLE_ROUTER),
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
-    }
-
-
-def router_role_binding(job: JobRef) -> dict[str, Any]:
-    """Binds the router Role to the router ServiceAccount."""
-    name = router_name(job)
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": object_meta(job, name, ROLE_ROUTER),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.namespace}],
     }
 
 

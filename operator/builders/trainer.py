@@ -27,18 +27,7 @@ from rljob.operator.builders.meta import (
     object_meta,
     selector_labels,
 )
-from rljob.operator.builders.pods import (
-    extra_mounts,
-    extra_volumes,
-    hardened_container_security,
-    merge_env,
-    pod_security_context,
-    scheduling_fields,
-    scratch_mount,
-    scratch_volume,
-    shm_mount,
-    shm_volume,
-)
+from rljob.operator.builders.pods import container_mounts, hardened_container_security, merge_env, pod_base, pod_volumes
 from rljob.operator.builders.router import router_url
 from rljob.operator.builders.storage import PodStorage, data_storage, model_storage, runtime_paths, weights_storage
 from rljob.operator.builders.vendor import PROFILES, RUNTIME_UID, TRAINER_IMAGES, tolerations, vendor_affinity
@@ -208,11 +197,7 @@ def trainer_container(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
     files = trainer_storage(spec)
     mounts = [
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-        shm_mount(),
-        scratch_mount(),
-        {"name": "home", "mountPath": HOME_DIR},
-        *files.mounts,
-        *extra_mounts(spec.pods),
+        *container_mounts(spec.pods, [{"name": "home", "mountPath": HOME_DIR}, *files.mounts], shm=True),
     ]
     if checkpoint_claim_name(job, spec) is not None:
         mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_DIR})
@@ -312,19 +297,14 @@ def trainer_job(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str, Any]:
     files = trainer_storage(spec)
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": config_map_name(job)}},
-        shm_volume(trainer.shm_size),
-        scratch_volume(),
-        {"name": "home", "emptyDir": {}},
-        *files.volumes,
-        *extra_volumes(spec.pods),
+        *pod_volumes(spec.pods, [{"name": "home", "emptyDir": {}}, *files.volumes], trainer.shm_size),
     ]
     claim = checkpoint_claim_name(job, spec)
     if claim is not None:
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}})
     pod_spec: dict[str, Any] = {
         "serviceAccountName": name,
-        "securityContext": pod_security_context(spec.pods, RUNTIME_UID),
-        **scheduling_fields(spec.pods),
+        **pod_base(spec.pods, RUNTIME_UID),
         "subdomain": name,
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,

@@ -4,7 +4,10 @@ Pure decisions (no I/O): the SGLang client feeds in what its probes saw and appl
 the router's worker API. Rules (docs/weight_sync.md):
 - a worker is in the rotation only while it answers and serves exactly the job's current weight
   version (its own ``/get_weight_version`` is the truth): a new, restarted or behind worker is out;
-- the router holds exactly the workers in the rotation;
+- the router holds exactly the workers in the rotation, judged against the list the router itself
+  reports (``GET /workers``), never against what the runtime last told it: a router that restarted
+  empty gets the whole rotation back, and a worker the runtime no longer knows (its pod is gone) is
+  taken out;
 - a worker out of the rotation is probed again with exponential backoff, so it comes back on its
   own once it answers and a weight sync has brought it to the current version;
 - the engine is healthy when its router (if it has one) answers and at least one worker is in the
@@ -13,6 +16,7 @@ the router's worker API. Rules (docs/weight_sync.md):
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 
@@ -23,7 +27,6 @@ class WorkerView:
     url: str
     reachable: bool = True  # last probe or call got an answer
     served_version: int | None = None  # its /get_weight_version; None: not known yet
-    in_router: bool = False  # the router lists it
     probe_failures: int = 0  # consecutive probes without an answer or at a wrong version
     next_probe_at: float = 0.0  # monotonic time of its next probe
 
@@ -55,16 +58,22 @@ def rotation(workers: list[WorkerView], version: int) -> list[WorkerView]:
     return [w for w in workers if in_rotation(w, version)]
 
 
-def router_plan(workers: list[WorkerView], version: int) -> RouterPlan:
-    """Add the workers that joined the rotation, remove the ones that left it."""
-    plan = RouterPlan()
-    for w in workers:
-        wanted = in_rotation(w, version)
-        if wanted and not w.in_router:
-            plan.add.append(w.url)
-        elif not wanted and w.in_router:
-            plan.remove.append(w.url)
-    return plan
+def router_plan(workers: list[WorkerView], version: int, listed: Collection[str]) -> RouterPlan:
+    """The changes that make the router's own list (``listed``) equal the rotation: add the rotation
+    workers it lacks (all of them after a router restart), remove every listed worker outside the
+    rotation, including URLs no known worker has (scaled away, or added by someone else)."""
+    wanted = [w.url for w in rotation(workers, version)]
+    have = set(listed)
+    return RouterPlan(
+        add=[url for url in wanted if url not in have],
+        remove=sorted(have - set(wanted)),
+    )
+
+
+def adds_due(add: list[str], posted: dict[str, float], now: float, grace_s: float) -> list[str]:
+    """The adds to send now. The router queues an add and lists the worker only once it has checked it,
+    so a worker posted less than ``grace_s`` ago is left to the router; after that it is posted again."""
+    return [url for url in add if now - posted.get(url, -grace_s) >= grace_s]
 
 
 def probe_delay(worker: WorkerView, version: int, policy: ProbePolicy) -> float:

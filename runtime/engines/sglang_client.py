@@ -5,11 +5,14 @@ healthy worker). Everything the router does not forward or cannot be trusted wit
 directly: aborts (the router answers 404 to /abort_request), load polling for drain verification, and
 weight updates. Follows the client rules of reference/sglang_protocol.md §4, §10, §11.
 
-Membership (membership.py holds the rules): the client owns the router's worker list. A worker is in
-the rotation only while it answers and serves the job's current weight version (its own
-``/get_weight_version``); a new, restarted or behind worker is removed from the router (and skipped
+Membership (membership.py holds the rules): the client owns the router's worker list; on a cluster the
+router starts empty and has no discovery of its own, so the client is the only one adding workers. A
+worker is in the rotation only while it answers and serves the job's current weight version (its own
+``/get_weight_version``); a new, restarted or behind worker is kept out of the router (and skipped
 for direct generation) and probed again with backoff until a weight sync has brought it up to date.
-A background monitor probes every worker and the router; ``health()`` probes at once.
+The router's own ``GET /workers`` is read back at every reconcile, so a router that restarted empty
+gets the rotation back. A background monitor probes every worker and the router; ``health()`` probes
+at once.
 
 Failure policy:
 - idempotent calls (loads, health, info, aborts) retry with exponential backoff on lost connections
@@ -52,6 +55,7 @@ from rljob.runtime.engines.base import (
 from rljob.runtime.engines.membership import (
     ProbePolicy,
     WorkerView,
+    adds_due,
     due,
     engine_healthy,
     in_rotation,
@@ -91,6 +95,7 @@ class SGLangClientConfig:
     probe_backoff_s: float = 0.5  # monitor: first re-probe of a worker out of the rotation
     probe_backoff_max_s: float = 8.0
     manage_router: bool = True  # keep the router's worker list equal to the rotation
+    router_add_grace_s: float = 10.0  # a worker the router accepted but does not list yet is posted again after this
 
 
 @dataclass
@@ -153,6 +158,8 @@ class SGLangEngine(Engine):
         self._probes = ProbePolicy(config.probe_interval_s, config.probe_backoff_s, config.probe_backoff_max_s)
         self._monitor_task: asyncio.Task[None] | None = None
         self._membership_lock = asyncio.Lock()
+        self._router_filled = False  # some worker was added: an empty router later means it restarted
+        self._router_posted: dict[str, float] = {}  # url -> when it was last posted to the router, until listed
         self._syncing = False  # a weight sync is under way: versions move, the monitor waits (see syncing())
         self._http = httpx.AsyncClient(
             limits=httpx.Limits(max_connections=config.max_concurrency + 64, max_keepalive_connections=64),
@@ -329,7 +336,6 @@ class SGLangEngine(Engine):
                 if time.monotonic() > deadline:
                     raise EngineError(f"the sglang router at {self.router_url} does not answer /health; is it running?")
                 await asyncio.sleep(0.5)
-            await self._read_router_membership()
         await self.probe_all()
         self._monitor_task = asyncio.create_task(self._monitor(), name="sglang-membership-monitor")
 
@@ -386,8 +392,8 @@ class SGLangEngine(Engine):
         up = await self._probe(self.router_url, "/health")
         if up != self.router_up:
             if up:
-                log.info("the sglang router at %s answers again", self.router_url)
-                await self._read_router_membership()
+                log.info("the sglang router at %s answers again; its worker list is reconciled with the rotation",
+                         self.router_url)
             else:
                 log.warning("the sglang router at %s does not answer /health; generation waits for it", self.router_url)
         self.router_up = up
@@ -410,13 +416,6 @@ class SGLangEngine(Engine):
             except Exception:  # noqa: BLE001 - the monitor must outlive any one bad probe
                 log.exception("SGLang membership monitor: probe failed")
 
-    async def _read_router_membership(self) -> None:
-        listed = await self._router_list()
-        if listed is None:
-            return
-        for url, worker in self.workers.items():
-            worker.in_router = url in listed
-
     async def _router_list(self) -> dict[str, str] | None:
         """url -> router worker id (``GET /workers``; ``/list_workers`` on old routers); None if unreachable."""
         assert self.router_url is not None
@@ -438,22 +437,34 @@ class SGLangEngine(Engine):
         return None
 
     async def apply_membership(self) -> None:
-        """Add to / remove from the router what membership.router_plan says (no-op without a router)."""
+        """Make the router's own worker list (read back every time) equal the rotation, as
+        membership.router_plan says; no-op without a router. Reading the list, not trusting what was
+        last sent, is what refills a router that restarted empty between two probes."""
         if self.router_url is None or not self.config.manage_router or not self.router_up:
             return
         async with self._membership_lock:
-            plan = router_plan(list(self.workers.values()), self.weight_version)
-            if not plan.add and not plan.remove:
-                return
-            ids = await self._router_list() or {}
+            listed = await self._router_list()
+            if listed is None:
+                return  # the router does not answer: the next probe finds it down or retries
+            plan = router_plan(list(self.workers.values()), self.weight_version, listed)
+            rotation = self.rotation_workers()
+            if self._router_filled and rotation and len(plan.add) == len(rotation):
+                log.warning("the sglang router at %s lists none of the %d workers in the rotation (it restarted "
+                            "empty); adding them back", self.router_url, len(rotation))
+            self._router_filled = self._router_filled or bool(plan.add)
             for url in plan.remove:
-                if await self._router_remove(url, ids.get(url)):
-                    self.workers[url].in_router = False
-            for url in plan.add:
-                if await self._router_add(url):
-                    self.workers[url].in_router = True
+                await self._router_remove(url, listed[url])
+            now = time.monotonic()
+            self._router_posted = {u: t for u, t in self._router_posted.items() if u in plan.add}
+            for url in adds_due(plan.add, self._router_posted, now, self.config.router_add_grace_s):
+                if url in self._router_posted:
+                    log.warning("the sglang router accepted worker %s %.0f s ago but does not list it: can the router "
+                                "reach it (its /health, /get_model_info)? Posting it again", url,
+                                now - self._router_posted[url])
+                self._router_posted[url] = now
+                await self._router_add(url)
 
-    async def _router_add(self, url: str) -> bool:
+    async def _router_add(self, url: str) -> None:
         assert self.router_url is not None
         try:
             resp = await self._http.post(self.router_url + "/workers", json={"url": url}, timeout=self.config.probe_timeout_s)
@@ -462,30 +473,26 @@ class SGLangEngine(Engine):
                                              timeout=self.config.probe_timeout_s)
         except httpx.HTTPError as exc:
             log.warning("could not add worker %s to the sglang router: %s", url, exc)
-            return False
+            return
         if resp.status_code >= 300 and "already" not in resp.text.lower():
             log.warning("the sglang router refused to add %s: HTTP %d %s", url, resp.status_code, resp.text[:200])
-            return False
-        log.info("worker %s added to the sglang router", url)
-        return True
+            return
+        log.info("worker %s serves weight version %d: added to the sglang router", url, self.weight_version)
 
-    async def _router_remove(self, url: str, worker_id: str | None) -> bool:
+    async def _router_remove(self, url: str, worker_id: str) -> None:
         assert self.router_url is not None
         try:
-            if worker_id is None:
-                return True  # the router does not list it
             resp = await self._http.delete(self.router_url + f"/workers/{worker_id}", timeout=self.config.probe_timeout_s)
             if resp.status_code == 404:  # old router API
                 resp = await self._http.post(self.router_url + "/remove_worker", params={"url": url},
                                              timeout=self.config.probe_timeout_s)
         except httpx.HTTPError as exc:
             log.warning("could not remove worker %s from the sglang router: %s", url, exc)
-            return False
+            return
         if resp.status_code >= 300:
             log.warning("the sglang router refused to remove %s: HTTP %d %s", url, resp.status_code, resp.text[:200])
-            return False
+            return
         log.info("worker %s removed from the sglang router until it serves weight version %d", url, self.weight_version)
-        return True
 
     # ----------------------------------------------------------------- generation
 

@@ -192,10 +192,10 @@ EXPECTED_CHILDREN = {
     "Deployment": ["{n}-router"],
     "Service": ["{n}-infer-mi", "{n}-infer-nv", "{n}-router", "{n}-trainer"],
     "ConfigMap": ["{n}-config"],
-    "ServiceAccount": ["{n}-router", "{n}-trainer"],
+    "ServiceAccount": ["{n}-trainer"],
     "PersistentVolumeClaim": ["{n}-checkpoints"],
-    "Role": ["{n}-router", "{n}-trainer"],
-    "RoleBinding": ["{n}-router", "{n}-trainer"],
+    "Role": ["{n}-trainer"],
+    "RoleBinding": ["{n}-trainer"],
 }
 
 

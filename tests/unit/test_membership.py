@@ -6,6 +6,7 @@ from __future__ import annotations
 from rljob.runtime.engines.membership import (
     ProbePolicy,
     WorkerView,
+    adds_due,
     due,
     engine_healthy,
     in_rotation,
@@ -28,17 +29,28 @@ def test_only_answering_workers_at_the_current_version_are_in_the_rotation():
     assert [w.url for w in rotation([current, behind, restarted, dead, unknown], 5)] == ["a"]
 
 
-def test_router_holds_exactly_the_rotation():
+def test_router_holds_exactly_the_rotation_judged_by_its_own_list():
     workers = [
-        WorkerView("keep", served_version=3, in_router=True),
-        WorkerView("behind-listed", served_version=2, in_router=True),
-        WorkerView("caught-up", served_version=3, in_router=False),
-        WorkerView("dead-listed", reachable=False, served_version=3, in_router=True),
-        WorkerView("behind-unlisted", served_version=1, in_router=False),
+        WorkerView("keep", served_version=3),
+        WorkerView("behind-listed", served_version=2),
+        WorkerView("caught-up", served_version=3),
+        WorkerView("dead-listed", reachable=False, served_version=3),
+        WorkerView("behind-unlisted", served_version=1),
+        WorkerView("new-unknown-version", served_version=None),
     ]
-    plan = router_plan(workers, 3)
+    listed = {"keep", "behind-listed", "dead-listed", "scaled-away"}
+    plan = router_plan(workers, 3, listed)
     assert plan.add == ["caught-up"]
-    assert sorted(plan.remove) == ["behind-listed", "dead-listed"]
+    # A URL the runtime does not know (its pod is gone) leaves too: the runtime alone fills the router.
+    assert plan.remove == ["behind-listed", "dead-listed", "scaled-away"]
+
+
+def test_a_router_that_restarted_empty_gets_the_whole_rotation_back():
+    workers = [WorkerView("a", served_version=7), WorkerView("b", served_version=7),
+               WorkerView("restarted", served_version=0)]
+    plan = router_plan(workers, 7, listed=set())
+    assert plan.add == ["a", "b"] and plan.remove == []
+    assert router_plan(workers, 7, listed={"a", "b"}).add == [], "nothing to do once the list matches"
 
 
 def test_worker_out_of_the_rotation_is_probed_with_backoff_and_comes_back():
@@ -78,3 +90,10 @@ def test_refused_connection_is_not_retried():
     assert not retry_call(sent=False, attempt=0, retries=5), "nothing listens: fail fast"
     assert retry_call(sent=True, attempt=0, retries=5)
     assert not retry_call(sent=True, attempt=5, retries=5)
+
+
+def test_an_add_the_router_has_queued_is_not_posted_again_until_its_grace_ran_out():
+    posted = {"queued": 100.0, "stuck": 80.0}
+    due_now = adds_due(["new", "queued", "stuck"], posted, now=105.0, grace_s=10.0)
+    assert due_now == ["new", "stuck"]
+    assert adds_due(["queued"], posted, now=110.0, grace_s=10.0) == ["queued"], "the grace ends at grace_s"

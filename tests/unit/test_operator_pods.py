@@ -234,23 +234,20 @@ def test_scaling_changes_neither_the_trainer_config_nor_the_router(scale: dict[s
     assert after == before
 
 
-def test_router_discovers_workers_by_label_with_rbac_to_watch_pods() -> None:
+def test_router_starts_empty_with_no_discovery_of_its_own_and_no_api_access() -> None:
+    """The runtime alone adds workers (once they serve the current weights): the router gets no worker
+    URLs, no --service-discovery, and no ServiceAccount, Role or token to watch pods with."""
     children = build_children(JOB, _spec(), active=True)
     pod = _pod(children, "Deployment", "demo-router")
     args = pod["containers"][0]["args"]
-    assert "--worker-urls" not in args
-    i = args.index("--selector")
-    assert args[i + 1 : i + 3] == ["rljob.io/job-name=demo", "rljob.io/role=inference"]
-    assert args[args.index("--service-discovery-port") + 1] == "30000"
-    assert args[args.index("--service-discovery-namespace") + 1] == "team-a"
-    assert "--service-discovery" in args
-    assert pod["serviceAccountName"] == "demo-router"
-    role = _by(children, "Role", "demo-router")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
-    binding = _by(children, "RoleBinding", "demo-router")
-    assert binding["roleRef"]["name"] == "demo-router"
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "demo-router", "namespace": "team-a"}]
-    assert _by(children, "ServiceAccount", "demo-router")
+    assert not [a for a in args if a in ("--worker-urls", "--service-discovery", "--selector", "--prefill", "--decode")]
+    assert args[args.index("--port") + 1] == "30000"
+    assert "serviceAccountName" not in pod and pod["automountServiceAccountToken"] is False
+    assert not [c for c in children if c["kind"] in ("ServiceAccount", "Role", "RoleBinding")
+                and c["metadata"]["name"] == "demo-router"]
+    # Empty, its /readiness is 503: Ready must follow /liveness, or the runtime could never reach it to fill it.
+    container = pod["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/liveness"
 
 
 def test_trainer_discovers_workers_through_the_api_and_may_list_pods() -> None:

@@ -162,9 +162,10 @@ def test_a_hub_dataset_and_overridden_pod_ids_reach_the_admitted_pods(
     (init,) = trainer.spec.init_containers
     assert init.name == "data-download"
     assert init.args[:5] == ["download", "openai/gsm8k", "main/train-00000-of-00001.parquet", "--repo-type", "dataset"]
-    assert init.env[-1].value_from.secret_key_ref.name == "hf"
+    token = next(e for e in init.env if e.name == "HF_TOKEN")
+    assert (token.value_from.secret_key_ref.name, token.value_from.secret_key_ref.key) == ("hf", "token")
     cache_volumes = [v for v in trainer.spec.volumes if v.name == "hf-cache"]
-    assert len(cache_volumes) == 1 and cache_volumes[0].persistent_volume_claim.read_only is False
+    assert len(cache_volumes) == 1 and not cache_volumes[0].persistent_volume_claim.read_only  # false: dropped as the default
     assert all(m.read_only for m in trainer.spec.containers[0].volume_mounts if m.name == "hf-cache")
     assert not found["inference"].spec.init_containers, "the engines download no dataset"
     config = yaml.safe_load(kube_cluster.core().read_namespaced_config_map("hub-config", namespace).data["job.yaml"])

@@ -116,8 +116,9 @@ def _download_container(repo: HubRepo, download: HubDownloadSpec, cache: PvcRef 
     args += target
     if repo.revision:
         args += ["--revision", repo.revision]
-    for pattern in download.include:
-        args += ["--include", pattern]
+    if not repo.files:  # the CLI ignores --include when files are named (a dataset's one file)
+        for pattern in download.include:
+            args += ["--include", pattern]
     env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": "/tmp/hf-home"}, {"name": "HOME", "value": "/tmp"}]
     if download.token_secret_ref is not None:
         ref = download.token_secret_ref

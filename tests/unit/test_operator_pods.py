@@ -159,7 +159,7 @@ GSM8K = {"huggingFace": "openai/gsm8k", "revision": "main", "parquet": "main/tra
 
 
 def test_download_step_fetches_the_dataset_file_into_the_trainer_with_the_token_from_a_secret() -> None:
-    download = {"tokenSecretRef": {"name": "hf", "key": "token"}, "sizeLimit": "2Gi"}
+    download = {"tokenSecretRef": {"name": "hf", "key": "token"}, "sizeLimit": "2Gi", "include": ["*.json"]}
     children = build_children(JOB, _spec(data={**GSM8K, "storage": {"download": download}}), active=True)
     pod = _pod(children, "Job", "demo-trainer")
     (init,) = pod["initContainers"]

@@ -58,6 +58,8 @@ DAY_S = 86_400
 MAX_GPUS_PER_REPLICA = 64
 # Hugging Face Hub id: <namespace>/<name> or a bare <name>.
 HF_ID_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?(/[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?)?$"
+# A Hugging Face Hub repo id (`org/name` or `name`), of a model or a dataset.
+HubId = Annotated[str, StringConstraints(pattern=HF_ID_PATTERN, max_length=256)]
 # Algorithms whose advantage is normalised within a prompt group: one sample per group has none.
 GROUP_NORMALISED_ALGORITHMS = ("grpo", "dapo")
 # SGLang server flags the operator sets itself (model, parallelism, address, metrics): a second
@@ -134,23 +136,25 @@ class HubDownloadSpec(ApiModel):
     )
 
 
-class ModelStorageSpec(ApiModel):
-    """How the pods of a cluster job see model.huggingFace (operator only).
+class HubStorageSpec(ApiModel):
+    """How the pods of a cluster job see a Hugging Face Hub repo: model.huggingFace or data.huggingFace
+    (operator only).
 
-    A model folder on a claim needs none of this: write `model.path: pvc://<claim>/<folder>`.
+    A folder or file on a claim needs none of this: write `model.path: pvc://<claim>/<folder>` or
+    `data.jsonl: pvc://<claim>/<file>`.
     """
 
     hugging_face_cache: PvcUri | None = Field(
         default=None,
         description="pvc://<claim>[/<dir>]: a Hugging Face hub cache (HF_HUB_CACHE layout) mounted read-only into "
-        "the inference and trainer pods, which then run offline.",
+        "the pods that read the repo (inference and trainer pods for a model, trainer pods for data), which then "
+        "run offline.",
     )
     download: HubDownloadSpec | None = Field(
         default=None,
-        description="Download the model in an init container of every pod: into huggingFaceCache when set "
+        description="Download the repo in an init container of those pods: into huggingFaceCache when set "
         "(mounted writable for that step only), else into an emptyDir.",
     )
-
 
 
 class ModelSpec(ApiModel):
@@ -176,15 +180,13 @@ class ModelSpec(ApiModel):
         description="Hugging Face model folder (config.json, safetensors, tokenizer): a local path, or on a cluster "
         "pvc://<claim>/<folder>, mounted read-only into the inference and trainer pods.",
     )
-    hugging_face: str | None = Field(
+    hugging_face: HubId | None = Field(
         default=None,
-        max_length=256,
-        pattern=HF_ID_PATTERN,
         description="Hugging Face Hub id, for example Qwen/Qwen3-4B. The runtime resolves it offline in the local "
         "Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub); SGLang pods load it.",
     )
     revision: str | None = Field(default=None, max_length=256, description="Hub revision (branch, tag or commit) of huggingFace.")
-    storage: ModelStorageSpec | None = Field(
+    storage: HubStorageSpec | None = Field(
         default=None, description="On a cluster: where the pods find model.huggingFace (cache claim or download)."
     )
 
@@ -208,23 +210,58 @@ class SyntheticDataSpec(ApiModel):
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
 
 
+_HUB_DATA_NEEDS_FILE = "data.huggingFace names a dataset repo: set data.jsonl or data.parquet to the file inside it"
+_HUB_FILE_IN_REPO = (
+    "data.{key} is a path inside the data.huggingFace dataset repo when huggingFace is set (no leading / or pvc://)"
+)
+_DATA_STORAGE_NEEDS_HUB = "data.storage applies to data.huggingFace (a file on a claim is data.jsonl: pvc://<claim>/<file>)"
+_DATA_REVISION_NEEDS_HUB = "data.revision applies to data.huggingFace"
+
+
 class DataSpec(ApiModel):
     """Prompt source: the synthetic task, or a JSONL / Parquet file of rows with `prompt` text or chat
     `messages`, an `answer`, and any extra fields (kept on the sample for the reward function)."""
 
     model_config = ConfigDict(
-        json_schema_extra=cel(
-            "[has(self.synthetic), has(self.jsonl), has(self.parquet)].filter(x, x).size() == 1",
-            "exactly one of synthetic, jsonl, parquet must be set",
-        )
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                rule("[has(self.synthetic), has(self.jsonl), has(self.parquet)].filter(x, x).size() == 1",
+                     "exactly one of synthetic, jsonl, parquet must be set"),
+                rule("!has(self.huggingFace) || has(self.jsonl) || has(self.parquet)", _HUB_DATA_NEEDS_FILE,
+                     ".huggingFace"),
+                rule("!has(self.huggingFace) || !has(self.jsonl) || !(self.jsonl.startsWith('/') "
+                     f"|| self.jsonl.startsWith('{PVC_URI_PREFIX}'))", _HUB_FILE_IN_REPO.format(key="jsonl"), ".jsonl"),
+                rule("!has(self.huggingFace) || !has(self.parquet) || !(self.parquet.startsWith('/') "
+                     f"|| self.parquet.startsWith('{PVC_URI_PREFIX}'))", _HUB_FILE_IN_REPO.format(key="parquet"),
+                     ".parquet"),
+                rule("!has(self.storage) || has(self.huggingFace)", _DATA_STORAGE_NEEDS_HUB, ".storage"),
+                rule("!has(self.revision) || has(self.huggingFace)", _DATA_REVISION_NEEDS_HUB, ".revision"),
+            ]
+        }
     )
 
     synthetic: SyntheticDataSpec | None = None
     jsonl: FilePath | None = Field(
-        default=None, description="Path of a JSONL file, one row per line; on a cluster also pvc://<claim>/<file>."
+        default=None,
+        description="Path of a JSONL file, one row per line; on a cluster also pvc://<claim>/<file>; with "
+        "huggingFace, the file's path inside that dataset repo.",
     )
     parquet: FilePath | None = Field(
-        default=None, description="Path of a Parquet file, one row per record; on a cluster also pvc://<claim>/<file>."
+        default=None,
+        description="Path of a Parquet file, one row per record; on a cluster also pvc://<claim>/<file>; with "
+        "huggingFace, the file's path inside that dataset repo.",
+    )
+    hugging_face: HubId | None = Field(
+        default=None,
+        description="Hugging Face Hub dataset id (for example openai/gsm8k) holding the jsonl or parquet file. The "
+        "runtime resolves it offline in the local Hugging Face cache, as model.huggingFace; on a cluster "
+        "data.storage says how the trainer pods get it.",
+    )
+    revision: str | None = Field(
+        default=None, max_length=256, description="Hub revision (branch, tag or commit) of data.huggingFace."
+    )
+    storage: HubStorageSpec | None = Field(
+        default=None, description="On a cluster: where the trainer pods find data.huggingFace (cache claim or download)."
     )
     prompt_key: str = Field(default="prompt", min_length=1, max_length=256, description="Column holding the prompt text.")
     messages_key: str = Field(
@@ -244,6 +281,17 @@ class DataSpec(ApiModel):
     def _exactly_one_source(self) -> DataSpec:
         if sum(x is not None for x in (self.synthetic, self.jsonl, self.parquet)) != 1:
             raise ValueError("exactly one of synthetic, jsonl, parquet must be set")
+        if self.hugging_face is None:
+            if self.storage is not None:
+                raise ValueError(_DATA_STORAGE_NEEDS_HUB)
+            if self.revision is not None:
+                raise ValueError(_DATA_REVISION_NEEDS_HUB)
+            return self
+        if self.file is None:
+            raise ValueError(_HUB_DATA_NEEDS_FILE)
+        key = "jsonl" if self.jsonl is not None else "parquet"
+        if self.file.startswith(("/", PVC_URI_PREFIX)):
+            raise ValueError(_HUB_FILE_IN_REPO.format(key=key))
         return self
 
     @property
@@ -997,6 +1045,39 @@ class VolumeMount(ApiModel):
     sub_path: FilePath | None = None
 
 
+MAX_ID = 2**31 - 1  # Kubernetes' bound on uids and gids (int64 in the API, 32-bit signed on Linux)
+_ROOT_UID = "runAsUser 0 is root: every child pod runs with runAsNonRoot: true; choose a uid of 1 or more"
+
+
+class PodSecuritySpec(ApiModel):
+    """Who the child pods run as (pod securityContext). Unset ids keep each image's own user (runtime
+    1000, SGLang 10001, router 65532); a cluster whose policy assigns uid ranges (OpenShift's
+    restricted SCC, a PodSecurity admission with fixed ranges) sets them here."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [rule("!has(self.runAsUser) || self.runAsUser != 0", _ROOT_UID, ".runAsUser")]
+        }
+    )
+
+    run_as_user: int | None = Field(
+        default=None, ge=0, le=MAX_ID, description="uid of every container (default: the image's own non-root user)."
+    )
+    run_as_group: int | None = Field(
+        default=None, ge=0, le=MAX_ID, description="Primary gid of every container (default: the uid's value)."
+    )
+    fs_group: int = Field(
+        default=1000, ge=0, le=MAX_ID, description="Group that owns mounted volumes, so the non-root containers can write them."
+    )
+
+    @field_validator("run_as_user")
+    @classmethod
+    def _not_root(cls, uid: int | None) -> int | None:
+        if uid == 0:
+            raise ValueError(_ROOT_UID)
+        return uid
+
+
 class PodPolicySpec(ApiModel):
     """What every pod the operator creates (inference, router, trainer) gets (operator only)."""
 
@@ -1005,8 +1086,9 @@ class PodPolicySpec(ApiModel):
     )
     priority_class_name: DNS1123Subdomain | None = None
     scheduler_name: DNS1123Subdomain | None = Field(default=None, description="For example a gang scheduler (volcano, kai).")
-    fs_group: int = Field(
-        default=1000, ge=0, le=2**31 - 1, description="Group that owns mounted volumes, so the non-root containers can write them."
+    security_context: PodSecuritySpec = Field(
+        default_factory=lambda: PodSecuritySpec(),
+        description="Users and groups of every child pod (runAsNonRoot stays true: uid 0 is refused).",
     )
     volumes: list[ExtraVolume] = Field(
         default_factory=list, max_length=MAX_LIST, description="Extra pod volumes (Kubernetes Volume objects)."
@@ -1054,6 +1136,10 @@ _GROUP_NEEDS_SAMPLES = (
     "rollout.samplesPerPrompt must be at least 2 for group-normalised algorithms (grpo, dapo): "
     "one sample per group has no advantage"
 )
+_ONE_HUB_CACHE = (
+    "data.storage.huggingFaceCache must be model.storage.huggingFaceCache when both are set: a trainer pod mounts "
+    "one Hugging Face cache (HF_HUB_CACHE)"
+)
 _GROUP_ALGOS = "[" + ", ".join(f"'{a}'" for a in GROUP_NORMALISED_ALGORITHMS) + "]"
 # Rules on the whole spec (cross-field, and transition rules comparing with the stored object).
 # Guards with has() because CEL sees the object after defaulting, but must compile for any shape.
@@ -1075,6 +1161,12 @@ SPEC_RULES: list[dict[str, Any]] = [
         f"|| ({cel_has('self.algorithm.name')} && !(self.algorithm.name in {_GROUP_ALGOS}))",
         _GROUP_NEEDS_SAMPLES,
         ".rollout.samplesPerPrompt",
+    ),
+    rule(
+        f"!({cel_has('self.model.storage.huggingFaceCache')}) || !({cel_has('self.data.storage.huggingFaceCache')}) "
+        "|| self.model.storage.huggingFaceCache == self.data.storage.huggingFaceCache",
+        _ONE_HUB_CACHE,
+        ".data.storage.huggingFaceCache",
     ),
     *(
         rule(expr, f"spec.{path} is immutable: it cannot be added, removed or changed once the RLJob exists", f".{path}")
@@ -1116,6 +1208,9 @@ class RLJobSpec(ApiModel):
             raise ValueError(_GPU_VENDOR_NEEDS_GPUS)
         if self.algorithm.name in GROUP_NORMALISED_ALGORITHMS and self.rollout.samples_per_prompt < 2:
             raise ValueError(_GROUP_NEEDS_SAMPLES)
+        caches = {s.hugging_face_cache for s in (self.model.storage, self.data.storage) if s and s.hugging_face_cache}
+        if len(caches) > 1:
+            raise ValueError(_ONE_HUB_CACHE)
         return self
 
 

@@ -15,13 +15,16 @@ SCRATCH_DIR = "/tmp"
 SHM_VOLUME = "shm"
 
 
-def pod_security_context(policy: PodPolicySpec, run_as_user: int) -> dict[str, Any]:
-    """Pod-level: non-root uid, fsGroup for volume ownership, seccomp RuntimeDefault."""
+def pod_security_context(policy: PodPolicySpec, image_uid: int) -> dict[str, Any]:
+    """Pod-level: non-root uid (spec.pods.securityContext's, else the image's own), fsGroup for volume
+    ownership, seccomp RuntimeDefault."""
+    ids = policy.security_context
+    uid = ids.run_as_user if ids.run_as_user is not None else image_uid
     return {
         "runAsNonRoot": True,
-        "runAsUser": run_as_user,
-        "runAsGroup": run_as_user,
-        "fsGroup": policy.fs_group,
+        "runAsUser": uid,
+        "runAsGroup": ids.run_as_group if ids.run_as_group is not None else uid,
+        "fsGroup": ids.fs_group,
         # Re-chowning a large model or checkpoint volume on every start would take minutes.
         "fsGroupChangePolicy": "OnRootMismatch",
         "seccompProfile": {"type": "RuntimeDefault"},

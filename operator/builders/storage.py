@@ -10,13 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rljob.api.spec import PVC_URI_PREFIX, HubDownloadSpec, ModelSpec, RLJobSpec
+from rljob.api.spec import PVC_URI_PREFIX, DataSpec, HubDownloadSpec, HubStorageSpec, ModelSpec, RLJobSpec
 from rljob.operator.builders.pods import hardened_container_security, scratch_mount
 from rljob.operator.builders.vendor import TRAINER_IMAGES
 
 MODEL_DIR = "/var/lib/rljob/model"
 HF_CACHE_DIR = "/var/lib/rljob/hf-cache"
 DATA_ROOT = "/var/lib/rljob/data"
+# data.huggingFace downloaded without a cache claim: the dataset repo's files, in an emptyDir.
+DATA_HUB_DIR = "/var/lib/rljob/data-hub"
+DATA_HUB_VOLUME = "data-hub"
+DATA_DOWNLOAD_CONTAINER = "data-download"
 WEIGHTS_DIR = "/var/lib/rljob/weights"
 MODEL_VOLUME = "model"
 HF_CACHE_VOLUME = "hf-cache"
@@ -53,13 +57,20 @@ class PodStorage:
     env: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, other: PodStorage) -> PodStorage:
-        """Both fragments in one (volumes of the same name appear once)."""
-        names = {v["name"] for v in self.volumes}
+        """Both fragments in one. A volume both name (the Hugging Face cache of a model and of its
+        data) appears once, writable if either needs it so; an identical mount or env entry once."""
+        volumes = {v["name"]: v for v in self.volumes}
+        for v in other.volumes:
+            mine = volumes.get(v["name"])
+            if mine is None:
+                volumes[v["name"]] = v
+            elif "persistentVolumeClaim" in mine and not v.get("persistentVolumeClaim", {}).get("readOnly", True):
+                volumes[v["name"]] = v
         return PodStorage(
-            volumes=self.volumes + [v for v in other.volumes if v["name"] not in names],
-            mounts=self.mounts + other.mounts,
+            volumes=list(volumes.values()),
+            mounts=self.mounts + [m for m in other.mounts if m not in self.mounts],
             init_containers=self.init_containers + other.init_containers,
-            env=self.env + other.env,
+            env=self.env + [e for e in other.env if e not in self.env],
         )
 
 
@@ -83,21 +94,41 @@ def model_path_in_pods(model: ModelSpec) -> str:
     return str(model.hugging_face or model.path or model.builtin)
 
 
-def _download_container(model: ModelSpec, download: HubDownloadSpec, cache: PvcRef | None) -> dict[str, Any]:
-    """Init container: `hf download <id>` into the cache claim or the model emptyDir, token from a Secret."""
-    target = ["--cache-dir", HF_CACHE_DIR] if cache else ["--local-dir", MODEL_DIR]
-    args = ["download", str(model.hugging_face), *target]
-    if model.revision:
-        args += ["--revision", model.revision]
-    for pattern in download.include:
-        args += ["--include", pattern]
+@dataclass(frozen=True)
+class HubRepo:
+    """What one download step fetches: a repo of the Hub and where its files go."""
+
+    repo_id: str
+    revision: str | None
+    repo_type: str  # "model" or "dataset"
+    files: tuple[str, ...]  # positional file names (all of the repo when empty)
+    local_volume: str  # the emptyDir when no cache claim holds the files
+    local_dir: str
+    container: str
+
+
+def _download_container(repo: HubRepo, download: HubDownloadSpec, cache: PvcRef | None) -> dict[str, Any]:
+    """Init container: `hf download <id>` into the cache claim or an emptyDir, token from a Secret."""
+    target = ["--cache-dir", HF_CACHE_DIR] if cache else ["--local-dir", repo.local_dir]
+    args = ["download", repo.repo_id, *repo.files]
+    if repo.repo_type != "model":  # the CLI's default
+        args += ["--repo-type", repo.repo_type]
+    args += target
+    if repo.revision:
+        args += ["--revision", repo.revision]
+    if not repo.files:  # the CLI ignores --include when files are named (a dataset's one file)
+        for pattern in download.include:
+            args += ["--include", pattern]
     env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": "/tmp/hf-home"}, {"name": "HOME", "value": "/tmp"}]
     if download.token_secret_ref is not None:
         ref = download.token_secret_ref
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    mount = _mount(HF_CACHE_VOLUME, HF_CACHE_DIR, cache.path, False) if cache else _mount(MODEL_VOLUME, MODEL_DIR, "", False)
+    if cache:
+        mount = _mount(HF_CACHE_VOLUME, HF_CACHE_DIR, cache.path, False)
+    else:
+        mount = _mount(repo.local_volume, repo.local_dir, "", False)
     return {
-        "name": DOWNLOAD_CONTAINER,
+        "name": repo.container,
         "image": download.image or TRAINER_IMAGES["cpu"],
         "command": ["hf"],
         "args": args,
@@ -106,6 +137,23 @@ def _download_container(model: ModelSpec, download: HubDownloadSpec, cache: PvcR
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
         "volumeMounts": [mount, scratch_mount()],
     }
+
+
+def _hub_storage(repo: HubRepo, storage: HubStorageSpec) -> PodStorage:
+    """Volumes, mounts, env and download step of a Hub repo: its cache claim (read-only in the main
+    container, writable at pod level only for a download into it), or an emptyDir it is downloaded into."""
+    result = PodStorage()
+    cache = PvcRef.parse(storage.hugging_face_cache) if storage.hugging_face_cache else None
+    if cache is not None:
+        result.volumes.append(_claim_volume(HF_CACHE_VOLUME, cache.claim, read_only=storage.download is None))
+        result.mounts.append(_mount(HF_CACHE_VOLUME, HF_CACHE_DIR, cache.path))
+        result.env += [{"name": "HF_HUB_CACHE", "value": HF_CACHE_DIR}, {"name": "HF_HUB_OFFLINE", "value": "1"}]
+    elif storage.download is not None:
+        result.volumes.append({"name": repo.local_volume, "emptyDir": {"sizeLimit": storage.download.size_limit}})
+        result.mounts.append(_mount(repo.local_volume, repo.local_dir))
+    if storage.download is not None:
+        result.init_containers.append(_download_container(repo, storage.download, cache))
+    return result
 
 
 def model_storage(spec: RLJobSpec) -> PodStorage:
@@ -117,24 +165,10 @@ def model_storage(spec: RLJobSpec) -> PodStorage:
             volumes=[_claim_volume(MODEL_VOLUME, ref.claim, read_only=True)],
             mounts=[_mount(MODEL_VOLUME, MODEL_DIR, ref.path)],
         )
-    storage = model.storage
-    if model.hugging_face is None or storage is None:
+    if model.hugging_face is None or model.storage is None:
         return PodStorage()
-    result = PodStorage()
-    cache = PvcRef.parse(storage.hugging_face_cache) if storage.hugging_face_cache else None
-    if cache is not None:
-        ref = cache
-        # The download step (if any) writes the cache; the claim is then mounted writable at pod level
-        # and read-only in the main container.
-        result.volumes.append(_claim_volume(HF_CACHE_VOLUME, ref.claim, read_only=storage.download is None))
-        result.mounts.append(_mount(HF_CACHE_VOLUME, HF_CACHE_DIR, ref.path))
-        result.env += [{"name": "HF_HUB_CACHE", "value": HF_CACHE_DIR}, {"name": "HF_HUB_OFFLINE", "value": "1"}]
-    elif storage.download is not None:
-        result.volumes.append({"name": MODEL_VOLUME, "emptyDir": {"sizeLimit": storage.download.size_limit}})
-        result.mounts.append(_mount(MODEL_VOLUME, MODEL_DIR))
-    if storage.download is not None:
-        result.init_containers.append(_download_container(model, storage.download, cache))
-    return result
+    repo = HubRepo(model.hugging_face, model.revision, "model", (), MODEL_VOLUME, MODEL_DIR, DOWNLOAD_CONTAINER)
+    return _hub_storage(repo, model.storage)
 
 
 def _data_uris(spec: RLJobSpec) -> list[str]:
@@ -153,13 +187,27 @@ def data_path_in_pods(uri: str) -> str:
     return f"{DATA_ROOT}/{ref.claim}/{ref.path}"
 
 
+def data_hub_downloaded(data: DataSpec) -> bool:
+    """data.huggingFace downloaded into an emptyDir (no cache claim): the trainer reads a plain file."""
+    storage = data.storage
+    return data.hugging_face is not None and storage is not None and storage.download is not None \
+        and storage.hugging_face_cache is None
+
+
 def data_storage(spec: RLJobSpec) -> PodStorage:
-    """Read-only mounts of every claim the data and evaluation files live on (trainer pods)."""
+    """Read-only mounts of every claim the data and evaluation files live on, and the Hugging Face
+    dataset of data.huggingFace (cache claim or download step) (trainer pods)."""
     claims = sorted({PvcRef.parse(uri).claim for uri in _data_uris(spec)})
-    return PodStorage(
+    result = PodStorage(
         volumes=[_claim_volume(data_volume_name(c), c, read_only=True) for c in claims],
         mounts=[_mount(data_volume_name(c), f"{DATA_ROOT}/{c}") for c in claims],
     )
+    data = spec.data
+    if data.hugging_face is None or data.storage is None:
+        return result
+    repo = HubRepo(data.hugging_face, data.revision, "dataset", (str(data.file),), DATA_HUB_VOLUME, DATA_HUB_DIR,
+                   DATA_DOWNLOAD_CONTAINER)
+    return result.add(_hub_storage(repo, data.storage))
 
 
 def weights_storage(spec: RLJobSpec, writable: bool) -> PodStorage:
@@ -180,6 +228,14 @@ def runtime_paths(spec: RLJobSpec, wire: dict[str, Any]) -> None:
         wire["model"] = {"path": MODEL_DIR}
     else:
         wire["model"].pop("storage", None)
+    data = wire["data"]
+    data.pop("storage", None)
+    if data_hub_downloaded(spec.data):
+        # The download step put the repo's file at a plain path: the runtime reads that file.
+        key = "jsonl" if spec.data.jsonl is not None else "parquet"
+        data[key] = f"{DATA_HUB_DIR}/{spec.data.file}"
+        data.pop("huggingFace")
+        data.pop("revision", None)
     for section in ("data", "evaluation"):
         for key in ("jsonl", "parquet"):
             value = wire.get(section, {}).get(key)

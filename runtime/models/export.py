@@ -99,7 +99,9 @@ def export_checkpoint(checkpoint: str | Path, target: str | Path, dtype: str | N
     job = RLJob.model_validate(state["job"])
     base, field = policy_dir(job.spec.model, progress=False)
     trained = _saved_dtype(trainer_dir)
-    out_dtype = torch_dtype(dtype) if dtype else trained
+    # The saved weights are fp32 masters when the job trained in bf16 (both backends keep them):
+    # the default output is the precision the job trained in, not the masters' precision.
+    out_dtype = torch_dtype(dtype or job.spec.trainer.dtype)
     model = load_causal_lm(base, field=field, dtype=trained)
     _load_weights(model, trainer_dir, source, field, base)
     model.to(out_dtype)

@@ -10,13 +10,13 @@ call time so a job started with another `HF_HOME` sees its own cache.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from rljob.api.spec import PVC_URI_PREFIX, ModelSpec
 from rljob.runtime.models.errors import ModelSourceError
 
-__all__ = ["ModelSourceError", "hub_cache_dir", "resolve_hub_model", "resolve_model_dir"]
+__all__ = ["ModelSourceError", "hub_cache_dir", "resolve_hub_model", "resolve_model_dir", "resolve_offline"]
 
 
 def hub_cache_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -28,28 +28,42 @@ def hub_cache_dir(env: Mapping[str, str] | None = None) -> Path:
     return home / "hub"
 
 
+def resolve_offline(fetch: Callable[[str], str], field: str, repo_id: str, missing: Callable[[Path, str], str],
+                    cache_dir: Path | None = None) -> Path:
+    """`fetch(cache)`: a huggingface_hub call with local_files_only=True in the cache (`cache_dir`, else
+    the environment's). Its errors become a ModelSourceError naming `field`: an invalid hub id, or
+    `missing(cache, error name)` when the cache lacks what was asked for."""
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    cache = cache_dir or hub_cache_dir()
+    try:
+        return Path(fetch(str(cache)))
+    except HFValidationError as exc:
+        raise ModelSourceError(f"{field}: {repo_id!r} is not a valid hub id ({exc})") from None
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError) as exc:
+        raise ModelSourceError(f"{field}: {missing(cache, type(exc).__name__)}") from None
+
+
 def resolve_hub_model(repo_id: str, revision: str | None = None, cache_dir: Path | None = None) -> Path:
     """The snapshot folder of `repo_id` at `revision` (branch, tag or commit; default main) in the cache.
 
     Raises ModelSourceError naming `spec.model.huggingFace` and the cache searched when it is absent.
     """
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
-    cache = cache_dir or hub_cache_dir()
     at = f" at revision {revision!r}" if revision else ""
-    try:
-        folder = snapshot_download(repo_id, revision=revision, cache_dir=str(cache), local_files_only=True)
-    except HFValidationError as exc:
-        raise ModelSourceError(f"spec.model.huggingFace: {repo_id!r} is not a valid hub id ({exc})") from None
-    except (LocalEntryNotFoundError, FileNotFoundError, OSError) as exc:
-        raise ModelSourceError(
-            f"spec.model.huggingFace: {repo_id!r}{at} is not in the local Hugging Face cache {cache} "
-            f"({type(exc).__name__}). Models are never downloaded by the runtime: fetch it first "
-            f"(`hf download {repo_id}`{' --revision ' + revision if revision else ''}), point HF_HOME or "
-            "HF_HUB_CACHE at a cache that holds it, or set spec.model.path to a local model folder"
-        ) from None
-    return Path(folder)
+
+    def missing(cache: Path, error: str) -> str:
+        return (
+            f"{repo_id!r}{at} is not in the local Hugging Face cache {cache} ({error}). Models are never downloaded "
+            f"by the runtime: fetch it first (`hf download {repo_id}`{' --revision ' + revision if revision else ''}), "
+            "point HF_HOME or HF_HUB_CACHE at a cache that holds it, or set spec.model.path to a local model folder"
+        )
+
+    return resolve_offline(
+        lambda cache: snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=True),
+        "spec.model.huggingFace", repo_id, missing, cache_dir,
+    )
 
 
 def resolve_model_dir(spec: ModelSpec, cache_dir: Path | None = None) -> tuple[Path, str]:

@@ -141,6 +141,40 @@ def load_file_records(spec: DataSpec, jsonl: str | None, parquet: str | None, pr
     return load_parquet_records(parquet, *keys, field_name=f"{prefix}.parquet")
 
 
+def hub_data_file(spec: DataSpec, cache_dir: Path | None = None) -> Path:
+    """The local path of data.jsonl / data.parquet inside the data.huggingFace dataset repo, resolved
+    offline in the Hugging Face cache (as model.huggingFace is: nothing is downloaded here)."""
+    from huggingface_hub import hf_hub_download
+
+    from rljob.runtime.models.source import resolve_offline
+
+    repo, filename, revision = str(spec.hugging_face), str(spec.file), spec.revision
+    at, flag = (f" at revision {revision!r}", f" --revision {revision}") if revision else ("", "")
+
+    def missing(cache: Path, error: str) -> str:
+        return (
+            f"{filename} of dataset {repo!r}{at} is not in the local Hugging Face cache {cache} ({error}). Data is "
+            f"never downloaded by the runtime: fetch it first (`hf download --repo-type dataset {repo} {filename}{flag}`) "
+            "or point HF_HOME or HF_HUB_CACHE at a cache that holds it"
+        )
+
+    return resolve_offline(
+        lambda cache: hf_hub_download(repo, filename, repo_type="dataset", revision=revision, cache_dir=cache,
+                                      local_files_only=True),
+        "data.huggingFace", repo, missing, cache_dir,
+    )
+
+
+def training_records(spec: DataSpec) -> list[DataRow]:
+    """Rows of the training file: data.jsonl / data.parquet, a local path or a file of data.huggingFace."""
+    if spec.hugging_face is None:
+        return load_file_records(spec, spec.jsonl, spec.parquet, "data")
+    local = str(hub_data_file(spec))
+    if spec.jsonl is not None:
+        return load_file_records(spec, local, None, "data")
+    return load_file_records(spec, None, local, "data")
+
+
 def synthetic_records(num_prompts: int, seed: int, start: int = 0) -> list[DataRow]:
     """Rows of arith-chain problems start..start+num_prompts-1."""
     return [DataRow(prompt=p.prompt, answer=p.answer) for p in ArithChainTask(seed=seed).problems(num_prompts, start=start)]
@@ -189,7 +223,7 @@ class PromptStream:
         if spec.synthetic is not None:
             records = synthetic_records(spec.synthetic.num_prompts, spec.synthetic.seed)
         else:
-            records = load_file_records(spec, spec.jsonl, spec.parquet, "data")
+            records = training_records(spec)
         return cls(
             records, tokenizer, shuffle=spec.shuffle, seed=spec.seed, max_epochs=max_epochs,
             system_prompt=spec.system_prompt,

@@ -113,37 +113,71 @@ class SingleProcessBackend:
         return bucketed(((n, t.detach()) for n, t in self.model.state_dict().items()), bucket_bytes)
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """{"model", "optim"} in torch.distributed.checkpoint's layout (parameter names as keys), so a
-        checkpoint of this backend and of FSDP2 load into each other; the bf16 master-weight optimizer
-        keeps its own layout (it exists in one process only)."""
+        """{"model", "optim"} in torch.distributed.checkpoint's layout (parameter names as keys), the
+        layout FSDP2's shards have too, so either backend's checkpoint loads into the other at any
+        world size. With bf16 parameters "model" holds the fp32 master weights (FSDP2's shards are
+        fp32 masters as well) and "optim" the masters' AdamW state under the parameters' names."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
         optim = self.optimizer
         if isinstance(optim, MasterWeightAdamW):
-            return {"model": get_model_state_dict(self.model), "master_optim": _master_state_template(optim)}
+            return _master_checkpoint_state(self.model, optim)
         return {"model": get_model_state_dict(self.model), "optim": get_optimizer_state_dict(self.model, optim)}
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         """Install what torch.distributed.checkpoint loaded into checkpoint_state()."""
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-        set_model_state_dict(self.model, state["model"])
         if isinstance(self.optimizer, MasterWeightAdamW):
-            self.optimizer.load_state_dict(state["master_optim"])
-        else:
-            set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+            _load_master_checkpoint_state(self.model, self.optimizer, state)
+            return
+        set_model_state_dict(self.model, state["model"])
+        set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
 
 
-def _master_state_template(optim: MasterWeightAdamW) -> dict[str, Any]:
-    """The master-weight optimizer's state with its AdamW moments created, so a checkpoint load has
-    tensors to fill (torch creates AdamW state lazily, at the first step)."""
+def _master_names(model: nn.Module, optim: MasterWeightAdamW) -> list[str]:
+    """The parameter name of each of the optimizer's masters, in its order (named_parameters lists a
+    tied weight once, under its first name, as model.parameters() does)."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    return [names[id(p)] for p in optim.params]
+
+
+def _master_checkpoint_state(model: nn.Module, optim: MasterWeightAdamW) -> dict[str, Any]:
+    """The master-weight optimizer's checkpoint in DCP's layout: the fp32 masters in place of the bf16
+    parameters under "model", the AdamW moments by parameter name under "optim". The tensors are the
+    live ones (detached), so a DCP load fills them in place. AdamW's state is created here when no
+    step has run yet (torch creates it lazily), so a load has tensors to fill."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    names = _master_names(model, optim)
+    masters = {p.data_ptr(): m.detach() for p, m in zip(optim.params, optim.master, strict=True)}
+    model_state = {k: masters.get(v.data_ptr(), v) for k, v in get_model_state_dict(model).items()}
     inner = optim.inner
-    for group in inner.param_groups:
-        for p in group["params"]:
-            if p not in inner.state:
-                inner.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
-                                  "exp_avg_sq": torch.zeros_like(p)}
-    return optim.state_dict()
+    for m in optim.master:
+        if m not in inner.state:
+            inner.state[m] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(m.detach()),
+                              "exp_avg_sq": torch.zeros_like(m.detach())}
+    index = {id(m): name for m, name in zip(optim.master, names, strict=True)}
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[id(m)] for m in g["params"]]}
+              for g in inner.param_groups]
+    optim_state = {"state": {index[id(m)]: inner.state[m] for m in optim.master}, "param_groups": groups}
+    return {"model": model_state, "optim": optim_state}
+
+
+@torch.no_grad()
+def _load_master_checkpoint_state(model: nn.Module, optim: MasterWeightAdamW, state: dict[str, Any]) -> None:
+    """Install a DCP-layout state (this backend's or FSDP2's, gathered) into the masters, the bf16
+    parameters (the masters rounded) and the inner AdamW."""
+    names = _master_names(model, optim)
+    for name, p, m in zip(names, optim.params, optim.master, strict=True):
+        m.copy_(state["model"][name])
+        p.copy_(m)
+    position = {name: i for i, name in enumerate(names)}
+    saved = state["optim"]
+    optim.inner.load_state_dict({
+        "state": {position[name]: value for name, value in saved["state"].items()},
+        "param_groups": [{**g, "params": [position[n] for n in g["params"]]} for g in saved["param_groups"]],
+    })
 
 
 def build_backend(

@@ -17,6 +17,7 @@ gradient; a dropped shard drops whole rows) moves weights by about lr = 1e-2.
 
 from __future__ import annotations
 
+import copy
 import random
 from pathlib import Path
 
@@ -105,41 +106,133 @@ def test_two_gloo_ranks_take_the_update_of_one_process(tmp_path: Path, n_groups:
 
 
 # ---------------------------------------------------------------------------------------------
-# resharding: a checkpoint of 2 ranks resumes in 1 process
+# resharding: a checkpoint resumes at another world size (2 -> 1, 2 -> 4, and a bf16 one of 1 -> 2)
 
 
-def _two_rank_run(rank: int, doc: dict, out: Path) -> None:
-    import asyncio
+def full_state(trainer: Trainer) -> dict:
+    """The whole (unsharded) model and AdamW state of a trainer in DCP's layout: {"model": {name: tensor},
+    "optim": {name: {"step", "exp_avg", "exp_avg_sq"}}}. Collective under FSDP2 (rank 0 gets it, the
+    others {}); in one process a copy of the checkpoint state (the fp32 masters with bf16 parameters)."""
+    if trainer.backend.world_size == 1:
+        state = copy.deepcopy(trainer.checkpoint_state())
+        return {"model": state["model"], "optim": state["optim"]["state"]}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    from rljob.api import parse_rljob
-    from rljob.runtime.runner import JobRunner, Order, RunOptions, TrainingRank
-    from rljob.runtime.training.distributed import DistEnv, Distributed
-
-    env = DistEnv.from_environ()
-    assert env is not None
-    distributed = Distributed(env, "cpu")
-    job = parse_rljob(doc)
-    if rank != 0:
-        TrainingRank(job, distributed).run()
-        return
-
-    async def lead() -> None:
-        runner = JobRunner(job, RunOptions(output_dir=out / "run"), distributed)
-        await runner.setup()
-        for _ in range(2):
-            await runner.run_step()  # checkpoint.everySteps 2: step 2 is saved by both ranks
-        # The engine holds exactly the gathered full weights of step 2 (fp32 engine, tensor sync).
-        weights = {k: v.clone() for k, v in runner.engines[0].model.state_dict().items()}
-        torch.save({"buffer": snapshot(runner.scheduler.buffer), "cursor": runner.prompts.state_dict(),
-                    "weights": weights, "step": runner.step, "version": runner.version}, out / "rank0.pt")
-        runner._order(Order("stop"))
-        await runner.close()
-
-    asyncio.run(lead())
+    model, optim = get_state_dict(trainer.backend.model, trainer.backend.optimizer,
+                                  options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # A copy: the AdamW step counts are plain tensors, handed out as the live ones, which the next
+    # optimizer step would advance in place.
+    return copy.deepcopy({"model": model, "optim": optim["state"]}) if trainer.backend.rank == 0 else {}
 
 
 def snapshot(groups) -> dict:  # type: ignore[no-untyped-def]
     return {g.group_id: [(s.index, tuple(s.response_ids), tuple(s.versions)) for s in g.samples] for g in groups}
+
+
+def leader_record(runner) -> dict:  # type: ignore[no-untyped-def]
+    """What rank 0 holds of a run: buffer, data cursor, counters, and the engine's weights (which are
+    the gathered full weights of the last sync: fp32 engine, tensor transport)."""
+    return {"buffer": snapshot(runner.scheduler.buffer), "cursor": runner.prompts.state_dict(),
+            "engine": {k: v.clone() for k, v in runner.engines[0].model.state_dict().items()},
+            "step": runner.step, "version": runner.version, "steps_done": runner.trainer.steps_done}
+
+
+def _ranks_train_then_stop(distributed, job, lead, stops: int) -> None:  # type: ignore[no-untyped-def]
+    """Every rank's part of a run in which rank 0 runs `lead(job, distributed)` (async): ranks 1..N-1
+    follow its orders, and after each of its `stops` "stop" orders join one gather of the full state."""
+    import asyncio
+
+    from rljob.runtime.runner import TrainingRank
+
+    if distributed.rank != 0:
+        training = TrainingRank(job, distributed)
+        for _ in range(stops):
+            training.run()
+            full_state(training.trainer)
+        return
+    asyncio.run(lead(job, distributed))
+
+
+def _stop_and_gather(runner) -> dict:  # type: ignore[no-untyped-def]
+    from rljob.runtime.runner import Order
+
+    runner._order(Order("stop"))
+    return full_state(runner.trainer)
+
+
+async def _lead_two_steps(job, distributed, out: Path) -> None:  # type: ignore[no-untyped-def]
+    from rljob.runtime.runner import JobRunner, RunOptions
+
+    runner = JobRunner(job, RunOptions(output_dir=out / "saved"), distributed)
+    await runner.setup()
+    for _ in range(2):
+        await runner.run_step()  # checkpoint.everySteps 2: step 2 is saved by every rank
+    record = leader_record(runner)
+    record["state"] = _stop_and_gather(runner)
+    await runner.close()
+    torch.save(record, out / "saved.pt")
+
+
+async def _lead_resume_and_step(job, distributed, out: Path) -> None:  # type: ignore[no-untyped-def]
+    from rljob.runtime.runner import JobRunner, RunOptions
+
+    runner = JobRunner(job, RunOptions(output_dir=out / "resumed"), distributed)
+    await runner.setup()  # resumes from the newest checkpoint
+    record = leader_record(runner)
+    record["state"] = _stop_and_gather(runner)
+    step = await runner.run_step()  # and the job trains on from there, at its own world size
+    record["next"] = (step.step, step.loss)
+    _stop_and_gather(runner)
+    await runner.close()
+    torch.save(record, out / "resumed.pt")
+
+
+def _run_rank(rank: int, doc: dict, out: Path, phase: str) -> None:
+    from functools import partial
+
+    from rljob.api import parse_rljob
+    from rljob.runtime.training.distributed import DistEnv, Distributed
+
+    env = DistEnv.from_environ()
+    assert env is not None and env.rank == rank
+    fn, stops = {"save": (_lead_two_steps, 1), "resume": (_lead_resume_and_step, 2)}[phase]
+    _ranks_train_then_stop(Distributed(env, "cpu"), parse_rljob(doc), partial(fn, out=out), stops)
+
+
+async def _save_in_one_process(doc: dict, out: Path) -> None:
+    from rljob.api import parse_rljob
+    from rljob.runtime.runner import JobRunner, RunOptions
+
+    runner = JobRunner(parse_rljob(doc), RunOptions(output_dir=out / "saved"))
+    await runner.setup()
+    try:
+        for _ in range(2):
+            await runner.run_step()
+        record = leader_record(runner)
+        record["state"] = full_state(runner.trainer)
+        torch.save(record, out / "saved.pt")
+    finally:
+        await runner.close()
+
+
+def assert_same_job_state(saved: dict, resumed: dict, change: str) -> None:
+    """The resumed job holds exactly what the saved one held: counters, buffer, data cursor, the
+    model (fp32 masters) and every AdamW moment and step count. Resharding copies, it never rounds."""
+    assert (resumed["step"], resumed["version"], resumed["steps_done"]) == (saved["step"], saved["version"], 2)
+    assert saved["buffer"], "APRIL left nothing in the buffer: the test would prove nothing"
+    assert resumed["buffer"] == saved["buffer"]
+    assert resumed["cursor"] == saved["cursor"]
+    model, optim = saved["state"]["model"], saved["state"]["optim"]
+    assert resumed["state"]["model"].keys() == model.keys()
+    for name, tensor in model.items():
+        assert torch.equal(resumed["state"]["model"][name], tensor), f"{name} changed across the {change} resharding"
+    assert resumed["state"]["optim"].keys() == optim.keys() and optim
+    for name, moments in optim.items():
+        assert float(moments["exp_avg"].abs().sum()) > 0, f"{name}: no AdamW moment was saved"
+        for key, value in moments.items():
+            got = resumed["state"]["optim"][name][key]
+            assert torch.equal(got.to(value.dtype), value), \
+                f"AdamW {key} of {name} changed across the {change} resharding ({got.flatten()[:4]} != {value.flatten()[:4]})"
 
 
 async def test_a_checkpoint_of_two_ranks_resumes_in_one_process(tmp_path: Path) -> None:
@@ -148,32 +241,58 @@ async def test_a_checkpoint_of_two_ranks_resumes_in_one_process(tmp_path: Path) 
     from tests.integration.test_runner_resume import job_doc, tiny_policy
 
     doc = job_doc(tiny_policy(tmp_path / "model"), tmp_path / "ckpt", steps=3, every=2)
-    run_ranks(_two_rank_run, 2, doc, tmp_path)
-    saved = torch.load(tmp_path / "rank0.pt", weights_only=False)
-    assert saved["buffer"], "APRIL left nothing in the buffer: the test would prove nothing"
+    run_ranks(_run_rank, 2, doc, tmp_path, "save")
+    saved = torch.load(tmp_path / "saved.pt", weights_only=False)
     leader = torch.load(tmp_path / "ckpt" / "step-00000002" / "state.pt", weights_only=False)
     assert leader["world_size"] == 2
     assert sorted(p.name for p in (tmp_path / "ckpt" / "step-00000002" / "rng").iterdir()) == [
         "rank-00000.pt", "rank-00001.pt"]
+    # The engine held exactly the gathered full weights of step 2.
+    assert all(torch.equal(saved["engine"][k], v) for k, v in saved["state"]["model"].items())
 
     runner = JobRunner(parse_rljob(doc), RunOptions(output_dir=tmp_path / "single"))
     await runner.setup()
     try:
-        assert (runner.step, runner.version) == (saved["step"], saved["version"]) == (2, 2)
-        assert runner.trainer.steps_done == 2
-        assert snapshot(runner.scheduler.buffer) == saved["buffer"]
-        assert runner.prompts.state_dict() == saved["cursor"]
-        resumed = runner.trainer.model.state_dict()
-        assert resumed.keys() == saved["weights"].keys()
-        for name, tensor in saved["weights"].items():
-            assert torch.equal(resumed[name], tensor), f"{name} changed across the 2 -> 1 resharding"
-        # The AdamW moments came back too (resharded): not the zeros of a fresh optimizer.
-        moments = [s["exp_avg"] for s in runner.trainer.optimizer.state.values()]
-        assert moments and all(float(m.abs().sum()) > 0 for m in moments)
+        resumed = leader_record(runner)
+        resumed["state"] = full_state(runner.trainer)
+        assert_same_job_state(saved, resumed, "2 -> 1")
         record = await runner.run_step()  # and the single process trains on from there
         assert record.step == 3 and record.loss == record.loss
     finally:
         await runner.close()
+
+
+def test_a_checkpoint_of_two_ranks_resumes_on_four(tmp_path: Path) -> None:
+    from tests.integration.test_runner_resume import job_doc, tiny_policy
+
+    doc = job_doc(tiny_policy(tmp_path / "model"), tmp_path / "ckpt", steps=3, every=2)
+    run_ranks(_run_rank, 2, doc, tmp_path, "save")
+    run_ranks(_run_rank, 4, doc, tmp_path, "resume")  # 4 gloo ranks: each holds a quarter of every shard
+    saved = torch.load(tmp_path / "saved.pt", weights_only=False)
+    resumed = torch.load(tmp_path / "resumed.pt", weights_only=False)
+    assert_same_job_state(saved, resumed, "2 -> 4")
+    # The resume synced the engine: it serves the checkpoint's weights, gathered from 4 ranks.
+    assert all(torch.equal(resumed["engine"][k], v) for k, v in saved["state"]["model"].items())
+    step, loss = resumed["next"]
+    assert step == 3 and loss == loss
+    assert (tmp_path / "ckpt" / "step-00000003" / "state.pt").is_file()
+    assert torch.load(tmp_path / "ckpt" / "step-00000003" / "state.pt", weights_only=False)["world_size"] == 4
+
+
+async def test_a_bf16_checkpoint_of_one_process_resumes_on_two_ranks(tmp_path: Path) -> None:
+    from tests.integration.test_runner_resume import job_doc, tiny_policy
+
+    doc = job_doc(tiny_policy(tmp_path / "model"), tmp_path / "ckpt", steps=3, every=2)
+    doc["spec"]["trainer"]["dtype"] = "bfloat16"
+    await _save_in_one_process(doc, tmp_path)
+    run_ranks(_run_rank, 2, doc, tmp_path, "resume")
+    saved = torch.load(tmp_path / "saved.pt", weights_only=False)
+    resumed = torch.load(tmp_path / "resumed.pt", weights_only=False)
+    # One process saved its fp32 masters (not the bf16 parameters, whose low bits are gone).
+    assert all(t.dtype == torch.float32 for t in saved["state"]["model"].values())
+    assert_same_job_state(saved, resumed, "1 -> 2 (bf16)")
+    step, loss = resumed["next"]
+    assert step == 3 and loss == loss
 
 
 # ---------------------------------------------------------------------------------------------

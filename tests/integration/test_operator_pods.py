@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 
 from rljob.api.spec import PodDiscoverySpec
@@ -132,3 +133,41 @@ def test_hardened_pods_with_storage_are_accepted_and_every_pool_has_a_budget(
     assert set(budgets) == {"store-infer-nv", "store-infer-mi"}
     assert budgets["store-infer-nv"].spec.max_unavailable == 1
     assert budgets["store-infer-nv"].spec.selector.match_labels["rljob.io/pool"] == "nv"
+
+
+def test_a_hub_dataset_and_overridden_pod_ids_reach_the_admitted_pods(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any,
+) -> None:
+    volumes("hub")
+    doc = rljob("hub")
+    cache = "pvc://hf-cache/hub"
+    doc["spec"].update(
+        model={"huggingFace": "Qwen/Qwen3-0.6B", "storage": {"huggingFaceCache": cache}},
+        data={"huggingFace": "openai/gsm8k", "revision": "main", "parquet": "main/train-00000-of-00001.parquet",
+              "storage": {"huggingFaceCache": cache, "download": {"tokenSecretRef": {"name": "hf", "key": "token"}}}},
+        pods={"securityContext": {"runAsUser": 1000680000, "runAsGroup": 0, "fsGroup": 1000680000}},
+    )
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, doc)
+
+    def created() -> dict[str, Any] | None:
+        found = {p.metadata.labels["rljob.io/role"]: p for p in pods(kube_cluster, namespace, "rljob.io/job-name=hub")}
+        return found if {"trainer", "inference", "router"} <= set(found) else None
+
+    found = wait_for(created, "trainer, inference and router pods created", 60)
+    for role, pod in found.items():
+        ctx = pod.spec.security_context
+        assert (ctx.run_as_user, ctx.run_as_group, ctx.fs_group) == (1000680000, 0, 1000680000), role
+        assert ctx.run_as_non_root, role
+    trainer = found["trainer"]
+    (init,) = trainer.spec.init_containers
+    assert init.name == "data-download"
+    assert init.args[:5] == ["download", "openai/gsm8k", "main/train-00000-of-00001.parquet", "--repo-type", "dataset"]
+    token = next(e for e in init.env if e.name == "HF_TOKEN")
+    assert (token.value_from.secret_key_ref.name, token.value_from.secret_key_ref.key) == ("hf", "token")
+    cache_volumes = [v for v in trainer.spec.volumes if v.name == "hf-cache"]
+    assert len(cache_volumes) == 1 and not cache_volumes[0].persistent_volume_claim.read_only  # false: dropped as the default
+    assert all(m.read_only for m in trainer.spec.containers[0].volume_mounts if m.name == "hf-cache")
+    assert not found["inference"].spec.init_containers, "the engines download no dataset"
+    config = yaml.safe_load(kube_cluster.core().read_namespaced_config_map("hub-config", namespace).data["job.yaml"])
+    data = config["spec"]["data"]
+    assert data["huggingFace"] == "openai/gsm8k" and "storage" not in data  # resolved in HF_HUB_CACHE, offline

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,37 @@ def test_a_crash_during_a_save_leaves_the_previous_checkpoint_intact(tmp_path: P
 def test_rank_0_must_pass_its_state(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="leader_state"):
         CheckpointManager(tmp_path).save(1, _trainer(0).checkpoint_state(), rng_state())
+
+
+@pytest.mark.parametrize(("saved", "loaded"), [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)])
+def test_bf16_and_fp32_checkpoints_share_one_layout(tmp_path: Path, saved: torch.dtype, loaded: torch.dtype) -> None:
+    """The master-weight optimizer of bf16 saves what FSDP2 and fp32 save: fp32 weights under "model",
+    AdamW state by parameter name. So a bf16 checkpoint loads anywhere (and any rank count, see
+    tests/integration/test_distributed_training.py), and the fp32 numbers come back exactly."""
+    from tests.integration.test_distributed_training import fixed_batch
+
+    saver = Trainer(build_tiny_model(seed=0).to(saved), AlgorithmSpec(learning_rate=1e-2), micro_batch_size=4)
+    saver.train_step(fixed_batch(3), policy_version=0)
+    expected = copy.deepcopy(saver.checkpoint_state())
+    assert all(t.dtype == torch.float32 for t in expected["model"].values())
+    CheckpointManager(tmp_path).save(1, saver.checkpoint_state(), rng_state(), {"step": 1})
+
+    loader = Trainer(build_tiny_model(seed=1).to(loaded), AlgorithmSpec(learning_rate=1e-2), micro_batch_size=4)
+    template = loader.checkpoint_state()
+    assert template.keys() == expected.keys() and template["model"].keys() == expected["model"].keys()
+    CheckpointManager(tmp_path).load(template)
+    loader.load_checkpoint_state(template)
+    got = loader.checkpoint_state()
+    for name, tensor in expected["model"].items():
+        assert torch.equal(got["model"][name], tensor), name
+    params = dict(loader.model.named_parameters())
+    for name, tensor in expected["model"].items():
+        if name in params:  # the model holds the weights in its own precision (bf16: the masters rounded)
+            assert torch.equal(params[name].detach(), tensor.to(loaded)), name
+    assert got["optim"]["state"].keys() == expected["optim"]["state"].keys()
+    for name, moments in expected["optim"]["state"].items():
+        assert float(moments["exp_avg"].abs().sum()) > 0, name
+        for key, value in moments.items():
+            assert torch.equal(got["optim"]["state"][name][key], value), (name, key)
+    assert int(got["steps_done"]) == 1
+    loader.train_step(fixed_batch(3), policy_version=1)  # and it trains on

@@ -8,11 +8,18 @@ from typing import Any
 import pytest
 import yaml
 
-from rljob.api.load import parse_rljob
+from rljob.api.load import RLJobConfigError, parse_rljob
 from rljob.api.spec import RLJobSpec, cluster_problems
 from rljob.operator.builders import JobRef, build_children
-from rljob.operator.builders.storage import DATA_ROOT, HF_CACHE_DIR, MODEL_DIR, WEIGHTS_DIR, PvcRef
-from rljob.operator.builders.vendor import PROFILES, ROUTER_IMAGE, TRAINER_IMAGES
+from rljob.operator.builders.storage import DATA_HUB_DIR, DATA_ROOT, HF_CACHE_DIR, MODEL_DIR, WEIGHTS_DIR, PvcRef
+from rljob.operator.builders.vendor import (
+    PROFILES,
+    ROUTER_IMAGE,
+    ROUTER_UID,
+    RUNTIME_UID,
+    SGLANG_UID,
+    TRAINER_IMAGES,
+)
 
 JOB = JobRef(name="demo", namespace="team-a", uid="uid-1")
 
@@ -145,6 +152,81 @@ def test_data_files_on_claims_are_mounted_into_the_trainer_and_rewritten() -> No
     assert config["evaluation"]["parquet"] == f"{DATA_ROOT}/eval.sets/gsm8k/test.parquet"
     # Inference pods never read the data.
     assert not any(v["name"].startswith("data-") for v in _pod(children, "StatefulSet", "demo-infer-nv")["volumes"])
+
+
+GSM8K = {"huggingFace": "openai/gsm8k", "revision": "main", "parquet": "main/train-00000-of-00001.parquet",
+         "synthetic": None}
+
+
+def test_download_step_fetches_the_dataset_file_into_the_trainer_with_the_token_from_a_secret() -> None:
+    download = {"tokenSecretRef": {"name": "hf", "key": "token"}, "sizeLimit": "2Gi", "include": ["*.json"]}
+    children = build_children(JOB, _spec(data={**GSM8K, "storage": {"download": download}}), active=True)
+    pod = _pod(children, "Job", "demo-trainer")
+    (init,) = pod["initContainers"]
+    assert init["name"] == "data-download" and init["command"] == ["hf"]
+    assert init["args"] == ["download", "openai/gsm8k", "main/train-00000-of-00001.parquet", "--repo-type", "dataset",
+                            "--local-dir", DATA_HUB_DIR, "--revision", "main"]
+    token = next(e for e in init["env"] if e["name"] == "HF_TOKEN")
+    assert token == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+    assert {"name": "data-hub", "mountPath": DATA_HUB_DIR, "readOnly": False} in init["volumeMounts"]
+    assert _volumes(pod)["data-hub"] == {"name": "data-hub", "emptyDir": {"sizeLimit": "2Gi"}}
+    assert _mounts(pod)[DATA_HUB_DIR]["readOnly"] is True, "the trainer only reads the download"
+    # The runtime reads the downloaded file; its config is still a valid RLJob.
+    config = _config(children)
+    assert config["spec"]["data"]["parquet"] == f"{DATA_HUB_DIR}/main/train-00000-of-00001.parquet"
+    assert not {"huggingFace", "revision", "storage"} & set(config["spec"]["data"])
+    parse_rljob(config)
+    # Inference pods never read the data.
+    assert "initContainers" not in _pod(children, "StatefulSet", "demo-infer-nv")
+
+
+def test_dataset_in_the_models_cache_claim_shares_one_volume_and_runs_offline() -> None:
+    cache = "pvc://hf/hub"
+    spec = _spec(
+        model={"huggingFace": "Qwen/Qwen3-4B", "storage": {"huggingFaceCache": cache}},
+        data={**GSM8K, "storage": {"huggingFaceCache": cache, "download": {}}},
+    )
+    children = build_children(JOB, spec, active=True)
+    trainer = _pod(children, "Job", "demo-trainer")
+    assert [v["name"] for v in trainer["volumes"]].count("hf-cache") == 1
+    # The data download writes the cache, so the pod's volume is writable; the trainer still only reads it.
+    assert _volumes(trainer)["hf-cache"]["persistentVolumeClaim"] == {"claimName": "hf", "readOnly": False}
+    assert [m["mountPath"] for m in trainer["containers"][0]["volumeMounts"]].count(HF_CACHE_DIR) == 1
+    assert _mounts(trainer)[HF_CACHE_DIR]["readOnly"] is True
+    names = [e["name"] for e in trainer["containers"][0]["env"]]
+    assert names.count("HF_HUB_CACHE") == 1 and names.count("HF_HUB_OFFLINE") == 1
+    (init,) = trainer["initContainers"]
+    assert init["name"] == "data-download"
+    assert init["args"][:6] == ["download", "openai/gsm8k", "main/train-00000-of-00001.parquet", "--repo-type",
+                                "dataset", "--cache-dir"]
+    # The engines read the model from the same claim, read-only, and download nothing.
+    engine = _pod(children, "StatefulSet", "demo-infer-nv")
+    assert _volumes(engine)["hf-cache"]["persistentVolumeClaim"]["readOnly"] is True and "initContainers" not in engine
+    # The runtime resolves the dataset file in that cache (HF_HUB_CACHE), offline.
+    data = _config(children)["spec"]["data"]
+    assert (data["huggingFace"], data["revision"], data["parquet"]) == (
+        "openai/gsm8k", "main", "main/train-00000-of-00001.parquet")
+    assert "storage" not in data
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"huggingFace": "openai/gsm8k", "synthetic": {}}, "data.huggingFace names a dataset repo"),
+    ({"huggingFace": "openai/gsm8k", "jsonl": "/data/train.jsonl"}, "data.jsonl is a path inside the data.huggingFace"),
+    ({"huggingFace": "openai/gsm8k", "parquet": "pvc://d/x.parquet"}, "data.parquet is a path inside"),
+    ({"jsonl": "train.jsonl", "storage": {"download": {}}}, "data.storage applies to data.huggingFace"),
+    ({"jsonl": "train.jsonl", "revision": "main"}, "data.revision applies to data.huggingFace"),
+])
+def test_dataset_sources_that_cannot_work_are_refused_naming_the_field(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RLJobSpec.model_validate({"model": {"huggingFace": "Qwen/Qwen3-4B"}, "data": data})
+
+
+def test_model_and_data_caches_must_be_one_claim() -> None:
+    with pytest.raises(ValueError, match="data.storage.huggingFaceCache must be model.storage.huggingFaceCache"):
+        RLJobSpec.model_validate({
+            "model": {"huggingFace": "Qwen/Qwen3-4B", "storage": {"huggingFaceCache": "pvc://models"}},
+            "data": {**GSM8K, "storage": {"huggingFaceCache": "pvc://datasets"}},
+        })
 
 
 def test_weights_volume_is_shared_writable_by_the_trainer_and_read_only_by_the_engines() -> None:
@@ -341,7 +423,7 @@ def test_pull_secrets_priority_scheduler_and_extra_volumes_reach_every_pod() -> 
     spec = _spec(
         pods={
             "imagePullSecrets": ["regcred"], "priorityClassName": "rl-high", "schedulerName": "volcano",
-            "fsGroup": 2000, "volumes": [extra_volume], "volumeMounts": [extra_mount],
+            "securityContext": {"fsGroup": 2000}, "volumes": [extra_volume], "volumeMounts": [extra_mount],
         }
     )
     for name, pod in _pods(build_children(JOB, spec, active=True)).items():
@@ -351,6 +433,36 @@ def test_pull_secrets_priority_scheduler_and_extra_volumes_reach_every_pod() -> 
         assert extra_volume in pod["volumes"] and extra_mount in pod["containers"][0]["volumeMounts"], name
     # Operator-only knobs stay out of the trainer's config: changing them does not roll the trainer.
     assert "pods" not in _config(build_children(JOB, spec, active=True))["spec"]
+
+
+def test_pods_run_as_the_images_users_unless_the_spec_names_others() -> None:
+    image_uids = {"demo-infer-nv": SGLANG_UID, "demo-infer-mi": SGLANG_UID, "demo-router": ROUTER_UID,
+                  "demo-trainer": RUNTIME_UID}
+    for name, pod in _pods(build_children(JOB, _spec(), active=True)).items():
+        ctx = pod["securityContext"]
+        assert (ctx["runAsUser"], ctx["runAsGroup"], ctx["fsGroup"]) == (image_uids[name], image_uids[name], 1000), name
+    spec = _spec(pods={"securityContext": {"runAsUser": 1000680000, "runAsGroup": 0, "fsGroup": 1000680000}})
+    for name, pod in _pods(build_children(JOB, spec, active=True)).items():
+        ctx = pod["securityContext"]
+        assert (ctx["runAsUser"], ctx["runAsGroup"], ctx["fsGroup"]) == (1000680000, 0, 1000680000), name
+        assert ctx["runAsNonRoot"] is True, name
+    only_uid = _pods(build_children(JOB, _spec(pods={"securityContext": {"runAsUser": 4242}}), active=True))
+    assert {(p["securityContext"]["runAsUser"], p["securityContext"]["runAsGroup"]) for p in only_uid.values()} == {
+        (4242, 4242)}
+
+
+@pytest.mark.parametrize(("ids", "field", "message"), [
+    ({"runAsUser": 0}, "pods.securityContext.runAsUser", "runAsNonRoot"),
+    ({"runAsUser": -1}, "pods.securityContext.runAsUser", "greater than or equal to 0"),
+    ({"runAsGroup": 2**31}, "pods.securityContext.runAsGroup", "less than or equal to"),
+    ({"fsGroup": -5}, "pods.securityContext.fsGroup", "greater than or equal to 0"),
+])
+def test_pod_ids_out_of_bounds_or_root_are_refused_naming_the_field(ids: dict, field: str, message: str) -> None:
+    doc = {"apiVersion": "rljob.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "demo"},
+           "spec": {"model": {"huggingFace": "Qwen/Qwen3-4B"}, "data": {"synthetic": {}}, "pods": {"securityContext": ids}}}
+    with pytest.raises(RLJobConfigError) as info:
+        parse_rljob(doc, "job.yaml")
+    assert field in str(info.value) and message in str(info.value), str(info.value)
 
 
 def test_every_pool_gets_a_disruption_budget() -> None:

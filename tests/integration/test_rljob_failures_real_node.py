@@ -92,28 +92,43 @@ def _kill_engine_and_recover(rc: RealCluster, job: RealNodeJob) -> None:
     _wait_status(job, lambda s: _step(s) > _step(back), 300, "a step completed after the engine came back")
 
 
-def _kill_trainer_rank(rc: RealCluster, job: RealNodeJob, index: int) -> int:
-    """SIGKILL the container of trainer rank `index`; return the last checkpointed step before the kill."""
+def _trainer_pods(rc: RealCluster, job: RealNodeJob, index: int) -> list[Any]:
+    return list(rc.cluster.core().list_namespaced_pod(job.namespace, label_selector=f"{TRAINER_LABELS},{INDEX_LABEL}={index}").items)
+
+
+def _kill_trainer_rank(rc: RealCluster, job: RealNodeJob, index: int) -> tuple[int, set[str]]:
+    """SIGKILL the container of trainer rank `index`; the last checkpointed step before the kill and the
+    names of the gang's rank-0 pods so far."""
     status = _not_failed(job)
     checkpointed = int(status["trainer"]["lastCheckpoint"]["step"])
     assert checkpointed >= 1 and _step(status) < STEPS - 1, f"too late to kill a rank: {status['trainer']}"
-    pods = rc.cluster.core().list_namespaced_pod(job.namespace, label_selector=f"{TRAINER_LABELS},{INDEX_LABEL}={index}")
-    running = [p for p in pods.items if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
-    assert len(running) == 1, [p.metadata.name for p in pods.items]
+    pods = _trainer_pods(rc, job, index)
+    running = [p for p in pods if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
+    assert len(running) == 1, [p.metadata.name for p in pods]
+    leaders = {p.metadata.name for p in _trainer_pods(rc, job, 0)}
     container = running[0].status.container_statuses[0].container_id.removeprefix("containerd://")
     rc.ctr("tasks", "kill", "--signal", "SIGKILL", container)
-    return checkpointed
+    return checkpointed, leaders
 
 
-def _check_resumed(rc: RealCluster, job: RealNodeJob, checkpointed: int) -> None:
-    """The restarted gang's rank 0 resumed from a checkpoint at or after `checkpointed`; the records agree."""
-    ns = job.namespace
-    leaders = rc.cluster.core().list_namespaced_pod(ns, label_selector=f"{TRAINER_LABELS},{INDEX_LABEL}=0").items
-    assert len(leaders) == 1, [p.metadata.name for p in leaders]  # the first gang's Job went with its pods
-    log = rc.cluster.kubectl("logs", "-n", ns, leaders[0].metadata.name, check=False).stdout
-    resumed = re.search(r"resumed from \S*step-(\d+)\s+at step (\d+)", log)
-    assert resumed is not None, f"the restarted rank 0 did not resume from a checkpoint:\n{log[-3000:]}"
-    resumed_at = int(resumed.group(2))
+def _resumed_at(rc: RealCluster, job: RealNodeJob, old_leaders: set[str]) -> int:
+    """The step the restarted gang's rank 0 says it resumed at (read while it runs: at Complete the
+    operator suspends the trainer Job and its pods go)."""
+    def logged() -> int | None:
+        for pod in _trainer_pods(rc, job, 0):
+            if pod.metadata.name not in old_leaders:
+                log = rc.cluster.kubectl("logs", "-n", job.namespace, pod.metadata.name, check=False).stdout
+                resumed = re.search(r"resumed from \S*step-(\d+)\s+at step (\d+)", log)
+                if resumed is not None:
+                    return int(resumed.group(2))
+        return None
+
+    step: int = wait_until(logged, 600, "the restarted rank 0 logs `resumed from <checkpoint> at step N`", interval=1)
+    return step
+
+
+def _check_resumed(job: RealNodeJob, checkpointed: int, resumed_at: int) -> None:
+    """The restarted gang resumed from a checkpoint at or after `checkpointed`; the step records agree."""
     assert resumed_at >= checkpointed >= 1, (resumed_at, checkpointed)
 
     # The step records (appended by every run of rank 0): 1..k, then, after the restart, resumed_at+1..STEPS.
@@ -153,16 +168,17 @@ def test_failures_degrade_or_restart_and_prometheus_scrapes_the_pods(real_cluste
             prom.start()
             job.create(STEPS)
             _kill_engine_and_recover(rc, job)
-            checkpointed = _kill_trainer_rank(rc, job, index=1)
+            checkpointed, old_leaders = _kill_trainer_rank(rc, job, index=1)
             restarted = wait_until(lambda: _not_failed(job)["restarts"]["trainer"] == 1 or None, 120,
                                    "the operator restarts the trainer gang", interval=1)
             assert restarted
+            resumed_at = _resumed_at(rc, job, old_leaders)
             final = wait_until(job.final_phase, 900, "RLJob e2e Complete or Failed", interval=2)
             status = job.status()
             assert final == "Complete", status.get("conditions")
             assert status["trainer"]["step"] == STEPS and status["restarts"]["trainer"] == 1, status
             assert status["restarts"]["rollout"] == 1, status["restarts"]
-            _check_resumed(rc, job, checkpointed)
+            _check_resumed(job, checkpointed, resumed_at)
             # The last steps ran with the replacement engine in the rotation; every step's sample ledger closes.
             records = read_jsonl(job.checkpoints / "metrics.jsonl")
             assert records[-1]["engines_in_rotation"] == 1, records[-1]

@@ -103,6 +103,13 @@ def ledger_imbalance(rec: StepRecord | dict[str, Any]) -> tuple[int, int]:
     return groups_in - groups_out, tokens_in - tokens_out
 
 
+def serve_readiness(host: str, port: int) -> int:
+    """An empty /metrics endpoint in a background thread (a training rank's answer to its pod's probe,
+    which runs no metrics of its own: rank 0 reports the job's); returns the bound port."""
+    server, _ = start_http_server(port, addr=host, registry=CollectorRegistry())
+    return int(server.server_port)
+
+
 class RuntimeMetrics:
     """Prometheus collectors for the runtime, plus the JSON-lines log."""
 

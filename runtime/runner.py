@@ -36,7 +36,7 @@ from rljob.runtime.checkpoint import CheckpointManager, LoadedCheckpoint, rng_st
 from rljob.runtime.engines.base import Engine
 from rljob.runtime.evaluation import EvalPrompt, EvalResult, evaluate_held_out
 from rljob.runtime.knobs import KnobSource, apply_knobs
-from rljob.runtime.metrics import RuntimeMetrics, StepRecord
+from rljob.runtime.metrics import RuntimeMetrics, StepRecord, serve_readiness
 from rljob.runtime.rollout.sample import Group, Sample
 from rljob.runtime.rollout.scheduler import RolloutConfig, RolloutScheduler, RoundResult
 from rljob.runtime.rollout.strategy import Strategy, make_strategy
@@ -587,6 +587,10 @@ class TrainingRank:
         self.checkpoints = CheckpointManager(spec.checkpoint.dir, keep=spec.checkpoint.keep, distributed=distributed)
         self.trainer = build_trainer(job, open_policy_for_training(job).model, distributed)
         self.steps_trained = 0
+        # Once its part is built, the pod's probe may pass: without an answer, the pods of ranks 1..N-1
+        # never turned Ready and the job never left Starting (found on the real node).
+        self.probe_port = (serve_readiness(spec.metrics.host, spec.metrics.port)
+                           if spec.metrics.port and distributed.env.answers_pod_probe else None)
 
     def run(self) -> int:
         """Follow rank 0's orders until it says stop; returns the steps trained here."""

@@ -43,6 +43,16 @@ class DistEnv:
     master_addr: str
     master_port: int
 
+    @property
+    def answers_pod_probe(self) -> bool:
+        """Whether this rank, not being rank 0, answers its pod's readiness probe (/metrics).
+
+        Every trainer pod runs the same template, probe included; rank 0 serves the job's metrics on
+        that port, and in every other pod its first local rank answers (one process per pod may bind
+        the port; a local multi-rank run shares rank 0's host, where only rank 0 does).
+        """
+        return self.rank != 0 and self.local_rank == 0
+
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> DistEnv | None:
         """The torchrun variables, or None for a single process (WORLD_SIZE unset or 1)."""

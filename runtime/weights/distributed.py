@@ -58,6 +58,12 @@ class DistributedOptions:
             return "127.0.0.1"
 
 
+def departed_members(members: Sequence[str], known: set[str]) -> list[str]:
+    """Members of the weight-update group that no engine knows any more (discovery dropped them: their
+    pod is gone). One such member makes the group useless: a broadcast completes only with every rank."""
+    return [u for u in members if u not in known]
+
+
 def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -78,7 +84,14 @@ class DistributedTransport(WeightTransport):
         self._generation = itertools.count(1)
 
     def _owner(self, url: str) -> SGLangEngine:
-        return next(e for e in self.engines if url in e.workers)
+        for engine in self.engines:
+            if url in engine.workers:
+                return engine
+        raise KeyError(f"no engine knows SGLang worker {url}")
+
+    def _reachable(self, url: str) -> bool:
+        """Whether an engine still knows ``url`` and its last call or probe got an answer."""
+        return any(url in e.workers and e.workers[url].reachable for e in self.engines)
 
     def _needs_rebuild(self, candidates: list[str]) -> bool:
         if self._group is None or candidates != self._members:
@@ -121,14 +134,14 @@ class DistributedTransport(WeightTransport):
         return self._members
 
     async def _destroy(self) -> None:
-        if self._group is None:
-            return
-        name = self._group.group_name
-        for url in self._members:
-            if url in self._owner(url).workers and self._owner(url).workers[url].reachable:
-                await self._owner(url).post_worker(url, "/destroy_weights_update_group", {"group_name": name}, timeout=10)
-        self._group.close()
-        self._group = None
+        if self._group is not None:
+            name = self._group.group_name
+            for url in self._members:
+                if self._reachable(url):
+                    await self._owner(url).post_worker(url, "/destroy_weights_update_group", {"group_name": name},
+                                                       timeout=10)
+            self._group.close()
+            self._group = None
         self._members = []
 
     def _broadcast(self, bucket: Bucket) -> None:
@@ -149,6 +162,12 @@ class DistributedTransport(WeightTransport):
         for engine in self.engines:
             await engine.refresh_workers()  # replicas added by scaling join the group
             await engine.probe_all()
+        gone = departed_members(self._members, {u for e in self.engines for u in e.workers})
+        if gone:
+            # Pushing to it would fail (found on the real node: a force-deleted engine pod crashed rank 0
+            # here, looking up the departed member); the survivors get a new group below.
+            log.warning("weight-update group members %s left discovery; the group is dropped", gone)
+            await self._destroy()
         candidates = [w.url for e in self.engines for w in e.healthy_workers()]
         members = self._members
         if candidates and self._needs_rebuild(candidates):
@@ -164,7 +183,8 @@ class DistributedTransport(WeightTransport):
             for url, reason in result.failed.items():
                 report.failed.setdefault(url, reason)
         for url in self._members:
-            self._given[url] = self._owner(url).workers[url].served_version
+            if any(url in e.workers for e in self.engines):
+                self._given[url] = self._owner(url).workers[url].served_version
         report.seconds = time.perf_counter() - started
         return report
 
@@ -203,7 +223,7 @@ class DistributedTransport(WeightTransport):
             drain(buckets)
             await self._destroy()
         finally:
-            await self._all([u for u in members if self._owner(u).workers[u].reachable], "/continue_generation", {})
+            await self._all([u for u in members if self._reachable(u)], "/continue_generation", {})
         return replies
 
     async def _all(self, urls: list[str], path: str, body: dict[str, object]) -> dict[str, str | None]:

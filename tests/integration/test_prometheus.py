@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -9,6 +10,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+from rljob.operator.builders.meta import JobRef
+from tests.cluster import prometheus_pod
 from tests.cluster.fixtures import PrometheusFactory
 from tests.cluster.kube import wait_until
 from tests.cluster.prometheus import check_loopback_target, free_port, render_config
@@ -84,3 +87,19 @@ def test_prometheus_scrapes_loopback_target_and_survives_restart(
         "a scrape after restart",
     )
     assert prom.query("max_over_time(rljob_test_value[5m])")[0]["value"][1] == "42"
+
+
+def test_promtool_accepts_the_real_node_pod_scrape_config(
+    tmp_path: Path, cached_binary: Callable[[str], Path]
+) -> None:
+    # The in-cluster config the real-node Prometheus pod runs (tests/cluster/prometheus_pod.py): service
+    # discovery and relabelings must be valid for this Prometheus version before a slow real-node run.
+    config = tmp_path / "prometheus.yml"
+    services = prometheus_pod.rljob_services(JobRef("job-a", "ns-a", ""), {"cpu": "cpu", "h100": "nvidia"})
+    config.write_text(json.dumps(prometheus_pod.scrape_config("ns-a", services)))
+    subprocess.run(
+        [str(cached_binary("promtool")), "check", "config", str(config)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )

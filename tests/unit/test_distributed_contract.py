@@ -71,3 +71,18 @@ def test_bad_torchrun_variables_name_the_variable(change: dict[str, str], messag
 
 def test_gloo_on_cpu_nccl_on_gpus() -> None:
     assert backend_for("cpu") == "gloo" and backend_for("cuda") == "nccl" and backend_for("cuda:1") == "nccl"
+
+
+@pytest.mark.parametrize(("rank", "local_rank", "answers"), [
+    (0, 0, False),  # rank 0 serves the job's own metrics on the port
+    (1, 1, False),  # a local multi-rank run (or a multi-GPU pod): rank 0's local rank 0 holds the port
+    (1, 0, True),   # one rank per pod: the second trainer pod of a cpu gang
+    (8, 0, True),   # the first rank of the second 8-GPU pod
+    (9, 1, False),
+])
+def test_the_first_rank_of_every_pod_but_rank_0s_answers_the_probe(rank: int, local_rank: int, answers: bool) -> None:
+    # Regression (real node): ranks 1..N-1 served nothing, so the trainer pods' shared readiness probe
+    # (/metrics) failed on every pod but rank 0's and the job never left Starting.
+    env = DistEnv(rank=rank, world_size=16, local_rank=local_rank, local_world_size=8 if local_rank else 1,
+                  master_addr="10.0.0.7", master_port=29500)
+    assert env.answers_pod_probe is answers

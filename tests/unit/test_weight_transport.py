@@ -11,8 +11,10 @@ from transformers import AutoModelForCausalLM
 
 from rljob.api import RLJobConfigError, parse_rljob
 from rljob.runtime.engines.embedded import EmbeddedEngine
+from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
 from rljob.runtime.metrics import StepRecord, ledger_imbalance
 from rljob.runtime.weights.disk import snapshots_to_delete, write_snapshot
+from rljob.runtime.weights.distributed import DistributedOptions, DistributedTransport, departed_members
 from rljob.runtime.weights.transport import bucket_bytes, module_buckets, with_last
 from rljob.runtime.weights.tensor import TensorTransport
 from tests.helpers.tiny_model import save_tiny_model
@@ -132,3 +134,24 @@ async def test_disk_transport_reports_an_unwritable_folder_and_consumes_the_sour
         await engine.close()
     assert not report.ok and "diskDir" in report.failed["http://127.0.0.1:9"]
     assert consumed == [0, 1, 2], "every bucket is consumed even when the sync fails"
+
+
+def test_group_members_that_left_discovery_are_departed() -> None:
+    assert departed_members(["http://a", "http://b"], {"http://b", "http://c"}) == ["http://a"]
+    assert departed_members(["http://a"], {"http://a"}) == []
+    assert departed_members([], set()) == []
+
+
+async def test_a_sync_after_a_group_member_left_discovery_reports_instead_of_crashing() -> None:
+    # Regression (real node): the only engine pod was force-deleted; discovery dropped its worker, and
+    # the next sync pushed to the old group and crashed trainer rank 0 looking the member up
+    # ("coroutine raised StopIteration"). Now the group is dropped and the sync reports no engine.
+    async def discover() -> list[str]:
+        return []  # the pod is gone, its replacement not Ready yet
+
+    engine = SGLangEngine(SGLangClientConfig(discover=discover, probe_timeout_s=0.2))
+    transport = DistributedTransport([engine], DistributedOptions(master_address="127.0.0.1", backend="gloo"))
+    # The state after an earlier sync to the departed worker; no group object: its rank is dead anyway.
+    transport._members = ["http://127.0.0.1:9"]
+    report = await transport.sync(2, lambda: iter([]))
+    assert not report.ok and report.updated == [] and transport._members == []

@@ -1,0 +1,138 @@
+"""A cpu-vendor RLJob on the real node: its volumes, its manifest, the operator on the host, diagnostics.
+
+Shared by the real-node RLJob tests (tests/integration/test_rljob_real_node.py and
+test_rljob_failures_real_node.py). The model sits on a PersistentVolumeClaim, the checkpoints (and
+the step records, `metrics.jsonl`) on the operator's checkpoint claim, both hostPath PVs pre-bound to
+their claims (the cluster has no provisioner); the runtime image is `runtime-thin` with the test
+run's virtualenv mounted read-only (`spec.pods.volumes`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s
+
+from rljob.operator import crdgen
+from tests.cluster.realnode import RealCluster, mounted_runtime
+from tests.helpers.operator_process import OperatorProcess
+from tests.integration.test_job_pods_real_node import _model_claim
+from tests.integration.test_runner_resume import tiny_policy
+
+GROUP, VERSION, PLURAL = "rljob.io", "v1alpha1", "rljobs"
+NAME = "e2e"
+# Inside the pods: the checkpoint claim's mount; the step records live there so they outlive the trainer pods.
+METRICS_JSONL = "/var/lib/rljob/checkpoints/metrics.jsonl"
+
+
+def checkpoint_volume(rc: RealCluster, namespace: str, folder: Path, claim: str) -> None:
+    """A hostPath PV pre-bound to the operator's checkpoint claim (the cluster has no provisioner)."""
+    folder.mkdir(parents=True)
+    folder.chmod(0o777)
+    rc.cluster.core().create_persistent_volume({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"ckpt-{namespace}"[:63]},
+        "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(folder), "type": "Directory"},
+                 "claimRef": {"namespace": namespace, "name": claim}},
+    })
+
+
+def rljob_manifest(runtime: str, router: str, steps: int, trainer_replicas: int = 2) -> dict[str, Any]:
+    """The RLJob: tiny model, one cpu inference replica, the router, a trainer gang, a checkpoint every step."""
+    volumes, mounts = mounted_runtime()
+    small = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "3Gi"}}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "RLJob", "metadata": {"name": NAME},
+        "spec": {
+            "model": {"path": "pvc://models/tiny"},
+            "data": {"synthetic": {"numPrompts": 64, "seed": 3}},
+            "algorithm": {"name": "grpo", "learningRate": 1e-3},
+            "rollout": {
+                "engine": "sglang", "strategy": "april", "rolloutBatchSize": 2, "samplesPerPrompt": 2,
+                "maxResponseLength": 16,
+                "pools": [{"name": "cpu", "vendor": "cpu", "replicas": 1, "image": runtime, "resources": small,
+                           "extraArgs": ["--torch-threads", "1"]}],
+                "router": {"image": router, "policy": "round_robin"},
+                "weightTransport": {"mode": "distributed", "backend": "gloo", "bucketMegabytes": 1},
+            },
+            "trainer": {"vendor": "cpu", "gpusPerReplica": 0, "replicas": trainer_replicas, "image": runtime,
+                        "steps": steps, "microBatchSize": 4},
+            "evaluation": {"everySteps": 100, "prompts": 2},
+            "checkpoint": {"everySteps": 1},
+            "metrics": {"jsonl": METRICS_JSONL},
+            "pods": {"volumes": volumes, "volumeMounts": mounts},
+        },
+    }
+
+
+class RealNodeJob:
+    """One RLJob `e2e` in `namespace`, its volumes ready and the operator running on the host."""
+
+    def __init__(self, rc: RealCluster, namespace: str, tmp_path: Path) -> None:
+        self.rc, self.namespace = rc, namespace
+        self.checkpoints = tmp_path / "ckpt"  # the host folder behind the checkpoint claim
+        self.api = k8s.CustomObjectsApi(rc.cluster.api)
+        self.runtime, self.router = rc.load_image("runtime-thin"), rc.load_image("router")
+        rc.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crdgen.CRD_PATH))
+        model = tiny_policy(tmp_path / "volume" / "tiny")
+        for file in model.iterdir():  # safetensors writes 0600; the pods run as uid 1000
+            file.chmod(0o644)
+        _model_claim(rc, namespace, model.parent)
+        checkpoint_volume(rc, namespace, self.checkpoints, f"{NAME}-checkpoints")
+        env = {**os.environ, "KUBECONFIG": str(rc.cluster.kubeconfig)}
+        self.operator = OperatorProcess(
+            lambda liveness, metrics: ["-n", namespace, "--liveness", f"http://127.0.0.1:{liveness}/healthz",
+                                       "--metrics-port", str(metrics), "--metrics-addr", "127.0.0.1",
+                                       "--resync-seconds", "2"],
+            tmp_path / "operator.log", env=env,
+        )
+
+    def create(self, steps: int) -> None:
+        """Create the RLJob."""
+        self.api.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
+                                                 rljob_manifest(self.runtime, self.router, steps))
+
+    def status(self) -> dict[str, Any]:
+        """The RLJob's status (empty before the operator wrote one)."""
+        return dict(self.api.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, NAME).get("status", {}))
+
+    def final_phase(self) -> str | None:
+        """`Complete` or `Failed` once the job has ended, else None."""
+        phase = self.status().get("phase")
+        return phase if phase in ("Complete", "Failed") else None
+
+    def delete(self) -> None:
+        """Delete the RLJob (its children go with it, by owner references)."""
+        self.api.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, NAME)
+
+    def children(self) -> list[str]:
+        """The job's children still present, as kind/name."""
+        return self.rc.cluster.kubectl(
+            "get", "pods,statefulsets,deployments,jobs,services,configmaps,pdb,pvc", "-n", self.namespace,
+            "-l", f"rljob.io/job-name={NAME}", "-o", "name", check=False).stdout.split()
+
+    def print_diagnostics(self) -> None:
+        """Pods, their logs, the status and the operator's log, for a failed test's output."""
+        kubectl = self.rc.cluster.kubectl
+        print(kubectl("get", "pods,jobs,pvc,rljob", "-n", self.namespace, "-o", "wide", check=False).stdout)
+        for pod in self.rc.cluster.core().list_namespaced_pod(self.namespace).items:
+            print(pod.metadata.name, kubectl("logs", "-n", self.namespace, pod.metadata.name, "--all-containers",
+                                             "--tail=40", check=False).stdout)
+        print(json.dumps(self.status(), indent=1)[-4000:])
+        print(self.operator.log_tail())
+
+
+@contextmanager
+def real_node_job(rc: RealCluster, namespace: str, tmp_path: Path) -> Iterator[RealNodeJob]:
+    """A RealNodeJob with its operator started; the operator is stopped afterwards."""
+    job = RealNodeJob(rc, namespace, tmp_path)
+    job.operator.start()
+    try:
+        yield job
+    finally:
+        job.operator.stop()

@@ -128,38 +128,39 @@ def _status(body: dict[str, Any]) -> RLJobStatus:
         return RLJobStatus()
 
 
-def _apply_one(kube: Kube, body: dict[str, Any], child: dict[str, Any]) -> str | None:
-    """Apply one child (the trainer Job through its recreate rule); the child's name when it is waiting."""
+def _apply_one(kube: Kube, body: dict[str, Any], child: dict[str, Any]) -> tuple[str, str]:
+    """Apply one child (the trainer Job through its recreate rule): (what, created/configured/unchanged/waiting)."""
     what = f"{child['kind']} {child['metadata']['name']}"
     try:
         result = _apply_trainer_job(kube, body, child) if child["kind"] == "Job" else kube.apply(child)
     except KubeError as err:
         raise ChildApplyError(what, err) from None
-    if result == "waiting":
-        return what
-    if result != "unchanged":
-        kube.post_event(body, "Normal", result.capitalize(), f"{what} {result}")
-    return None
+    return what, result
 
 
 def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool) -> list[str]:
-    """Server-side apply every child, prune pools removed from the spec, post an Event per change.
+    """Server-side apply every child, prune pools removed from the spec, post an Event per kind of change.
 
     Children are independent requests, so they go out APPLY_CONCURRENCY at a time, in two waves: what
     the workloads use (config, identity, volume, Services, PDBs) before the workloads, so their pods
-    never wait for a missing ServiceAccount or claim. Returns the children still waiting (the trainer
-    Job being recreated); raises ChildApplyError naming the first object the API server refused.
+    never wait for a missing ServiceAccount or claim. One Event names all children created (another
+    all configured): a new job costs one Event, not thirteen. Returns the children still waiting (the
+    trainer Job being recreated); raises ChildApplyError naming the first object the API server refused.
     """
     job = JobRef.from_body(body)
     children = build_children(job, spec, active=active)
     waves = [[c for c in children if c["kind"] not in _WORKLOAD_KINDS], [c for c in children if c["kind"] in _WORKLOAD_KINDS]]
-    waiting: list[str] = []
-    with ThreadPoolExecutor(max_workers=APPLY_CONCURRENCY, thread_name_prefix="apply") as pool:
-        for wave in waves:
-            for done in [pool.submit(_apply_one, kube, body, child) for child in wave]:
-                what = done.result()  # re-raises the first failure
-                if what is not None:
-                    waiting.append(what)
+    changed: dict[str, list[str]] = {}
+    try:
+        with ThreadPoolExecutor(max_workers=APPLY_CONCURRENCY, thread_name_prefix="apply") as pool:
+            for wave in waves:
+                for done in [pool.submit(_apply_one, kube, body, child) for child in wave]:
+                    what, result = done.result()  # re-raises the first failure
+                    changed.setdefault(result, []).append(what)
+    finally:  # what was applied before a refusal is reported too
+        for result in ("created", "configured"):
+            if changed.get(result):
+                kube.post_event(body, "Normal", result.capitalize(), f"{', '.join(changed[result])} {result}")
     wanted = {pool_workload_name(job, p) for p in effective_pools(spec.rollout)}
     selector = selector_string({LABEL_JOB: job.name, LABEL_ROLE: ROLE_INFERENCE})
     for api_version, kind in _POOL_KINDS:
@@ -167,7 +168,7 @@ def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bo
             name = obj["metadata"]["name"]
             if name not in wanted and kube.delete(api_version, kind, job.namespace, name):
                 kube.post_event(body, "Normal", "Deleted", f"{kind} {name} deleted (pool removed from spec)")
-    return waiting
+    return changed.get("waiting", [])
 
 
 def apply_result(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool) -> ApplyResult:

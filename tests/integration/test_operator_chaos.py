@@ -21,10 +21,8 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,7 +40,7 @@ from tests.integration.test_operator import (  # noqa: F401 (fixtures)
     expected_children,
     get,
     kubelet,
-    namespaced_operator,
+    operator,
     rljob,
     volumes,
     wait_for,
@@ -118,28 +116,17 @@ class Chaos:
                 self.operator.start()
 
 
-@pytest.fixture
-def chaos_operator(
-    namespace: str, crd: None, tmp_path: Path, kubelet: SimulatedTrainerKubelet  # noqa: F811
-) -> Iterator[OperatorProcess]:
-    op = namespaced_operator(namespace, tmp_path / "operator.log")
-    op.start()
-    yield op
-    op.stop()
-    print(f"--- operator log ---\n{op.log_tail(80)}")
-
-
 def test_random_kills_during_twenty_lifecycles_leave_a_consistent_state(
     kube_cluster: Any,
     namespace: str,
     api: k8s.CustomObjectsApi,  # noqa: F811
-    chaos_operator: OperatorProcess,
+    operator: OperatorProcess,  # noqa: F811
     volumes: Any,  # noqa: F811
     kubelet: SimulatedTrainerKubelet,  # noqa: F811
 ) -> None:
     rng = random.Random(SEED)
     histories = [script(rng, f"c{i:02d}") for i in range(JOBS)]
-    chaos = Chaos(chaos_operator, random.Random(SEED + 1))
+    chaos = Chaos(operator, random.Random(SEED + 1))
     patch = lambda name, spec: api.patch_namespaced_custom_object(  # noqa: E731
         GROUP, VERSION, namespace, PLURAL, name, {"spec": spec}
     )

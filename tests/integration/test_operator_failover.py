@@ -28,6 +28,7 @@ from tests.integration.test_operator import (  # noqa: F401 (fixtures)
     expected_children,
     get,
     kubelet,
+    namespaced_operator,
     rljob,
     volumes,
     wait_for,
@@ -40,14 +41,9 @@ LEASE = "rljob-operator"
 
 
 def replica(namespace: str, identity: str, log_path: Path) -> OperatorProcess:
-    return OperatorProcess(
-        lambda liveness, metrics: [
-            "-n", namespace, "--liveness", f"http://127.0.0.1:{liveness}/healthz",
-            "--metrics-port", str(metrics), "--metrics-addr", "127.0.0.1", "--resync-seconds", "2",
-            "--leader-elect", "--leader-election-namespace", namespace,
-            "--lease-seconds", "4", "--renew-seconds", "1",
-        ],
-        log_path,
+    return namespaced_operator(
+        namespace, log_path,
+        "--leader-elect", "--leader-election-namespace", namespace, "--lease-seconds", "4", "--renew-seconds", "1",
         env={**os.environ, "POD_ID": identity},
     )
 

@@ -1,0 +1,78 @@
+"""Coalesced status syncs: a burst of child events of one job costs one sync; no request is ever lost."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from rljob.operator.status_logic import PodObs
+from rljob.operator.status_queue import PendingSyncs, StatusQueue
+
+
+def pod(uid: str) -> PodObs:
+    return PodObs(name=f"p-{uid}", uid=uid, role="trainer", pool=None, ordinal=0, deleting=False)
+
+
+def test_one_worker_per_job_and_requests_merge_until_taken() -> None:
+    plan = PendingSyncs()
+    assert plan.request(("ns", "a")) is True  # start a worker
+    assert plan.request(("ns", "a"), trainer_pods=[pod("1")]) is False  # joins the pending sync
+    assert plan.request(("ns", "a"), trainer_pods=[pod("1"), pod("2")], lost=[pod("3")]) is False
+    assert plan.request(("ns", "b")) is True  # another job, its own worker
+    work = plan.take(("ns", "a"))
+    assert work is not None and sorted(work.trainer_pods) == ["1", "2"] and list(work.lost_inference_pods) == ["3"]
+    assert plan.request(("ns", "a")) is False  # while a's sync runs: once more after it
+    assert plan.take(("ns", "a")) is not None
+    assert plan.take(("ns", "a")) is None  # nothing left: the worker ends
+    assert plan.take(("ns", "b")) is not None and plan.take(("ns", "b")) is None
+    assert len(plan) == 0 and plan.pending == {}
+    assert plan.request(("ns", "a")) is True  # a later event starts a new worker
+
+
+def test_a_burst_costs_one_sync_and_a_request_during_a_sync_one_more() -> None:
+    calls: list[tuple[str, list[str]]] = []
+    started, release = threading.Event(), threading.Event()
+
+    def sync(namespace: str, name: str, trainer: list[PodObs], lost: list[PodObs]) -> None:
+        calls.append((name, sorted(p.uid for p in trainer)))
+        if len(calls) == 1:
+            started.set()
+            release.wait(10)
+
+    async def scenario() -> None:
+        queue = StatusQueue(sync, settle_s=0.05, threads=2)
+        for i in range(50):  # one job's event burst
+            queue.request("ns", "a", trainer_pods=[pod(str(i % 3))])
+        await asyncio.to_thread(started.wait, 10)
+        queue.request("ns", "a", trainer_pods=[pod("late")])  # arrives while the first sync runs
+        queue.request("ns", "a")
+        release.set()
+        while len(queue):
+            await asyncio.sleep(0.01)
+        await queue.aclose()
+
+    asyncio.run(scenario())
+    assert calls == [("a", ["0", "1", "2"]), ("a", ["late"])]
+
+
+def test_a_failing_sync_does_not_stop_the_job_worker_or_others() -> None:
+    calls: list[str] = []
+
+    def sync(namespace: str, name: str, trainer: list[PodObs], lost: list[PodObs]) -> None:
+        calls.append(name)
+        if name == "bad":
+            raise RuntimeError("API server unreachable")
+
+    async def scenario() -> None:
+        queue = StatusQueue(sync, settle_s=0.01, threads=2)
+        queue.request("ns", "bad")
+        queue.request("ns", "good")
+        while len(queue):
+            await asyncio.sleep(0.01)
+        queue.request("ns", "bad")  # the failed job's next event is served again
+        while len(queue):
+            await asyncio.sleep(0.01)
+        await queue.aclose()
+
+    asyncio.run(scenario())
+    assert sorted(calls) == ["bad", "bad", "good"]

@@ -12,7 +12,7 @@ benchmark's nodes are played by a second kwok process whose node leases last `--
 vendors, a CPU trainer, a pre-bound checkpoint volume) are created from a thread pool at once.
 Reported per run:
 
-- apply -> all 13 children created, apply -> phase Running (kwok makes pods Ready at once): p50, p99;
+- apply -> all children created (18 per job), apply -> phase Running (kwok makes pods Ready at once): p50, p99;
 - the operator's CPU seconds and RSS (from /proc) at the end of the ramp and at steady state;
 - API requests per second per job at steady state, two ways: the reconcile's own requests
   (`rljob_operator_api_requests_total`, the operator's client-side counter), and the requests the API
@@ -46,10 +46,10 @@ sys.path.append(str(REPO))
 from machine_info import describe, load_average  # noqa: E402
 
 from tests.cluster.kube import KubeCluster, start_cluster  # noqa: E402
+from tests.helpers.trainer_pods import TRAINER_NODE_SELECTOR, SimulatedTrainerKubelet  # noqa: E402
 
 GROUP, VERSION, PLURAL = "rljob.io", "v1alpha1", "rljobs"
 MANAGED = "app.kubernetes.io/managed-by=rljob-operator"
-CHILDREN_PER_JOB = 13
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -68,9 +68,24 @@ def rljob(name: str) -> dict[str, Any]:
                     {"name": "mi", "vendor": "amd", "replicas": 1, "gpusPerReplica": 1},
                 ],
             },
-            "trainer": {"vendor": "cpu", "gpusPerReplica": 0},
+            # kwok completes a Job's pods at once: the trainer pods stay unscheduled and
+            # SimulatedTrainerKubelet keeps them Running, as in the cluster tests.
+            "trainer": {"vendor": "cpu", "gpusPerReplica": 0, "nodeSelector": TRAINER_NODE_SELECTOR},
         },
     }
+
+
+def children_per_job() -> int:
+    """How many children the operator builds for `rljob(...)` (what "all children created" waits for)."""
+    from rljob.api.spec import RLJobSpec
+    from rljob.operator.builders import JobRef, build_children
+
+    body = rljob("probe")
+    ref = JobRef(name="probe", namespace="bench", uid="u")
+    return len(build_children(ref, RLJobSpec.model_validate(body["spec"]), active=True))
+
+
+CHILDREN_PER_JOB = children_per_job()
 
 
 def proc_usage(pid: int) -> tuple[float, float]:
@@ -98,7 +113,10 @@ class Watcher:
         self.namespace = namespace
         self.api = cluster.api
         core, apps, rbac = k8s.CoreV1Api(self.api), k8s.AppsV1Api(self.api), k8s.RbacAuthorizationV1Api(self.api)
+        batch, policy = k8s.BatchV1Api(self.api), k8s.PolicyV1Api(self.api)
         self.lists = {
+            "Job": batch.list_namespaced_job,
+            "PodDisruptionBudget": policy.list_namespaced_pod_disruption_budget,
             "StatefulSet": apps.list_namespaced_stateful_set,
             "Deployment": apps.list_namespaced_deployment,
             "Service": core.list_namespaced_service,
@@ -277,6 +295,8 @@ def run_one(cluster: KubeCluster, n_jobs: int, steady_s: float, resync_s: float,
     metrics_port, liveness_port = free_port(), free_port()
     log_path = log_dir / f"operator-{n_jobs}.log"
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    # Through the baseline window too: its one LIST a second is in both request rates and cancels out.
+    kubelet = SimulatedTrainerKubelet(cluster.core(), namespace, interval=1.0).__enter__()
     with log_path.open("wb") as log:
         op = subprocess.Popen(
             [sys.executable, "-m", "rljob.operator", "-n", namespace, "--metrics-port", str(metrics_port),
@@ -367,6 +387,7 @@ def run_one(cluster: KubeCluster, n_jobs: int, steady_s: float, resync_s: float,
     finally:
         if op.poll() is None:
             os.killpg(op.pid, signal.SIGKILL)
+        kubelet.__exit__(None, None, None)
         cluster.delete_namespace(namespace)
 
 

@@ -37,6 +37,11 @@ CACHED_KINDS = frozenset(
         ("v1", "Pod"),
         ("v1", "Service"),
         ("policy/v1", "PodDisruptionBudget"),
+        ("v1", "ConfigMap"),
+        ("v1", "ServiceAccount"),
+        ("v1", "PersistentVolumeClaim"),
+        ("rbac.authorization.k8s.io/v1", "Role"),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding"),
         (RLJOB_API_VERSION, KIND),
     }
 )
@@ -130,7 +135,9 @@ class ObjectCache:
             return copy.deepcopy(obj) if obj is not None else None
 
     def list_job(self, api_version: str, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]] | None:
-        """Copies of a job's objects matching `labels` (which must name the job).
+        """A job's objects matching `labels` (which must name the job): the cached objects themselves, which
+        callers must not change (an observation reads dozens of pods per sync; copying them was most
+        of its cost).
 
         None when the cache cannot answer (ask the API): before it is synced, since a partial answer
         would be wrong rather than just old. Once synced, [] when it holds none of them.
@@ -143,11 +150,8 @@ class ObjectCache:
             if not self._synced.is_set():
                 return None
             objs = [self._objects[(api_version, kind, namespace, n)] for n in sorted(names)]
-            return [
-                copy.deepcopy(o)
-                for o in objs
-                if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())
-            ]
+        # Safe outside the lock: upsert replaces an object, it never changes one in place.
+        return [o for o in objs if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())]
 
     def jobs(self, namespaces: frozenset[str]) -> list[tuple[str, str]]:
         """(namespace, name) of the cached RLJobs not being deleted, in `namespaces` (all when empty)."""

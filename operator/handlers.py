@@ -32,7 +32,7 @@ from typing import Any
 
 import kopf
 
-from rljob.api.spec import API_GROUP, API_VERSION
+from rljob.api.spec import API_GROUP, API_VERSION, KIND
 from rljob.common.kube import RLJOB_PLURAL, load_api_client
 from rljob.operator.builders.meta import LABEL_JOB, LABEL_ROLE, MANAGER, ROLE_INFERENCE, ROLE_TRAINER
 from rljob.common.autotune.prometheus import PrometheusPool
@@ -65,7 +65,16 @@ CHILD_KINDS = {
     ("", "v1", "pods"): ("v1", "Pod"),
     ("", "v1", "services"): ("v1", "Service"),
     ("policy", "v1", "poddisruptionbudgets"): ("policy/v1", "PodDisruptionBudget"),
+    # Watched only for the cache: applying a child first reads it (created or unchanged?), and these
+    # reads were a third of a new job's requests.
+    ("", "v1", "configmaps"): ("v1", "ConfigMap"),
+    ("", "v1", "serviceaccounts"): ("v1", "ServiceAccount"),
+    ("", "v1", "persistentvolumeclaims"): ("v1", "PersistentVolumeClaim"),
+    ("rbac.authorization.k8s.io", "v1", "roles"): ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"): ("rbac.authorization.k8s.io/v1", "RoleBinding"),
 }
+# Kinds whose changes can move a job's status (workloads and their pods).
+STATUS_KINDS = frozenset({"StatefulSet", "Deployment", "Job", "Pod"})
 
 
 @kopf.on.startup()
@@ -81,6 +90,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
     settings.execution.max_workers = 8
+    # kopf's own Events ("Handler 'apply' succeeded", one POST per reconcile) only for warnings and errors.
+    settings.posting.level = logging.WARNING
     for group, version, plural in CHILD_KINDS:
         settings.watching.label_selectors[group, version, plural] = CHILD_SELECTOR
     # kopf's workers times the concurrent applies of one job: one pooled connection for each.
@@ -109,27 +120,52 @@ def _forget_deleted(kube: CachedKube, api_version: str, kind: str, event: dict[s
 @kopf.index(*RLJOB, id="cache-rljobs")
 async def cache_rljob(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Keep the cached copy of an RLJob current."""
-    _store(memo.kube, RLJOB_API_VERSION, "RLJob", body)
+    _store(memo.kube, RLJOB_API_VERSION, KIND, body)
 
 
 @kopf.on.event(*RLJOB, id="uncache-rljobs")
 async def uncache_rljob(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Drop a deleted RLJob from the cache."""
-    _forget_deleted(memo.kube, RLJOB_API_VERSION, "RLJob", event, body)
+    _forget_deleted(memo.kube, RLJOB_API_VERSION, KIND, event, body)
 
 
-def _child_cache_handlers(group: str, version: str, plural: str, api_version: str, kind: str) -> None:
+def _status_request(
+    event: dict[str, Any], body: kopf.Body, kind: str, namespace: str, labels: dict[str, str]
+) -> tuple[list[PodObs], list[PodObs]]:
+    """What a child's event adds to its job's status sync: pods that failed, finished or vanished (the watch
+    may be the only one to see them). Any other child change (replicas, readiness, the trainer Job
+    finished or gone) just asks for a sync."""
+    if kind != "Pod":
+        return [], []
+    pod = pod_observation(dict(body))
+    role = labels.get(LABEL_ROLE)
+    if role == ROLE_TRAINER and (pod.exits or pod.disrupted):
+        log.info("trainer pod %s/%s terminated or disrupted: %s", namespace, pod.name, [e.reason for e in pod.exits])
+        return [pod], []
+    if role == ROLE_INFERENCE and (event.get("type") == "DELETED" or pod.failures()):
+        log.info("inference pod %s/%s lost (%s)", namespace, pod.name, event.get("type"))
+        return [], [pod]
+    return [], []
+
+
+def _child_handlers(group: str, version: str, plural: str, api_version: str, kind: str) -> None:
     @kopf.index(group, version, plural, labels=CHILD_LABELS, id=f"cache-{plural}")
     async def cache_child(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         _store(memo.kube, api_version, kind, body)
 
-    @kopf.on.event(group, version, plural, labels=CHILD_LABELS, id=f"uncache-{plural}")
-    async def uncache_child(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    # One handler per event: kopf's per-handler bookkeeping is a large part of an event's cost.
+    @kopf.on.event(group, version, plural, labels=CHILD_LABELS, id=f"{plural}-changed")
+    async def child_changed(
+        event: dict[str, Any], body: kopf.Body, namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any
+    ) -> None:
         _forget_deleted(memo.kube, api_version, kind, event, body)
+        if kind in STATUS_KINDS:
+            trainer_pods, lost = _status_request(event, body, kind, namespace, labels)
+            memo.status_queue.request(namespace, labels[LABEL_JOB], trainer_pods=trainer_pods, lost=lost)
 
 
 for (_group, _version, _plural), (_api_version, _kind) in CHILD_KINDS.items():
-    _child_cache_handlers(_group, _version, _plural, _api_version, _kind)
+    _child_handlers(_group, _version, _plural, _api_version, _kind)
 
 
 @kopf.on.startup()
@@ -139,8 +175,8 @@ async def start_resync(memo: kopf.Memo, **_: Any) -> None:
     # One pooled Prometheus HTTP client per operator, in kopf's event loop (closed at cleanup).
     pool = memo.prometheus_pool = PrometheusPool()
 
-    def sync(namespace: str, name: str, trainer_pods: list[PodObs], lost: list[PodObs]) -> None:
-        sync_status(kube, namespace, name, trainer_pods=trainer_pods, lost_inference_pods=lost)
+    def sync(namespace: str, name: str, trainer_pods: list[PodObs], lost: list[PodObs]) -> bool:
+        return sync_status(kube, namespace, name, trainer_pods=trainer_pods, lost_inference_pods=lost)
 
     queue = memo.status_queue = StatusQueue(sync, settle_s=STATUS_SETTLE_SECONDS, threads=STATUS_THREADS)
     STATUS_SYNCS_PENDING.set_function(queue.__len__)
@@ -182,33 +218,6 @@ def apply(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
         reconcile(memo.kube, namespace, name)
     except InvalidSpec as err:
         raise kopf.PermanentError(str(err)) from None
-
-
-@kopf.on.event("apps", "v1", "statefulsets", labels=CHILD_LABELS)
-@kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
-@kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS)
-async def workload_changed(namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
-    """A child workload changed (replicas, the trainer Job finished or is gone): refresh the parent soon."""
-    memo.status_queue.request(namespace, labels[LABEL_JOB])
-
-
-@kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
-async def pod_changed(
-    event: dict[str, Any], body: kopf.Body, namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any
-) -> None:
-    """Any pod change can move the status (Ready counts); pods that failed, finished or vanished travel
-    with the request, since the watch may be the only one to see them."""
-    pod = pod_observation(dict(body))
-    role = labels.get(LABEL_ROLE)
-    job = labels[LABEL_JOB]
-    if role == ROLE_TRAINER and (pod.exits or pod.disrupted):
-        log.info("trainer pod %s/%s terminated or disrupted: %s", namespace, pod.name, [e.reason for e in pod.exits])
-        memo.status_queue.request(namespace, job, trainer_pods=[pod])
-    elif role == ROLE_INFERENCE and (event.get("type") == "DELETED" or pod.failures()):
-        log.info("inference pod %s/%s lost (%s)", namespace, pod.name, event.get("type"))
-        memo.status_queue.request(namespace, job, lost=[pod])
-    else:
-        memo.status_queue.request(namespace, job)
 
 
 @kopf.on.delete(*RLJOB, optional=True)

@@ -285,25 +285,34 @@ def reconcile(kube: Kube, namespace: str, name: str) -> None:
 
 
 def sync_status(
-    kube: Kube,
-    namespace: str,
-    name: str,
-    trainer_pods: Iterable[PodObs] = (),
-    lost_inference_pods: Iterable[PodObs] = (),
-    applied: ApplyResult | None = None,
-) -> None:
-    """Observe, decide, act and write the status of one RLJob.
+    kube: Kube, namespace: str, name: str, trainer_pods: Iterable[PodObs] = (), lost_inference_pods: Iterable[PodObs] = ()
+) -> bool:
+    """Observe, decide, act and write the status of one RLJob, unless the job is busy.
 
     `trainer_pods`/`lost_inference_pods` carry pods seen by the watch that a fresh list may no longer
-    show (a Failed pod already deleted, a deleted inference pod). `applied`: the result of applying
-    the children just before (reconcile).
+    show (a Failed pod already deleted, a deleted inference pod). Returns False at once when another
+    pass holds the job (an apply, which writes the status after it), so a status thread never sits
+    waiting behind an apply.
     """
-    with job_lock(namespace, name), measured("status"):
-        _sync_once(kube, namespace, name, list(trainer_pods), list(lost_inference_pods), applied)
+    with JOB_LOCKS.try_hold((namespace, name)) as free:
+        if not free:
+            return False
+        with measured("status"):
+            _sync_once(kube, namespace, name, list(trainer_pods), list(lost_inference_pods), None)
+        return True
 
 
-def _needs_apply(obs: Observed, active: bool) -> bool:
-    """The trainer Job is missing, or its suspension disagrees with the decision (finished, suspended, resumed)."""
+def needs_apply(obs: Observed, active: bool, observed_generation: int, generation: int) -> bool:
+    """Whether a status sync must apply the children itself: the trainer Job is missing, or its suspension
+    disagrees with the decision (finished, suspended, resumed).
+
+    Never while the current generation has not been applied yet (observedGeneration behind): the
+    create/update handler is applying it right now, or kopf retries it, and the child events of that
+    very apply would otherwise start a second full apply of every new job (a missing trainer Job is
+    the normal state half-way through its first apply).
+    """
+    if observed_generation != generation:
+        return False
     if obs.trainer is None:
         return True
     return not obs.trainer.deleting and obs.trainer.suspended == active
@@ -337,7 +346,7 @@ def _sync_once(
     if decision.restart_trainer_job is not None:
         deleted = delete_trainer_job(kube, namespace, trainer_name(job), decision.restart_trainer_job)
         log.info("restarting the trainer group of %s/%s (Job deleted: %s)", namespace, name, deleted)
-    elif _needs_apply(obs, decision.active):
+    elif needs_apply(obs, decision.active, prev.observed_generation, generation):
         decision = decide(apply_result(kube, body, spec, decision.active))
     status = operator_apply(decision.status)
     # A resync that changes nothing writes nothing (one request per job and period saved).

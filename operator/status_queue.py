@@ -8,7 +8,8 @@ starts, and held kopf's worker threads that the child applies of new jobs also n
   (trainer pods and lost inference pods the watch saw and a fresh read may no longer show), and at most
   one worker per job: a request while the job's sync runs is done once more right after it.
 - `StatusQueue` runs the syncs on its own small thread pool (never kopf's, so applies do not wait
-  behind status work), each after a short settling delay that lets a burst of events coalesce.
+  behind status work), each after a short settling delay that lets a burst of events coalesce. A job
+  whose apply is running is not waited for: its request is kept and tried after the next delay.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ class PendingSyncs:
         return len(self.working)
 
 
-SyncFn = Callable[[str, str, list[PodObs], list[PodObs]], None]
+# Returns False when the job was busy: its request is then kept and tried again after the settling delay.
+SyncFn = Callable[[str, str, list[PodObs], list[PodObs]], bool]
 
 
 class StatusQueue:
@@ -95,10 +97,10 @@ class StatusQueue:
             work = self._plan.take(key)
             if work is None:
                 return
+            trainer, lost = list(work.trainer_pods.values()), list(work.lost_inference_pods.values())
             try:
-                await loop.run_in_executor(
-                    self._pool, self._sync, *key, list(work.trainer_pods.values()), list(work.lost_inference_pods.values())
-                )
+                if not await loop.run_in_executor(self._pool, self._sync, *key, trainer, lost):
+                    self._plan.request(key, trainer, lost)  # busy: merged back, this worker goes on
             except Exception:  # noqa: BLE001 - the next event or resync tries again
                 RECONCILE_ERRORS.labels("status-queue").inc()
                 log.exception("status sync of %s/%s failed", *key)

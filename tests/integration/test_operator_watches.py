@@ -2,7 +2,8 @@
 
 Against the local control plane: unrelated workloads (and a look-alike without the managed-by
 label) run next to RLJobs; the operator's watch cache holds exactly the RLJobs and their watched
-children (StatefulSets, Deployments, the trainer Job, Pods, Services, PodDisruptionBudgets):
+children (StatefulSets, Deployments, the trainer Job, Pods, Services, PodDisruptionBudgets, ConfigMaps,
+ServiceAccounts, PersistentVolumeClaims, Roles, RoleBindings):
 server-side label selectors keep the others from ever reaching it. Deleting the jobs empties the
 cache and drops every per-job lock.
 """
@@ -64,6 +65,7 @@ def unrelated_statefulset(name: str, labels: dict[str, str]) -> dict[str, Any]:
 def managed_objects(kube_cluster: Any, namespace: str) -> int:
     core, apps = kube_cluster.core(), kube_cluster.apps()
     batch, policy = k8s.BatchV1Api(kube_cluster.api), k8s.PolicyV1Api(kube_cluster.api)
+    rbac = k8s.RbacAuthorizationV1Api(kube_cluster.api)
     children = (
         len(apps.list_namespaced_stateful_set(namespace, label_selector=MANAGED).items)
         + len(apps.list_namespaced_deployment(namespace, label_selector=MANAGED).items)
@@ -71,6 +73,11 @@ def managed_objects(kube_cluster: Any, namespace: str) -> int:
         + len(policy.list_namespaced_pod_disruption_budget(namespace, label_selector=MANAGED).items)
         + len(core.list_namespaced_pod(namespace, label_selector=MANAGED).items)
         + len(core.list_namespaced_service(namespace, label_selector=MANAGED).items)
+        + len(core.list_namespaced_config_map(namespace, label_selector=MANAGED).items)
+        + len(core.list_namespaced_service_account(namespace, label_selector=MANAGED).items)
+        + len(core.list_namespaced_persistent_volume_claim(namespace, label_selector=MANAGED).items)
+        + len(rbac.list_namespaced_role(namespace, label_selector=MANAGED).items)
+        + len(rbac.list_namespaced_role_binding(namespace, label_selector=MANAGED).items)
     )
     jobs = k8s.CustomObjectsApi(kube_cluster.api).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
     return children + len(jobs["items"])

@@ -200,3 +200,20 @@ def test_a_refused_status_write_makes_the_next_read_fresh() -> None:
     assert kube.get_rljob("ns", "job")["metadata"]["resourceVersion"] == "9"  # type: ignore[index]
     assert [m for m, _ in calls] == ["PATCH", "GET"]
     assert kube.cache.get(RLJOB_API_VERSION, "RLJob", "ns", "job")["metadata"]["resourceVersion"] == "9"  # type: ignore[index]
+
+
+def test_a_status_sync_applies_only_what_the_current_generation_already_applied() -> None:
+    """Half-way through a new job's first apply its trainer Job is missing: the sync its first children's
+    events start must leave the apply to the create handler (it used to apply every child a second time)."""
+    from rljob.operator.reconcile import needs_apply
+    from rljob.operator.status_logic import Observed, TrainerJobObs
+
+    missing = Observed()
+    running = Observed(trainer=TrainerJobObs(uid="u", replicas=1, ready=1))
+    suspended = Observed(trainer=TrainerJobObs(uid="u", replicas=0, ready=0, suspended=True))
+    assert not needs_apply(missing, active=True, observed_generation=0, generation=1)  # first apply running
+    assert not needs_apply(missing, active=True, observed_generation=1, generation=2)  # spec update running
+    assert needs_apply(missing, active=True, observed_generation=2, generation=2)  # deleted for a restart
+    assert not needs_apply(running, active=True, observed_generation=2, generation=2)
+    assert needs_apply(running, active=False, observed_generation=2, generation=2)  # finished: suspend it
+    assert needs_apply(suspended, active=True, observed_generation=2, generation=2)  # resumed

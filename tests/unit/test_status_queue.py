@@ -33,11 +33,12 @@ def test_a_burst_costs_one_sync_and_a_request_during_a_sync_one_more() -> None:
     calls: list[tuple[str, list[str]]] = []
     started, release = threading.Event(), threading.Event()
 
-    def sync(namespace: str, name: str, trainer: list[PodObs], lost: list[PodObs]) -> None:
+    def sync(namespace: str, name: str, trainer: list[PodObs], lost: list[PodObs]) -> bool:
         calls.append((name, sorted(p.uid for p in trainer)))
         if len(calls) == 1:
             started.set()
             release.wait(10)
+        return True
 
     async def scenario() -> None:
         queue = StatusQueue(sync, settle_s=0.05, threads=2)
@@ -58,10 +59,11 @@ def test_a_burst_costs_one_sync_and_a_request_during_a_sync_one_more() -> None:
 def test_a_failing_sync_does_not_stop_the_job_worker_or_others() -> None:
     calls: list[str] = []
 
-    def sync(namespace: str, name: str, trainer: list[PodObs], lost: list[PodObs]) -> None:
+    def sync(namespace: str, name: str, trainer: list[PodObs], lost: list[PodObs]) -> bool:
         calls.append(name)
         if name == "bad":
             raise RuntimeError("API server unreachable")
+        return True
 
     async def scenario() -> None:
         queue = StatusQueue(sync, settle_s=0.01, threads=2)
@@ -76,3 +78,32 @@ def test_a_failing_sync_does_not_stop_the_job_worker_or_others() -> None:
 
     asyncio.run(scenario())
     assert sorted(calls) == ["bad", "bad", "good"]
+
+
+def test_a_busy_job_keeps_its_request_and_is_synced_once_free() -> None:
+    """While an apply holds the job (sync answers False) the request, pods included, waits for the next try."""
+    from rljob.operator.keyed_locks import KeyedLocks
+
+    locks = KeyedLocks()
+    seen: list[list[str]] = []
+
+    def sync(namespace: str, name: str, trainer: list[PodObs], lost: list[PodObs]) -> bool:
+        with locks.try_hold((namespace, name)) as free:
+            if free:
+                seen.append(sorted(p.uid for p in trainer))
+            return free
+
+    async def scenario() -> None:
+        queue = StatusQueue(sync, settle_s=0.01, threads=1)
+        with locks.hold(("ns", "a")):  # the apply of job a
+            queue.request("ns", "a", trainer_pods=[pod("exit")])
+            for _ in range(20):  # several busy tries
+                await asyncio.sleep(0.01)
+            assert seen == [] and len(queue) == 1
+        while len(queue):
+            await asyncio.sleep(0.01)
+        await queue.aclose()
+
+    asyncio.run(scenario())
+    assert seen == [["exit"]]
+    assert len(locks) == 0

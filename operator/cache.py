@@ -153,6 +153,12 @@ class ObjectCache:
         # Safe outside the lock: upsert replaces an object, it never changes one in place.
         return [o for o in objs if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())]
 
+    def generation(self, namespace: str, name: str) -> int | None:
+        """metadata.generation of a cached RLJob (no copy), or None."""
+        with self._lock:
+            obj = self._objects.get((RLJOB_API_VERSION, KIND, namespace, name))
+            return int(obj["metadata"].get("generation") or 0) if obj is not None else None
+
     def jobs(self, namespaces: frozenset[str]) -> list[tuple[str, str]]:
         """(namespace, name) of the cached RLJobs not being deleted, in `namespaces` (all when empty)."""
         with self._lock:

@@ -42,7 +42,7 @@ from rljob.operator.metrics import CACHED_OBJECTS, JOB_LOCKS_HELD, JOB_PHASES, S
 from rljob.operator.reconcile import APPLY_CONCURRENCY, JOB_LOCKS, InvalidSpec, reconcile, sync_status
 from rljob.operator.resync import ResyncLoop, list_rljobs
 from rljob.operator.status_logic import PodObs, pod_observation
-from rljob.operator.status_queue import StatusQueue
+from rljob.operator.status_queue import LostPod, StatusQueue
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +130,8 @@ async def uncache_rljob(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo,
 
 
 def _status_request(
-    event: dict[str, Any], body: kopf.Body, kind: str, namespace: str, labels: dict[str, str]
-) -> tuple[list[PodObs], list[PodObs]]:
+    kube: CachedKube, event: dict[str, Any], body: kopf.Body, kind: str, namespace: str, labels: dict[str, str]
+) -> tuple[list[PodObs], list[LostPod]]:
     """What a child's event adds to its job's status sync: pods that failed, finished or vanished (the watch
     may be the only one to see them). Any other child change (replicas, readiness, the trainer Job
     finished or gone) just asks for a sync."""
@@ -144,7 +144,7 @@ def _status_request(
         return [pod], []
     if role == ROLE_INFERENCE and (event.get("type") == "DELETED" or pod.failures()):
         log.info("inference pod %s/%s lost (%s)", namespace, pod.name, event.get("type"))
-        return [], [pod]
+        return [], [LostPod(pod, kube.cache.generation(namespace, labels[LABEL_JOB]))]
     return [], []
 
 
@@ -160,7 +160,7 @@ def _child_handlers(group: str, version: str, plural: str, api_version: str, kin
     ) -> None:
         _forget_deleted(memo.kube, api_version, kind, event, body)
         if kind in STATUS_KINDS:
-            trainer_pods, lost = _status_request(event, body, kind, namespace, labels)
+            trainer_pods, lost = _status_request(memo.kube, event, body, kind, namespace, labels)
             memo.status_queue.request(namespace, labels[LABEL_JOB], trainer_pods=trainer_pods, lost=lost)
 
 
@@ -175,7 +175,7 @@ async def start_resync(memo: kopf.Memo, **_: Any) -> None:
     # One pooled Prometheus HTTP client per operator, in kopf's event loop (closed at cleanup).
     pool = memo.prometheus_pool = PrometheusPool()
 
-    def sync(namespace: str, name: str, trainer_pods: list[PodObs], lost: list[PodObs]) -> bool:
+    def sync(namespace: str, name: str, trainer_pods: list[PodObs], lost: list[LostPod]) -> bool:
         return sync_status(kube, namespace, name, trainer_pods=trainer_pods, lost_inference_pods=lost)
 
     queue = memo.status_queue = StatusQueue(sync, settle_s=STATUS_SETTLE_SECONDS, threads=STATUS_THREADS)

@@ -28,6 +28,7 @@ from rljob.operator.builders.router import router_name
 from rljob.operator.builders.trainer import ANNOTATION_TEMPLATE_HASH, trainer_name
 from rljob.common.kube import Kube, KubeError
 from rljob.operator.keyed_locks import KeyedLocks
+from rljob.operator.status_queue import LostPod, current_losses
 from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
 from rljob.operator.status_logic import (
     ApplyResult,
@@ -285,7 +286,7 @@ def reconcile(kube: Kube, namespace: str, name: str) -> None:
 
 
 def sync_status(
-    kube: Kube, namespace: str, name: str, trainer_pods: Iterable[PodObs] = (), lost_inference_pods: Iterable[PodObs] = ()
+    kube: Kube, namespace: str, name: str, trainer_pods: Iterable[PodObs] = (), lost_inference_pods: Iterable[LostPod] = ()
 ) -> bool:
     """Observe, decide, act and write the status of one RLJob, unless the job is busy.
 
@@ -319,7 +320,7 @@ def needs_apply(obs: Observed, active: bool, observed_generation: int, generatio
 
 
 def _sync_once(
-    kube: Kube, namespace: str, name: str, extra_trainer: list[PodObs], lost: list[PodObs], applied: ApplyResult | None
+    kube: Kube, namespace: str, name: str, extra_trainer: list[PodObs], lost: list[LostPod], applied: ApplyResult | None
 ) -> None:
     body = kube.get_rljob(namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
@@ -335,7 +336,7 @@ def _sync_once(
     obs = observe(kube, job, spec)
     seen = {p.uid for p in obs.trainer_pods}
     obs.trainer_pods += [p for p in extra_trainer if p.uid not in seen]
-    obs.lost_inference_pods = lost
+    obs.lost_inference_pods = current_losses(lost, generation)
 
     def decide(result: ApplyResult | None) -> Decision:
         return compute_status(job, spec, generation, prev, obs, utcnow(), applied=result)

@@ -6,7 +6,7 @@ import asyncio
 import threading
 
 from rljob.operator.status_logic import PodObs
-from rljob.operator.status_queue import PendingSyncs, StatusQueue
+from rljob.operator.status_queue import LostPod, PendingSyncs, StatusQueue, current_losses
 
 
 def pod(uid: str) -> PodObs:
@@ -17,7 +17,7 @@ def test_one_worker_per_job_and_requests_merge_until_taken() -> None:
     plan = PendingSyncs()
     assert plan.request(("ns", "a")) is True  # start a worker
     assert plan.request(("ns", "a"), trainer_pods=[pod("1")]) is False  # joins the pending sync
-    assert plan.request(("ns", "a"), trainer_pods=[pod("1"), pod("2")], lost=[pod("3")]) is False
+    assert plan.request(("ns", "a"), trainer_pods=[pod("1"), pod("2")], lost=[LostPod(pod("3"), 1)]) is False
     assert plan.request(("ns", "b")) is True  # another job, its own worker
     work = plan.take(("ns", "a"))
     assert work is not None and sorted(work.trainer_pods) == ["1", "2"] and list(work.lost_inference_pods) == ["3"]
@@ -33,7 +33,7 @@ def test_a_burst_costs_one_sync_and_a_request_during_a_sync_one_more() -> None:
     calls: list[tuple[str, list[str]]] = []
     started, release = threading.Event(), threading.Event()
 
-    def sync(namespace: str, name: str, trainer: list[PodObs], lost: list[PodObs]) -> bool:
+    def sync(namespace: str, name: str, trainer: list[PodObs], lost: list[LostPod]) -> bool:
         calls.append((name, sorted(p.uid for p in trainer)))
         if len(calls) == 1:
             started.set()
@@ -59,7 +59,7 @@ def test_a_burst_costs_one_sync_and_a_request_during_a_sync_one_more() -> None:
 def test_a_failing_sync_does_not_stop_the_job_worker_or_others() -> None:
     calls: list[str] = []
 
-    def sync(namespace: str, name: str, trainer: list[PodObs], lost: list[PodObs]) -> bool:
+    def sync(namespace: str, name: str, trainer: list[PodObs], lost: list[LostPod]) -> bool:
         calls.append(name)
         if name == "bad":
             raise RuntimeError("API server unreachable")
@@ -87,7 +87,7 @@ def test_a_busy_job_keeps_its_request_and_is_synced_once_free() -> None:
     locks = KeyedLocks()
     seen: list[list[str]] = []
 
-    def sync(namespace: str, name: str, trainer: list[PodObs], lost: list[PodObs]) -> bool:
+    def sync(namespace: str, name: str, trainer: list[PodObs], lost: list[LostPod]) -> bool:
         with locks.try_hold((namespace, name)) as free:
             if free:
                 seen.append(sorted(p.uid for p in trainer))
@@ -107,3 +107,11 @@ def test_a_busy_job_keeps_its_request_and_is_synced_once_free() -> None:
     asyncio.run(scenario())
     assert seen == [["exit"]]
     assert len(locks) == 0
+
+
+def test_pods_lost_under_an_older_generation_are_no_loss_of_the_current_one() -> None:
+    """Suspend scales the pools to zero (their pods' DELETED events are losses seen under generation 2); a
+    sync that runs only after the resume (generation 3) must not call the resumed job Degraded for them."""
+    lost = [LostPod(pod("suspend-scaled"), 2), LostPod(pod("now"), 3), LostPod(pod("unknown"), None)]
+    assert [p.uid for p in current_losses(lost, 3)] == ["now", "unknown"]
+    assert [p.uid for p in current_losses(lost, 2)] == ["suspend-scaled", "unknown"]

@@ -41,8 +41,8 @@ from rljob.operator.cache import RLJOB_API_VERSION, CachedKube
 from rljob.operator.metrics import CACHED_OBJECTS, JOB_LOCKS_HELD, JOB_PHASES, STATUS_SYNCS_PENDING, serve
 from rljob.operator.reconcile import APPLY_CONCURRENCY, JOB_LOCKS, InvalidSpec, reconcile, sync_status
 from rljob.operator.resync import ResyncLoop, list_rljobs
-from rljob.operator.status_logic import PodObs, pod_observation
-from rljob.operator.status_queue import LostPod, StatusQueue
+from rljob.operator.status_logic import pod_observation
+from rljob.operator.status_queue import SeenPod, StatusQueue
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ async def uncache_rljob(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo,
 
 def _status_request(
     kube: CachedKube, event: dict[str, Any], body: kopf.Body, kind: str, namespace: str, labels: dict[str, str]
-) -> tuple[list[PodObs], list[LostPod]]:
+) -> tuple[list[SeenPod], list[SeenPod]]:
     """What a child's event adds to its job's status sync: pods that failed, finished or vanished (the watch
     may be the only one to see them). Any other child change (replicas, readiness, the trainer Job
     finished or gone) just asks for a sync."""
@@ -141,10 +141,10 @@ def _status_request(
     role = labels.get(LABEL_ROLE)
     if role == ROLE_TRAINER and (pod.exits or pod.disrupted):
         log.info("trainer pod %s/%s terminated or disrupted: %s", namespace, pod.name, [e.reason for e in pod.exits])
-        return [pod], []
+        return [SeenPod(pod, kube.cache.generation(namespace, labels[LABEL_JOB]))], []
     if role == ROLE_INFERENCE and (event.get("type") == "DELETED" or pod.failures()):
         log.info("inference pod %s/%s lost (%s)", namespace, pod.name, event.get("type"))
-        return [], [LostPod(pod, kube.cache.generation(namespace, labels[LABEL_JOB]))]
+        return [], [SeenPod(pod, kube.cache.generation(namespace, labels[LABEL_JOB]))]
     return [], []
 
 
@@ -175,7 +175,7 @@ async def start_resync(memo: kopf.Memo, **_: Any) -> None:
     # One pooled Prometheus HTTP client per operator, in kopf's event loop (closed at cleanup).
     pool = memo.prometheus_pool = PrometheusPool()
 
-    def sync(namespace: str, name: str, trainer_pods: list[PodObs], lost: list[LostPod]) -> bool:
+    def sync(namespace: str, name: str, trainer_pods: list[SeenPod], lost: list[SeenPod]) -> bool:
         return sync_status(kube, namespace, name, trainer_pods=trainer_pods, lost_inference_pods=lost)
 
     queue = memo.status_queue = StatusQueue(sync, settle_s=STATUS_SETTLE_SECONDS, threads=STATUS_THREADS)

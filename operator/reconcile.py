@@ -28,13 +28,12 @@ from rljob.operator.builders.router import router_name
 from rljob.operator.builders.trainer import ANNOTATION_TEMPLATE_HASH, trainer_name
 from rljob.common.kube import Kube, KubeError
 from rljob.operator.keyed_locks import KeyedLocks
-from rljob.operator.status_queue import LostPod, current_losses
+from rljob.operator.status_queue import SeenPod, seen_under
 from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
 from rljob.operator.status_logic import (
     ApplyResult,
     Decision,
     Observed,
-    PodObs,
     WorkloadObs,
     compute_status,
     operator_apply,
@@ -286,7 +285,7 @@ def reconcile(kube: Kube, namespace: str, name: str) -> None:
 
 
 def sync_status(
-    kube: Kube, namespace: str, name: str, trainer_pods: Iterable[PodObs] = (), lost_inference_pods: Iterable[LostPod] = ()
+    kube: Kube, namespace: str, name: str, trainer_pods: Iterable[SeenPod] = (), lost_inference_pods: Iterable[SeenPod] = ()
 ) -> bool:
     """Observe, decide, act and write the status of one RLJob, unless the job is busy.
 
@@ -320,7 +319,7 @@ def needs_apply(obs: Observed, active: bool, observed_generation: int, generatio
 
 
 def _sync_once(
-    kube: Kube, namespace: str, name: str, extra_trainer: list[PodObs], lost: list[LostPod], applied: ApplyResult | None
+    kube: Kube, namespace: str, name: str, extra_trainer: list[SeenPod], lost: list[SeenPod], applied: ApplyResult | None
 ) -> None:
     body = kube.get_rljob(namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
@@ -335,8 +334,8 @@ def _sync_once(
     prev = _status(body)
     obs = observe(kube, job, spec)
     seen = {p.uid for p in obs.trainer_pods}
-    obs.trainer_pods += [p for p in extra_trainer if p.uid not in seen]
-    obs.lost_inference_pods = current_losses(lost, generation)
+    obs.trainer_pods += [p for p in seen_under(extra_trainer, generation) if p.uid not in seen]
+    obs.lost_inference_pods = seen_under(lost, generation)
 
     def decide(result: ApplyResult | None) -> Decision:
         return compute_status(job, spec, generation, prev, obs, utcnow(), applied=result)

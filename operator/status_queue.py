@@ -29,32 +29,35 @@ JobKey = tuple[str, str]  # namespace, name
 
 
 @dataclass(frozen=True)
-class LostPod:
-    """An inference pod the watch saw lost, and the RLJob generation it was seen under (None: unknown).
+class SeenPod:
+    """A pod as the watch saw it (failed, finished, lost), and the RLJob generation it was seen under (None:
+    unknown).
 
-    A sync may run after a spec change (the job was busy with its apply): a pod lost under another
-    generation (the scale-down of a suspend, say) is no loss of the current one.
+    A sync may run after a spec change (the job was busy with its apply): what a pod did under another
+    generation is no news for the current one. An inference pod lost to a suspend's scale-down is no loss
+    after the resume, and a trainer pod's failure from before a suspend, whose handled key was dropped
+    while the pod was gone, must not count a second time after the resume.
     """
 
     pod: PodObs
     generation: int | None
 
 
-def current_losses(lost: Iterable[LostPod], generation: int) -> list[PodObs]:
-    """The lost pods that count for the RLJob at `generation` (those seen under it, or under an unknown one)."""
-    return [p.pod for p in lost if p.generation in (None, generation)]
+def seen_under(pods: Iterable[SeenPod], generation: int) -> list[PodObs]:
+    """The pods that count for the RLJob at `generation` (seen under it, or under an unknown one)."""
+    return [p.pod for p in pods if p.generation in (None, generation)]
 
 
 @dataclass
 class SyncRequest:
     """What one pending sync of a job carries: pods seen by the watch, by uid (the latest report wins)."""
 
-    trainer_pods: dict[str, PodObs] = field(default_factory=dict)
-    lost_inference_pods: dict[str, LostPod] = field(default_factory=dict)
+    trainer_pods: dict[str, SeenPod] = field(default_factory=dict)
+    lost_inference_pods: dict[str, SeenPod] = field(default_factory=dict)
 
-    def merge(self, trainer_pods: Iterable[PodObs], lost_inference_pods: Iterable[LostPod]) -> None:
+    def merge(self, trainer_pods: Iterable[SeenPod], lost_inference_pods: Iterable[SeenPod]) -> None:
         """Add the pods of one more request."""
-        self.trainer_pods.update((p.uid, p) for p in trainer_pods)
+        self.trainer_pods.update((p.pod.uid, p) for p in trainer_pods)
         self.lost_inference_pods.update((p.pod.uid, p) for p in lost_inference_pods)
 
 
@@ -65,7 +68,7 @@ class PendingSyncs:
     pending: dict[JobKey, SyncRequest] = field(default_factory=dict)
     working: set[JobKey] = field(default_factory=set)
 
-    def request(self, key: JobKey, trainer_pods: Iterable[PodObs] = (), lost: Iterable[LostPod] = ()) -> bool:
+    def request(self, key: JobKey, trainer_pods: Iterable[SeenPod] = (), lost: Iterable[SeenPod] = ()) -> bool:
         """Record a sync request; True when the caller must start the job's worker (none runs yet)."""
         self.pending.setdefault(key, SyncRequest()).merge(trainer_pods, lost)
         if key in self.working:
@@ -86,7 +89,7 @@ class PendingSyncs:
 
 
 # Returns False when the job was busy: its request is then kept and tried again after the settling delay.
-SyncFn = Callable[[str, str, list[PodObs], list[LostPod]], bool]
+SyncFn = Callable[[str, str, list[SeenPod], list[SeenPod]], bool]
 
 
 class StatusQueue:
@@ -99,7 +102,7 @@ class StatusQueue:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="status")
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def request(self, namespace: str, name: str, trainer_pods: Iterable[PodObs] = (), lost: Iterable[LostPod] = ()) -> None:
+    def request(self, namespace: str, name: str, trainer_pods: Iterable[SeenPod] = (), lost: Iterable[SeenPod] = ()) -> None:
         """Ask for a sync of one job (call from the event loop; returns at once)."""
         key = (namespace, name)
         if self._plan.request(key, trainer_pods, lost):

@@ -441,7 +441,9 @@ def compute_status(
 
     active = not spec.suspend and outcome is None
     desired_counts = pool_replicas(spec.rollout)
-    if active:
+    # Pods lost while the job was suspended (the scale-down's DELETED events can arrive after the resume,
+    # tagged with the resumed generation) are no loss of the resumed job: its pools start from scratch.
+    if active and prev.phase != "Suspended":
         for pod in obs.lost_inference_pods:
             key = failure_key(ROLE_INFERENCE, pod.uid, pod.restart_count)
             in_scale = pod.ordinal is not None and pod.ordinal < desired_counts.get(pod.pool or "", 0)

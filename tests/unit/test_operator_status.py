@@ -139,6 +139,17 @@ def test_scale_down_is_not_a_loss() -> None:
     assert d.status.phase == "Running" and d.status.restarts.rollout == 0
 
 
+def test_pods_deleted_by_a_suspend_are_no_loss_after_the_resume() -> None:
+    """Their DELETED events may reach the operator only after the resume (seen in the chaos test as a
+    Suspended -> Degraded [InferenceReplicaLost] flap): the resumed job is Starting, not Degraded."""
+    suspended = _run(_spec(suspend=True), _run(_spec(), RLJobStatus(), _obs()).status, _obs()).status
+    assert suspended.phase == "Suspended"
+    scaled_away = pod_observation(_pod(uid="inf-1", role="inference", ordinal=0))
+    d = _run(_spec(), suspended, _obs(nv=0, mi=0, lost_inference_pods=[scaled_away]))
+    assert d.status.phase != "Degraded" and d.status.restarts.rollout == 0
+    assert "InferenceReplicaLost" not in {e.reason for e in d.events}
+
+
 def test_trainer_failure_restarts_group_until_backoff_limit() -> None:
     status = _run(_spec(), RLJobStatus(), _obs()).status
     for n in (1, 2):

@@ -302,16 +302,25 @@ def sync_status(
         return True
 
 
-def needs_apply(obs: Observed, active: bool, observed_generation: int, generation: int) -> bool:
+def current_generation_applied(prev: RLJobStatus, generation: int) -> bool:
+    """Whether an apply of `generation` has finished: it applied everything, or it is waiting for the old
+    trainer Job to go (ChildrenApplied=False, Recreating, set at this generation) and a sync must recreate it."""
+    if prev.observed_generation == generation:
+        return True
+    applied = prev.condition("ChildrenApplied")
+    return applied is not None and applied.reason == "Recreating" and applied.observed_generation == generation
+
+
+def needs_apply(obs: Observed, active: bool, generation_applied: bool) -> bool:
     """Whether a status sync must apply the children itself: the trainer Job is missing, or its suspension
     disagrees with the decision (finished, suspended, resumed).
 
-    Never while the current generation has not been applied yet (observedGeneration behind): the
-    create/update handler is applying it right now, or kopf retries it, and the child events of that
-    very apply would otherwise start a second full apply of every new job (a missing trainer Job is
-    the normal state half-way through its first apply).
+    Never before the current generation's create/update handler has applied it (`generation_applied`,
+    see current_generation_applied): with kopf's workers busy that handler may not even have started,
+    and a resync (or the child events of the apply itself) would otherwise apply every new job a second
+    time (a missing trainer Job is the normal state of a job not applied yet).
     """
-    if observed_generation != generation:
+    if not generation_applied:
         return False
     if obs.trainer is None:
         return True
@@ -346,7 +355,7 @@ def _sync_once(
     if decision.restart_trainer_job is not None:
         deleted = delete_trainer_job(kube, namespace, trainer_name(job), decision.restart_trainer_job)
         log.info("restarting the trainer group of %s/%s (Job deleted: %s)", namespace, name, deleted)
-    elif needs_apply(obs, decision.active, prev.observed_generation, generation):
+    elif needs_apply(obs, decision.active, current_generation_applied(prev, generation)):
         decision = decide(apply_result(kube, body, spec, decision.active))
     status = operator_apply(decision.status)
     # A resync that changes nothing writes nothing (one request per job and period saved).

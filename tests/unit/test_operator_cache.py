@@ -203,17 +203,28 @@ def test_a_refused_status_write_makes_the_next_read_fresh() -> None:
 
 
 def test_a_status_sync_applies_only_what_the_current_generation_already_applied() -> None:
-    """Half-way through a new job's first apply its trainer Job is missing: the sync its first children's
-    events start must leave the apply to the create handler (it used to apply every child a second time)."""
-    from rljob.operator.reconcile import needs_apply
+    """A new job whose create handler has not run (kopf's workers busy) or is half-way has no trainer Job:
+    its resync or early child events must leave the apply to that handler (they used to apply every child
+    a second time). After a config change the handler waits for the old Job to go: then the sync must
+    recreate it."""
+    from rljob.api.status import RLJobStatus
+    from rljob.operator.reconcile import current_generation_applied, needs_apply
     from rljob.operator.status_logic import Observed, TrainerJobObs
+
+    recreating = {"type": "ChildrenApplied", "status": "False", "reason": "Recreating", "observedGeneration": 2,
+                  "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    assert not current_generation_applied(RLJobStatus(), 1)  # never applied
+    assert not current_generation_applied(RLJobStatus(observedGeneration=1), 2)  # spec update not applied yet
+    assert current_generation_applied(RLJobStatus(observedGeneration=2), 2)
+    waiting = RLJobStatus.model_validate({"observedGeneration": 1, "conditions": [recreating]})
+    assert current_generation_applied(waiting, 2)  # applied, waiting for the old Job
+    assert not current_generation_applied(waiting, 3)
 
     missing = Observed()
     running = Observed(trainer=TrainerJobObs(uid="u", replicas=1, ready=1))
     suspended = Observed(trainer=TrainerJobObs(uid="u", replicas=0, ready=0, suspended=True))
-    assert not needs_apply(missing, active=True, observed_generation=0, generation=1)  # first apply running
-    assert not needs_apply(missing, active=True, observed_generation=1, generation=2)  # spec update running
-    assert needs_apply(missing, active=True, observed_generation=2, generation=2)  # deleted for a restart
-    assert not needs_apply(running, active=True, observed_generation=2, generation=2)
-    assert needs_apply(running, active=False, observed_generation=2, generation=2)  # finished: suspend it
-    assert needs_apply(suspended, active=True, observed_generation=2, generation=2)  # resumed
+    assert not needs_apply(missing, active=True, generation_applied=False)
+    assert needs_apply(missing, active=True, generation_applied=True)  # deleted for a restart or recreate
+    assert not needs_apply(running, active=True, generation_applied=True)
+    assert needs_apply(running, active=False, generation_applied=True)  # finished: suspend it
+    assert needs_apply(suspended, active=True, generation_applied=True)  # resumed

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -90,6 +91,8 @@ class Kube:
 
     api: client.ApiClient
     field_manager: str = OPERATOR_FIELD_MANAGER
+    # Called with the method of every request sent (a caller's request counter; common knows no metrics).
+    on_request: Callable[[str], None] | None = None
 
     def request(
         self,
@@ -100,6 +103,8 @@ class Kube:
         content_type: str = "application/json",
     ) -> dict[str, Any]:
         """One REST call; returns the decoded JSON answer or raises KubeError."""
+        if self.on_request is not None:
+            self.on_request(method)
         headers = {"Accept": "application/json", "Content-Type": content_type}
         _, url, headers, payload, _ = self.api.param_serialize(
             method=method,
@@ -125,24 +130,23 @@ class Kube:
 
         Returns "created", "configured" or "unchanged" (the resourceVersion did not move).
         """
+        return self.apply_object(obj)[0]
+
+    def apply_object(self, obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """`apply`, also returning the object as the API server stored it."""
         meta = obj["metadata"]
-        path = f"{collection_path(obj['apiVersion'], obj['kind'], meta['namespace'])}/{meta['name']}"
-        try:
-            before: str | None = self.request("GET", path)["metadata"]["resourceVersion"]
-        except KubeError as err:
-            if err.status != 404:
-                raise
-            before = None
-        after = self.request(
+        current = self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        before = current["metadata"]["resourceVersion"] if current is not None else None
+        stored = self.request(
             "PATCH",
-            path,
+            f"{collection_path(obj['apiVersion'], obj['kind'], meta['namespace'])}/{meta['name']}",
             body=obj,
             query={"fieldManager": self.field_manager, "force": "true"},
             content_type="application/apply-patch+yaml",
-        )["metadata"]["resourceVersion"]
+        )
         if before is None:
-            return "created"
-        return "unchanged" if before == after else "configured"
+            return "created", stored
+        return ("unchanged" if before == stored["metadata"]["resourceVersion"] else "configured"), stored
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """One object, or None when it does not exist."""

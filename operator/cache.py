@@ -1,20 +1,24 @@
 """The operator's read cache: the latest copy of every RLJob and child object its watches deliver.
 
 kopf's watch streams (server-side filtered to the operator's own children, see handlers.configure)
-feed `ObjectCache` through event handlers; `CachedKube` serves the reconcile's reads from it, so a
-resync costs no LIST and no GET. Writes still go to the API server; the answer of a status patch is
-stored at once, so the next read never sees the status from before our own write.
+feed `ObjectCache` through index handlers; `CachedKube` serves the reconcile's reads from it, so a
+resync costs no LIST and no GET. Writes still go to the API server; the answers of applies and status
+patches are stored at once, so the next read never sees an object from before our own write.
 
-When the cache holds nothing for a job and kind (the operator just started, or the children do not
-exist yet) the read falls through to the API server: a cold cache is never mistaken for "no child".
-Deleted objects leave the cache with their DELETED event, so memory follows the live objects. A status
-write the API server refuses drops the cached RLJob, so the retry reads it from the API.
+Until the cache is *synced* (every watched kind listed once, see `ObjectCache.mark_synced`) a read falls
+through to the API server whenever the cache holds nothing for the job and kind, and a partial answer
+is never taken from it: right after a restart the initial lists arrive object by object, and a cache
+holding a job's StatefulSet and trainer pod but not yet its inference pods would make a Running job
+look Degraded for a moment. Once synced, "nothing cached" means "nothing there".
+Deleted objects leave the cache with their DELETED event, so memory follows the live objects. A write
+the API server refuses drops the cached object, so the retry reads it from the API.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +37,11 @@ CACHED_KINDS = frozenset(
         ("v1", "Pod"),
         ("v1", "Service"),
         ("policy/v1", "PodDisruptionBudget"),
+        ("v1", "ConfigMap"),
+        ("v1", "ServiceAccount"),
+        ("v1", "PersistentVolumeClaim"),
+        ("rbac.authorization.k8s.io/v1", "Role"),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding"),
         (RLJOB_API_VERSION, KIND),
     }
 )
@@ -63,10 +72,30 @@ class ObjectCache:
         self._lock = threading.Lock()
         self._objects: dict[_Key, dict[str, Any]] = {}
         self._by_job: dict[tuple[str, str, str, str], set[str]] = {}
+        self._synced = threading.Event()
+
+    def mark_synced(self) -> None:
+        """Every watched kind has been listed into the cache: from now on it is complete.
+
+        kopf calls no handler but index handlers before every indexed resource kind has been listed
+        and indexed (its "operator indexed" gate); the cache feeders are index handlers, so the first
+        call of any other handler may mark the cache synced.
+        """
+        self._synced.set()
+
+    @property
+    def synced(self) -> bool:
+        """Whether the cache holds every watched object (see mark_synced)."""
+        return self._synced.is_set()
 
     def upsert(self, api_version: str, kind: str, obj: dict[str, Any]) -> None:
-        """Store an object unless the cache already holds a newer version of it."""
-        meta = obj["metadata"]
+        """Store an object unless the cache already holds a newer version of it.
+
+        Without its managedFields: no reader needs them, and they are a large part of every object
+        (memory, and the copy each read makes).
+        """
+        meta = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
+        obj = {**obj, "metadata": meta}
         key = (api_version, kind, meta.get("namespace", ""), meta["name"])
         with self._lock:
             old = self._objects.get(key)
@@ -106,19 +135,40 @@ class ObjectCache:
             return copy.deepcopy(obj) if obj is not None else None
 
     def list_job(self, api_version: str, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]] | None:
-        """Copies of a job's objects matching `labels` (which must name the job); None when the cache holds
-        none of the job's objects of this kind."""
+        """A job's objects matching `labels` (which must name the job): the cached objects themselves, which
+        callers must not change (an observation reads dozens of pods per sync; copying them was most
+        of its cost).
+
+        None when the cache cannot answer (ask the API): before it is synced, since a partial answer
+        would be wrong rather than just old. Once synced, [] when it holds none of them.
+        """
         job = labels[LABEL_JOB]
         with self._lock:
             names = self._by_job.get((api_version, kind, namespace, job))
             if not names:
+                return [] if self._synced.is_set() else None
+            if not self._synced.is_set():
                 return None
             objs = [self._objects[(api_version, kind, namespace, n)] for n in sorted(names)]
-            return [
-                copy.deepcopy(o)
-                for o in objs
-                if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())
-            ]
+        # Safe outside the lock: upsert replaces an object, it never changes one in place.
+        return [o for o in objs if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())]
+
+    def generation(self, namespace: str, name: str) -> int | None:
+        """metadata.generation of a cached RLJob (no copy), or None."""
+        with self._lock:
+            obj = self._objects.get((RLJOB_API_VERSION, KIND, namespace, name))
+            return int(obj["metadata"].get("generation") or 0) if obj is not None else None
+
+    def jobs(self, namespaces: frozenset[str]) -> list[tuple[str, str]]:
+        """(namespace, name) of the cached RLJobs not being deleted, in `namespaces` (all when empty)."""
+        with self._lock:
+            return sorted(
+                (key[2], key[3])
+                for key, obj in self._objects.items()
+                if key[:2] == (RLJOB_API_VERSION, KIND)
+                and (not namespaces or key[2] in namespaces)
+                and not obj["metadata"].get("deletionTimestamp")
+            )
 
     def __len__(self) -> int:
         with self._lock:
@@ -130,22 +180,17 @@ class ObjectCache:
             return len(self._by_job)
 
 
+def count_request(method: str) -> None:
+    """What the cache saves shows here (rljob_operator_api_requests_total)."""
+    API_REQUESTS.labels(method).inc()
+
+
 @dataclass
 class CachedKube(Kube):
-    """Kube whose reads of watched kinds come from an ObjectCache (falling through when it has nothing)."""
+    """Kube whose reads of watched kinds come from an ObjectCache (falling through when it cannot answer)."""
 
     cache: ObjectCache = field(default_factory=ObjectCache)
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        query: dict[str, str] | None = None,
-        content_type: str = "application/json",
-    ) -> dict[str, Any]:
-        API_REQUESTS.labels(method).inc()  # what the cache saves shows here (rljob_operator_api_requests_total)
-        return super().request(method, path, body, query, content_type)
+    on_request: Callable[[str], None] | None = count_request
 
     def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
         labels = parse_selector(selector)
@@ -167,9 +212,23 @@ class CachedKube(Kube):
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         if (api_version, kind) in CACHED_KINDS:
             cached = self.cache.get(api_version, kind, namespace, name)
-            if cached is not None:
+            if cached is not None or self.cache.synced:
                 return cached
         return super().get(api_version, kind, namespace, name)
+
+    def apply_object(self, obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        key = (obj["apiVersion"], obj["kind"])
+        meta = obj["metadata"]
+        try:
+            result, stored = super().apply_object(obj)
+        except KubeError:
+            if key in CACHED_KINDS:
+                self.cache.remove(*key, meta["namespace"], meta["name"])
+            raise
+        # Stored now: the status computed right after this apply sees the child (its watch event comes later).
+        if key in CACHED_KINDS and stored.get("metadata", {}).get("name"):
+            self.cache.upsert(*key, copy.deepcopy(stored))
+        return result, stored
 
     def apply_rljob_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         try:

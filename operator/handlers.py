@@ -5,12 +5,19 @@ Run with `python -m rljob.operator` (flags: --help) or `kopf run -m rljob.operat
 Watches are cheap: child kinds are watched with a server-side label selector (only objects labelled
 `app.kubernetes.io/managed-by=rljob-operator` and `rljob.io/job-name` reach the operator), and every
 watched object lands in one ObjectCache (operator/cache.py) that the reconcile reads instead of
-LISTing the API on each resync.
+LISTing the API on each resync. The cache is fed by kopf *index* handlers: kopf runs no other handler
+before every indexed kind has been listed, so no reconcile ever reads a half-filled cache.
+
+Child events do not compute the status themselves: they ask the StatusQueue (operator/status_queue.py),
+which coalesces a job's events into one sync on its own threads, so the applies of new jobs on kopf's
+threads never wait behind status work.
 
 Settings come from the environment so both entry points behave the same:
 RLJOB_RESYNC_SECONDS (status resync period, default 10), RLJOB_OPERATOR_METRICS_PORT (default 8080,
 0 = off), RLJOB_OPERATOR_METRICS_ADDR (default 0.0.0.0), RLJOB_WATCH_NAMESPACES (comma-separated
-namespaces the resync loops list; empty: all namespaces).
+namespaces the resync loops list; empty: all namespaces), RLJOB_STATUS_SETTLE_SECONDS (how long a
+job's status sync waits for more of its child events to join it, default 0.2), RLJOB_STATUS_THREADS
+(threads computing statuses, default 4).
 
 No handler here needs a finalizer (no kopf timers, deletion handlers are optional), so deleting an
 RLJob never waits for the operator: see operator/resync.py.
@@ -25,16 +32,17 @@ from typing import Any
 
 import kopf
 
-from rljob.api.spec import API_GROUP, API_VERSION
+from rljob.api.spec import API_GROUP, API_VERSION, KIND
 from rljob.common.kube import RLJOB_PLURAL, load_api_client
 from rljob.operator.builders.meta import LABEL_JOB, LABEL_ROLE, MANAGER, ROLE_INFERENCE, ROLE_TRAINER
 from rljob.common.autotune.prometheus import PrometheusPool
 from rljob.operator.autotune.timer import TICK_S, autotune_job
 from rljob.operator.cache import RLJOB_API_VERSION, CachedKube
-from rljob.operator.metrics import CACHED_OBJECTS, JOB_LOCKS_HELD, JOB_PHASES, serve
+from rljob.operator.metrics import CACHED_OBJECTS, JOB_LOCKS_HELD, JOB_PHASES, STATUS_SYNCS_PENDING, serve
 from rljob.operator.reconcile import APPLY_CONCURRENCY, JOB_LOCKS, InvalidSpec, reconcile, sync_status
 from rljob.operator.resync import ResyncLoop, list_rljobs
 from rljob.operator.status_logic import pod_observation
+from rljob.operator.status_queue import SeenPod, StatusQueue
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +50,8 @@ RESYNC_SECONDS = float(os.environ.get("RLJOB_RESYNC_SECONDS", "10"))
 METRICS_PORT = int(os.environ.get("RLJOB_OPERATOR_METRICS_PORT", "8080"))
 METRICS_ADDR = os.environ.get("RLJOB_OPERATOR_METRICS_ADDR", "0.0.0.0")
 WATCH_NAMESPACES = [ns for ns in os.environ.get("RLJOB_WATCH_NAMESPACES", "").split(",") if ns]
+STATUS_SETTLE_SECONDS = float(os.environ.get("RLJOB_STATUS_SETTLE_SECONDS", "0.2"))
+STATUS_THREADS = int(os.environ.get("RLJOB_STATUS_THREADS", "4"))
 
 RLJOB = (API_GROUP, API_VERSION, RLJOB_PLURAL)
 CHILD_LABELS = {LABEL_JOB: kopf.PRESENT, "app.kubernetes.io/managed-by": MANAGER}
@@ -55,7 +65,16 @@ CHILD_KINDS = {
     ("", "v1", "pods"): ("v1", "Pod"),
     ("", "v1", "services"): ("v1", "Service"),
     ("policy", "v1", "poddisruptionbudgets"): ("policy/v1", "PodDisruptionBudget"),
+    # Watched only for the cache: applying a child first reads it (created or unchanged?), and these
+    # reads were a third of a new job's requests.
+    ("", "v1", "configmaps"): ("v1", "ConfigMap"),
+    ("", "v1", "serviceaccounts"): ("v1", "ServiceAccount"),
+    ("", "v1", "persistentvolumeclaims"): ("v1", "PersistentVolumeClaim"),
+    ("rbac.authorization.k8s.io", "v1", "roles"): ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"): ("rbac.authorization.k8s.io/v1", "RoleBinding"),
 }
+# Kinds whose changes can move a job's status (workloads and their pods).
+STATUS_KINDS = frozenset({"StatefulSet", "Deployment", "Job", "Pod"})
 
 
 @kopf.on.startup()
@@ -71,6 +90,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
     settings.execution.max_workers = 8
+    # kopf's own Events ("Handler 'apply' succeeded", one POST per reconcile) only for warnings and errors.
+    settings.posting.level = logging.WARNING
     for group, version, plural in CHILD_KINDS:
         settings.watching.label_selectors[group, version, plural] = CHILD_SELECTOR
     # kopf's workers times the concurrent applies of one job: one pooled connection for each.
@@ -82,30 +103,69 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         log.info("operator metrics on http://%s:%d/metrics", METRICS_ADDR, METRICS_PORT)
 
 
-def _cache_event(kube: CachedKube, api_version: str, kind: str, event: dict[str, Any], body: kopf.Body) -> None:
-    meta = body.get("metadata", {})
-    if event.get("type") == "DELETED":
+def _store(kube: CachedKube, api_version: str, kind: str, body: kopf.Body) -> None:
+    kube.cache.upsert(api_version, kind, dict(body))
+
+
+def _forget_deleted(kube: CachedKube, api_version: str, kind: str, event: dict[str, Any], body: kopf.Body) -> None:
+    # Any handler but an index handler runs only once every indexed kind has been listed: the cache is complete.
+    kube.cache.mark_synced()
+    if event.get("type") == "DELETED":  # index handlers never see deletions
+        meta = body.get("metadata", {})
         kube.cache.remove(api_version, kind, meta.get("namespace", ""), meta.get("name", ""))
-    else:
-        kube.cache.upsert(api_version, kind, dict(event.get("object") or body))
 
 
-# Cache feeders first: kopf runs an object's event handlers in order, so the reconcile below
-# already reads the object of this very event.
-@kopf.on.event(*RLJOB, id="cache-rljobs")
-async def cache_rljob(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Keep the cached copy of an RLJob current (dropped with its DELETED event)."""
-    _cache_event(memo.kube, RLJOB_API_VERSION, "RLJob", event, body)
+# Cache feeders: kopf runs an object's index handlers before its other handlers, so the reconcile
+# below already reads the object of this very event. They return None: kopf's own index stays empty.
+@kopf.index(*RLJOB, id="cache-rljobs")
+async def cache_rljob(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Keep the cached copy of an RLJob current."""
+    _store(memo.kube, RLJOB_API_VERSION, KIND, body)
 
 
-def _child_cache_handler(group: str, version: str, plural: str, api_version: str, kind: str) -> None:
-    @kopf.on.event(group, version, plural, labels=CHILD_LABELS, id=f"cache-{plural}")
-    async def cache_child(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        _cache_event(memo.kube, api_version, kind, event, body)
+@kopf.on.event(*RLJOB, id="uncache-rljobs")
+async def uncache_rljob(event: dict[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Drop a deleted RLJob from the cache."""
+    _forget_deleted(memo.kube, RLJOB_API_VERSION, KIND, event, body)
+
+
+def _status_request(
+    kube: CachedKube, event: dict[str, Any], body: kopf.Body, kind: str, namespace: str, labels: dict[str, str]
+) -> tuple[list[SeenPod], list[SeenPod]]:
+    """What a child's event adds to its job's status sync: pods that failed, finished or vanished (the watch
+    may be the only one to see them). Any other child change (replicas, readiness, the trainer Job
+    finished or gone) just asks for a sync."""
+    if kind != "Pod":
+        return [], []
+    pod = pod_observation(dict(body))
+    role = labels.get(LABEL_ROLE)
+    if role == ROLE_TRAINER and (pod.exits or pod.disrupted):
+        log.info("trainer pod %s/%s terminated or disrupted: %s", namespace, pod.name, [e.reason for e in pod.exits])
+        return [SeenPod(pod, kube.cache.generation(namespace, labels[LABEL_JOB]))], []
+    if role == ROLE_INFERENCE and (event.get("type") == "DELETED" or pod.failures()):
+        log.info("inference pod %s/%s lost (%s)", namespace, pod.name, event.get("type"))
+        return [], [SeenPod(pod, kube.cache.generation(namespace, labels[LABEL_JOB]))]
+    return [], []
+
+
+def _child_handlers(group: str, version: str, plural: str, api_version: str, kind: str) -> None:
+    @kopf.index(group, version, plural, labels=CHILD_LABELS, id=f"cache-{plural}")
+    async def cache_child(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        _store(memo.kube, api_version, kind, body)
+
+    # One handler per event: kopf's per-handler bookkeeping is a large part of an event's cost.
+    @kopf.on.event(group, version, plural, labels=CHILD_LABELS, id=f"{plural}-changed")
+    async def child_changed(
+        event: dict[str, Any], body: kopf.Body, namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any
+    ) -> None:
+        _forget_deleted(memo.kube, api_version, kind, event, body)
+        if kind in STATUS_KINDS:
+            trainer_pods, lost = _status_request(memo.kube, event, body, kind, namespace, labels)
+            memo.status_queue.request(namespace, labels[LABEL_JOB], trainer_pods=trainer_pods, lost=lost)
 
 
 for (_group, _version, _plural), (_api_version, _kind) in CHILD_KINDS.items():
-    _child_cache_handler(_group, _version, _plural, _api_version, _kind)
+    _child_handlers(_group, _version, _plural, _api_version, _kind)
 
 
 @kopf.on.startup()
@@ -115,11 +175,19 @@ async def start_resync(memo: kopf.Memo, **_: Any) -> None:
     # One pooled Prometheus HTTP client per operator, in kopf's event loop (closed at cleanup).
     pool = memo.prometheus_pool = PrometheusPool()
 
+    def sync(namespace: str, name: str, trainer_pods: list[SeenPod], lost: list[SeenPod]) -> bool:
+        return sync_status(kube, namespace, name, trainer_pods=trainer_pods, lost_inference_pods=lost)
+
+    queue = memo.status_queue = StatusQueue(sync, settle_s=STATUS_SETTLE_SECONDS, threads=STATUS_THREADS)
+    STATUS_SYNCS_PENDING.set_function(queue.__len__)
+
     def jobs() -> list[tuple[str, str]]:
+        if kube.cache.synced:
+            return kube.cache.jobs(frozenset(WATCH_NAMESPACES))
         return list_rljobs(kube, WATCH_NAMESPACES)
 
     async def resync_pass(namespace: str, name: str) -> None:
-        await asyncio.to_thread(sync_status, kube, namespace, name)
+        queue.request(namespace, name)
 
     async def autotune_pass(namespace: str, name: str) -> None:
         await autotune_job(kube, pool, namespace, name)
@@ -136,6 +204,9 @@ async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
     pool = getattr(memo, "prometheus_pool", None)
     if pool is not None:
         await pool.aclose()
+    queue = getattr(memo, "status_queue", None)
+    if queue is not None:
+        await queue.aclose()
 
 
 @kopf.on.resume(*RLJOB, retries=20, backoff=5)
@@ -147,29 +218,6 @@ def apply(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
         reconcile(memo.kube, namespace, name)
     except InvalidSpec as err:
         raise kopf.PermanentError(str(err)) from None
-
-
-@kopf.on.event("apps", "v1", "statefulsets", labels=CHILD_LABELS)
-@kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
-@kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS)
-def workload_changed(namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
-    """A child workload changed (replicas, the trainer Job finished or is gone): refresh the parent now."""
-    sync_status(memo.kube, namespace, labels[LABEL_JOB])
-
-
-@kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
-def pod_changed(
-    event: dict[str, Any], body: kopf.Body, namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any
-) -> None:
-    """Pods that failed, finished or vanished: the watch may be the only one to see them."""
-    pod = pod_observation(dict(body))
-    role = labels.get(LABEL_ROLE)
-    if role == ROLE_TRAINER and (pod.exits or pod.disrupted):
-        log.info("trainer pod %s/%s terminated or disrupted: %s", namespace, pod.name, [e.reason for e in pod.exits])
-        sync_status(memo.kube, namespace, labels[LABEL_JOB], trainer_pods=[pod])
-    elif role == ROLE_INFERENCE and (event.get("type") == "DELETED" or pod.failures()):
-        log.info("inference pod %s/%s lost (%s)", namespace, pod.name, event.get("type"))
-        sync_status(memo.kube, namespace, labels[LABEL_JOB], lost_inference_pods=[pod])
 
 
 @kopf.on.delete(*RLJOB, optional=True)

@@ -36,6 +36,23 @@ class KeyedLocks:
                 if entry.users == 0:
                     del self._entries[key]
 
+    @contextmanager
+    def try_hold(self, key: Hashable) -> Iterator[bool]:
+        """Hold the lock of `key` if it is free: the block gets True, else False at once (nothing held)."""
+        with self._guard:
+            entry = self._entries.setdefault(key, _Entry())
+            entry.users += 1
+        acquired = entry.lock.acquire(blocking=False)
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                entry.lock.release()
+            with self._guard:
+                entry.users -= 1
+                if entry.users == 0:
+                    del self._entries[key]
+
     def __len__(self) -> int:
         """Keys with a lock right now (held or waited for)."""
         with self._guard:

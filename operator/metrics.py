@@ -33,6 +33,9 @@ RESTARTS = Counter(
 )
 # State that must follow the live jobs (memory bounded as jobs come and go); set_function at start-up.
 CACHED_OBJECTS = Gauge("rljob_operator_cached_objects", "Objects in the operator's watch cache (RLJobs and children)")
+STATUS_SYNCS_PENDING = Gauge(
+    "rljob_operator_status_syncs_pending", "RLJobs with a coalesced status sync pending or running"
+)
 JOB_LOCKS_HELD = Gauge("rljob_operator_job_locks", "Per-RLJob locks currently held or waited for")
 API_REQUESTS = Counter(
     "rljob_operator_api_requests_total", "API requests of the reconcile (kopf's own watches and patches excluded)", ["verb"]

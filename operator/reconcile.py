@@ -28,12 +28,12 @@ from rljob.operator.builders.router import router_name
 from rljob.operator.builders.trainer import ANNOTATION_TEMPLATE_HASH, trainer_name
 from rljob.common.kube import Kube, KubeError
 from rljob.operator.keyed_locks import KeyedLocks
+from rljob.operator.status_queue import SeenPod, seen_under
 from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
 from rljob.operator.status_logic import (
     ApplyResult,
     Decision,
     Observed,
-    PodObs,
     WorkloadObs,
     compute_status,
     operator_apply,
@@ -128,38 +128,39 @@ def _status(body: dict[str, Any]) -> RLJobStatus:
         return RLJobStatus()
 
 
-def _apply_one(kube: Kube, body: dict[str, Any], child: dict[str, Any]) -> str | None:
-    """Apply one child (the trainer Job through its recreate rule); the child's name when it is waiting."""
+def _apply_one(kube: Kube, body: dict[str, Any], child: dict[str, Any]) -> tuple[str, str]:
+    """Apply one child (the trainer Job through its recreate rule): (what, created/configured/unchanged/waiting)."""
     what = f"{child['kind']} {child['metadata']['name']}"
     try:
         result = _apply_trainer_job(kube, body, child) if child["kind"] == "Job" else kube.apply(child)
     except KubeError as err:
         raise ChildApplyError(what, err) from None
-    if result == "waiting":
-        return what
-    if result != "unchanged":
-        kube.post_event(body, "Normal", result.capitalize(), f"{what} {result}")
-    return None
+    return what, result
 
 
 def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool) -> list[str]:
-    """Server-side apply every child, prune pools removed from the spec, post an Event per change.
+    """Server-side apply every child, prune pools removed from the spec, post an Event per kind of change.
 
     Children are independent requests, so they go out APPLY_CONCURRENCY at a time, in two waves: what
     the workloads use (config, identity, volume, Services, PDBs) before the workloads, so their pods
-    never wait for a missing ServiceAccount or claim. Returns the children still waiting (the trainer
-    Job being recreated); raises ChildApplyError naming the first object the API server refused.
+    never wait for a missing ServiceAccount or claim. One Event names all children created (another
+    all configured): a new job costs one Event, not thirteen. Returns the children still waiting (the
+    trainer Job being recreated); raises ChildApplyError naming the first object the API server refused.
     """
     job = JobRef.from_body(body)
     children = build_children(job, spec, active=active)
     waves = [[c for c in children if c["kind"] not in _WORKLOAD_KINDS], [c for c in children if c["kind"] in _WORKLOAD_KINDS]]
-    waiting: list[str] = []
-    with ThreadPoolExecutor(max_workers=APPLY_CONCURRENCY, thread_name_prefix="apply") as pool:
-        for wave in waves:
-            for done in [pool.submit(_apply_one, kube, body, child) for child in wave]:
-                what = done.result()  # re-raises the first failure
-                if what is not None:
-                    waiting.append(what)
+    changed: dict[str, list[str]] = {}
+    try:
+        with ThreadPoolExecutor(max_workers=APPLY_CONCURRENCY, thread_name_prefix="apply") as pool:
+            for wave in waves:
+                for done in [pool.submit(_apply_one, kube, body, child) for child in wave]:
+                    what, result = done.result()  # re-raises the first failure
+                    changed.setdefault(result, []).append(what)
+    finally:  # what was applied before a refusal is reported too
+        for result in ("created", "configured"):
+            if changed.get(result):
+                kube.post_event(body, "Normal", result.capitalize(), f"{', '.join(changed[result])} {result}")
     wanted = {pool_workload_name(job, p) for p in effective_pools(spec.rollout)}
     selector = selector_string({LABEL_JOB: job.name, LABEL_ROLE: ROLE_INFERENCE})
     for api_version, kind in _POOL_KINDS:
@@ -167,7 +168,7 @@ def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bo
             name = obj["metadata"]["name"]
             if name not in wanted and kube.delete(api_version, kind, job.namespace, name):
                 kube.post_event(body, "Normal", "Deleted", f"{kind} {name} deleted (pool removed from spec)")
-    return waiting
+    return changed.get("waiting", [])
 
 
 def apply_result(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool) -> ApplyResult:
@@ -284,32 +285,50 @@ def reconcile(kube: Kube, namespace: str, name: str) -> None:
 
 
 def sync_status(
-    kube: Kube,
-    namespace: str,
-    name: str,
-    trainer_pods: Iterable[PodObs] = (),
-    lost_inference_pods: Iterable[PodObs] = (),
-    applied: ApplyResult | None = None,
-) -> None:
-    """Observe, decide, act and write the status of one RLJob.
+    kube: Kube, namespace: str, name: str, trainer_pods: Iterable[SeenPod] = (), lost_inference_pods: Iterable[SeenPod] = ()
+) -> bool:
+    """Observe, decide, act and write the status of one RLJob, unless the job is busy.
 
     `trainer_pods`/`lost_inference_pods` carry pods seen by the watch that a fresh list may no longer
-    show (a Failed pod already deleted, a deleted inference pod). `applied`: the result of applying
-    the children just before (reconcile).
+    show (a Failed pod already deleted, a deleted inference pod). Returns False at once when another
+    pass holds the job (an apply, which writes the status after it), so a status thread never sits
+    waiting behind an apply.
     """
-    with job_lock(namespace, name), measured("status"):
-        _sync_once(kube, namespace, name, list(trainer_pods), list(lost_inference_pods), applied)
+    with JOB_LOCKS.try_hold((namespace, name)) as free:
+        if not free:
+            return False
+        with measured("status"):
+            _sync_once(kube, namespace, name, list(trainer_pods), list(lost_inference_pods), None)
+        return True
 
 
-def _needs_apply(obs: Observed, active: bool) -> bool:
-    """The trainer Job is missing, or its suspension disagrees with the decision (finished, suspended, resumed)."""
+def current_generation_applied(prev: RLJobStatus, generation: int) -> bool:
+    """Whether an apply of `generation` has finished: it applied everything, or it is waiting for the old
+    trainer Job to go (ChildrenApplied=False, Recreating, set at this generation) and a sync must recreate it."""
+    if prev.observed_generation == generation:
+        return True
+    applied = prev.condition("ChildrenApplied")
+    return applied is not None and applied.reason == "Recreating" and applied.observed_generation == generation
+
+
+def needs_apply(obs: Observed, active: bool, generation_applied: bool) -> bool:
+    """Whether a status sync must apply the children itself: the trainer Job is missing, or its suspension
+    disagrees with the decision (finished, suspended, resumed).
+
+    Never before the current generation's create/update handler has applied it (`generation_applied`,
+    see current_generation_applied): with kopf's workers busy that handler may not even have started,
+    and a resync (or the child events of the apply itself) would otherwise apply every new job a second
+    time (a missing trainer Job is the normal state of a job not applied yet).
+    """
+    if not generation_applied:
+        return False
     if obs.trainer is None:
         return True
     return not obs.trainer.deleting and obs.trainer.suspended == active
 
 
 def _sync_once(
-    kube: Kube, namespace: str, name: str, extra_trainer: list[PodObs], lost: list[PodObs], applied: ApplyResult | None
+    kube: Kube, namespace: str, name: str, extra_trainer: list[SeenPod], lost: list[SeenPod], applied: ApplyResult | None
 ) -> None:
     body = kube.get_rljob(namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
@@ -324,8 +343,8 @@ def _sync_once(
     prev = _status(body)
     obs = observe(kube, job, spec)
     seen = {p.uid for p in obs.trainer_pods}
-    obs.trainer_pods += [p for p in extra_trainer if p.uid not in seen]
-    obs.lost_inference_pods = lost
+    obs.trainer_pods += [p for p in seen_under(extra_trainer, generation) if p.uid not in seen]
+    obs.lost_inference_pods = seen_under(lost, generation)
 
     def decide(result: ApplyResult | None) -> Decision:
         return compute_status(job, spec, generation, prev, obs, utcnow(), applied=result)
@@ -336,7 +355,7 @@ def _sync_once(
     if decision.restart_trainer_job is not None:
         deleted = delete_trainer_job(kube, namespace, trainer_name(job), decision.restart_trainer_job)
         log.info("restarting the trainer group of %s/%s (Job deleted: %s)", namespace, name, deleted)
-    elif _needs_apply(obs, decision.active):
+    elif needs_apply(obs, decision.active, current_generation_applied(prev, generation)):
         decision = decide(apply_result(kube, body, spec, decision.active))
     status = operator_apply(decision.status)
     # A resync that changes nothing writes nothing (one request per job and period saved).

@@ -343,6 +343,12 @@ def _trainer_troubles(obs: Observed, handled: list[str]) -> list[_RankTrouble]:
     job = obs.trainer
     if job is None or not job.live:
         return []
+    job_key = failure_key(ROLE_TRAINER, job.uid, "job")
+    if job_key in handled:
+        # This Job was already restarted: a read that still shows it live (its deletion not yet seen)
+        # must not count a rank's failure again, also when that rank's own key was pruned meanwhile
+        # (the pod gone from one read, back in the next as a pod the watch reported).
+        return []
     troubles: list[_RankTrouble] = []
     for pod in obs.trainer_pods:
         if pod.job_uid != job.uid or (pod.deleting and not pod.disrupted) or pod.key in handled:
@@ -356,8 +362,7 @@ def _trainer_troubles(obs: Observed, handled: list[str]) -> list[_RankTrouble]:
             interrupted = all(e.interrupted for e in failures)
             verb = "was interrupted" if interrupted else "failed"
             troubles.append(_RankTrouble(exit_.key, f"trainer pod {pod.name} {verb} ({detail})", interrupted))
-    job_key = failure_key(ROLE_TRAINER, job.uid, "job")
-    if not troubles and job.failed_message is not None and job_key not in handled:
+    if not troubles and job.failed_message is not None:
         # The Job failed but none of its ranks shows why (a pod deleted outright): a failure.
         troubles.append(_RankTrouble(job_key, f"trainer Job failed: {job.failed_message}", False))
     return troubles
@@ -441,7 +446,9 @@ def compute_status(
 
     active = not spec.suspend and outcome is None
     desired_counts = pool_replicas(spec.rollout)
-    if active:
+    # Pods lost while the job was suspended (the scale-down's DELETED events can arrive after the resume,
+    # tagged with the resumed generation) are no loss of the resumed job: its pools start from scratch.
+    if active and prev.phase != "Suspended":
         for pod in obs.lost_inference_pods:
             key = failure_key(ROLE_INFERENCE, pod.uid, pod.restart_count)
             in_scale = pod.ordinal is not None and pod.ordinal < desired_counts.get(pod.pool or "", 0)

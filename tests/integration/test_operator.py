@@ -43,14 +43,17 @@ def wait_for(check: Callable[[], T | None], what: str, timeout: float = 60.0, in
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
-def namespaced_operator(namespace: str, log_path: Path) -> OperatorProcess:
-    """The operator watching only `namespace`, with the admin kubeconfig of the test cluster."""
+def namespaced_operator(
+    namespace: str, log_path: Path, *extra_args: str, env: dict[str, str] | None = None
+) -> OperatorProcess:
+    """The operator watching only `namespace`, with the admin kubeconfig of the test cluster (and `extra_args`)."""
     return OperatorProcess(
         lambda liveness, metrics: [
             "-n", namespace, "--liveness", f"http://127.0.0.1:{liveness}/healthz",
-            "--metrics-port", str(metrics), "--metrics-addr", "127.0.0.1", "--resync-seconds", "2",
+            "--metrics-port", str(metrics), "--metrics-addr", "127.0.0.1", "--resync-seconds", "2", *extra_args,
         ],
         log_path,
+        env=env,
     )
 
 

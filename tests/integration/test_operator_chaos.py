@@ -21,10 +21,8 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,22 +30,8 @@ from kubernetes import client as k8s
 
 from tests.helpers.operator_process import OperatorProcess
 from tests.helpers.trainer_pods import SimulatedTrainerKubelet
-from tests.integration.test_operator import (  # noqa: F401 (fixtures)
-    GROUP,
-    PLURAL,
-    VERSION,
-    api,
-    children,
-    crd,
-    expected_children,
-    get,
-    kubelet,
-    namespaced_operator,
-    rljob,
-    volumes,
-    wait_for,
-    wait_phase,
-)
+from tests.integration import test_operator as base
+from tests.integration.test_operator import api, crd, kubelet, operator, volumes  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -118,69 +102,58 @@ class Chaos:
                 self.operator.start()
 
 
-@pytest.fixture
-def chaos_operator(
-    namespace: str, crd: None, tmp_path: Path, kubelet: SimulatedTrainerKubelet  # noqa: F811
-) -> Iterator[OperatorProcess]:
-    op = namespaced_operator(namespace, tmp_path / "operator.log")
-    op.start()
-    yield op
-    op.stop()
-    print(f"--- operator log ---\n{op.log_tail(80)}")
-
-
 def test_random_kills_during_twenty_lifecycles_leave_a_consistent_state(
     kube_cluster: Any,
     namespace: str,
     api: k8s.CustomObjectsApi,  # noqa: F811
-    chaos_operator: OperatorProcess,
+    operator: OperatorProcess,  # noqa: F811
     volumes: Any,  # noqa: F811
     kubelet: SimulatedTrainerKubelet,  # noqa: F811
 ) -> None:
     rng = random.Random(SEED)
     histories = [script(rng, f"c{i:02d}") for i in range(JOBS)]
-    chaos = Chaos(chaos_operator, random.Random(SEED + 1))
+    chaos = Chaos(operator, random.Random(SEED + 1))
     patch = lambda name, spec: api.patch_namespaced_custom_object(  # noqa: E731
-        GROUP, VERSION, namespace, PLURAL, name, {"spec": spec}
+        base.GROUP, base.VERSION, namespace, base.PLURAL, name, {"spec": spec}
     )
 
     def live(h: History) -> None:
         for op in h.ops:
             if op == "create":
                 volumes(h.name)
-                api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob(h.name, rollout=ROLLOUT))
-                wait_phase(api, namespace, h.name, "Running", timeout=300)
+                api.create_namespaced_custom_object(base.GROUP, base.VERSION, namespace, base.PLURAL, base.rljob(h.name, rollout=ROLLOUT))
+                base.wait_phase(api, namespace, h.name, "Running", timeout=300)
             elif op == "scale":
                 patch(h.name, {"rollout": {"replicas": 1}})  # 2 -> 1 over the pools: frees capacity too
             elif op == "suspend":
                 patch(h.name, {"suspend": True})
                 h.suspended = True
-                wait_phase(api, namespace, h.name, "Suspended", timeout=300)
+                base.wait_phase(api, namespace, h.name, "Suspended", timeout=300)
             elif op == "resume":
                 patch(h.name, {"suspend": False})
                 h.suspended = False
-                wait_phase(api, namespace, h.name, "Running", timeout=300)
+                base.wait_phase(api, namespace, h.name, "Running", timeout=300)
             elif op == "fail":
-                before = (get(api, namespace, h.name).get("status") or {}).get("restarts", {}).get("trainer", 0)
+                before = (base.get(api, namespace, h.name).get("status") or {}).get("restarts", {}).get("trainer", 0)
                 with chaos.hold:  # see the module docstring
-                    pods = wait_for(
+                    pods = base.wait_for(
                         lambda: [p for p in kubelet.pods(h.name) if p.status.phase == "Running"] or None,
                         f"{h.name} trainer pod running", timeout=120,
                     )
                     kubelet.fail(pods[0])
                     h.trainer_failures += 1
                     if h.trainer_failures > 1:
-                        wait_phase(api, namespace, h.name, "Failed", timeout=120)
+                        base.wait_phase(api, namespace, h.name, "Failed", timeout=120)
                     else:
-                        wait_for(
-                            lambda: (get(api, namespace, h.name)["status"].get("restarts") or {}).get("trainer", 0)
+                        base.wait_for(
+                            lambda: (base.get(api, namespace, h.name)["status"].get("restarts") or {}).get("trainer", 0)
                             > before,
                             f"{h.name} trainer restart counted", timeout=120,
                         )
                 if h.trainer_failures == 1:
-                    wait_phase(api, namespace, h.name, "Running", timeout=300)
+                    base.wait_phase(api, namespace, h.name, "Running", timeout=300)
             elif op == "delete":
-                api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, h.name)
+                api.delete_namespaced_custom_object(base.GROUP, base.VERSION, namespace, base.PLURAL, h.name)
                 h.deleted = True
             if h.trainer_failures > 1:
                 break  # a Failed job stays Failed; nothing more happens to it
@@ -201,15 +174,15 @@ def test_random_kills_during_twenty_lifecycles_leave_a_consistent_state(
         if expected is None:
             def gone(name: str = h.name) -> bool:
                 try:
-                    get(api, namespace, name)
+                    base.get(api, namespace, name)
                 except k8s.exceptions.ApiException as err:
                     return err.status == 404
                 return False
 
-            wait_for(gone, f"{h.name} deleted (no stuck finalizer)", timeout=60)
+            base.wait_for(gone, f"{h.name} deleted (no stuck finalizer)", timeout=60)
             continue
-        job = wait_phase(api, namespace, h.name, expected, timeout=120)
-        assert children(kube_cluster, namespace, h.name) == expected_children(h.name), h
+        job = base.wait_phase(api, namespace, h.name, expected, timeout=120)
+        assert base.children(kube_cluster, namespace, h.name) == base.expected_children(h.name), h
         uid = job["metadata"]["uid"]
         apps, batch = kube_cluster.apps(), k8s.BatchV1Api(kube_cluster.api)
         selector = f"rljob.io/job-name={h.name}"
@@ -230,5 +203,5 @@ def test_random_kills_during_twenty_lifecycles_leave_a_consistent_state(
                 *core.list_namespaced_config_map(namespace, label_selector=MANAGED).items]
         return [o.metadata.name for o in objs if o.metadata.labels.get("rljob.io/job-name") not in alive]
 
-    wait_for(lambda: not orphans() or None, "children of deleted jobs collected", timeout=120)
+    base.wait_for(lambda: not orphans() or None, "children of deleted jobs collected", timeout=120)
     print(f"chaos: {chaos.kills} operator kills; histories: {[(h.name, h.ops) for h in histories]}")

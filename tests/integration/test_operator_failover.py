@@ -18,21 +18,8 @@ from kubernetes import watch as k8s_watch
 
 from tests.helpers.operator_process import OperatorProcess
 from tests.helpers.trainer_pods import SimulatedTrainerKubelet
-from tests.integration.test_operator import (  # noqa: F401 (fixtures)
-    GROUP,
-    PLURAL,
-    VERSION,
-    api,
-    children,
-    crd,
-    expected_children,
-    get,
-    kubelet,
-    rljob,
-    volumes,
-    wait_for,
-    wait_phase,
-)
+from tests.integration import test_operator as base
+from tests.integration.test_operator import api, crd, kubelet, volumes  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -40,14 +27,9 @@ LEASE = "rljob-operator"
 
 
 def replica(namespace: str, identity: str, log_path: Path) -> OperatorProcess:
-    return OperatorProcess(
-        lambda liveness, metrics: [
-            "-n", namespace, "--liveness", f"http://127.0.0.1:{liveness}/healthz",
-            "--metrics-port", str(metrics), "--metrics-addr", "127.0.0.1", "--resync-seconds", "2",
-            "--leader-elect", "--leader-election-namespace", namespace,
-            "--lease-seconds", "4", "--renew-seconds", "1",
-        ],
-        log_path,
+    return base.namespaced_operator(
+        namespace, log_path,
+        "--leader-elect", "--leader-election-namespace", namespace, "--lease-seconds", "4", "--renew-seconds", "1",
         env={**os.environ, "POD_ID": identity},
     )
 
@@ -81,7 +63,7 @@ def test_leader_killed_mid_reconcile_standby_takes_over_without_duplicates(
     replicas: dict[str, OperatorProcess],
     volumes: Any,  # noqa: F811
 ) -> None:
-    leader = wait_for(lambda: holder(kube_cluster, namespace), "a replica holding the Lease", timeout=30)
+    leader = base.wait_for(lambda: holder(kube_cluster, namespace), "a replica holding the Lease", timeout=30)
     standby = next(n for n in replicas if n != leader)
     volumes("failover")
     # Kill the moment the first child appears (a watch, not a poll): the leader is in the middle of
@@ -89,35 +71,35 @@ def test_leader_killed_mid_reconcile_standby_takes_over_without_duplicates(
     core = kube_cluster.core()
     stream = k8s_watch.Watch()
     since = core.list_namespaced_config_map(namespace).metadata.resource_version
-    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("failover"))
+    api.create_namespaced_custom_object(base.GROUP, base.VERSION, namespace, base.PLURAL, base.rljob("failover"))
     for _ in stream.stream(
         core.list_namespaced_config_map, namespace, label_selector="rljob.io/job-name=failover",
         resource_version=since, timeout_seconds=60,
     ):
         replicas[leader].kill()
         stream.stop()
-    partial = children(kube_cluster, namespace, "failover")
+    partial = base.children(kube_cluster, namespace, "failover")
     print(f"children when the leader died: {partial}")
-    assert partial != expected_children("failover"), "the leader finished before it was killed: not mid-reconcile"
+    assert partial != base.expected_children("failover"), "the leader finished before it was killed: not mid-reconcile"
     assert "Handler 'apply" not in replicas[standby].log_text(), "the standby reconciled while not leading"
 
-    wait_for(lambda: holder(kube_cluster, namespace) == standby or None, f"{standby} taking the Lease", timeout=30)
-    job = wait_phase(api, namespace, "failover", "Running", timeout=120)
+    base.wait_for(lambda: holder(kube_cluster, namespace) == standby or None, f"{standby} taking the Lease", timeout=30)
+    job = base.wait_phase(api, namespace, "failover", "Running", timeout=120)
     assert job["status"]["rollout"]["summary"] == "3/3"
-    assert children(kube_cluster, namespace, "failover") == expected_children("failover")
+    assert base.children(kube_cluster, namespace, "failover") == base.expected_children("failover")
     selector = "rljob.io/job-name=failover"
     for workload in [*kube_cluster.apps().list_namespaced_stateful_set(namespace, label_selector=selector).items,
                      *k8s.BatchV1Api(kube_cluster.api).list_namespaced_job(namespace, label_selector=selector).items]:
         assert len(workload.metadata.owner_references) == 1
 
     # Deleting the job is not held up by a finalizer of the dead leader.
-    api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "failover")
+    api.delete_namespaced_custom_object(base.GROUP, base.VERSION, namespace, base.PLURAL, "failover")
 
     def gone() -> bool:
         try:
-            get(api, namespace, "failover")
+            base.get(api, namespace, "failover")
         except k8s.exceptions.ApiException as err:
             return err.status == 404
         return False
 
-    wait_for(gone, "RLJob deleted (no stuck finalizer)", timeout=60)
+    base.wait_for(gone, "RLJob deleted (no stuck finalizer)", timeout=60)

@@ -263,6 +263,13 @@ def test_operator_role_covers_every_kind_it_applies_and_what_it_grants_the_train
         group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
         for verb in special.get(resource, ("get", "create", "patch")):
             assert rules_allow(rules, group, resource, verb), f"operator may not {verb} {group}/{resource}"
+    # Every kind the watch cache serves is watched (listed first) by the operator.
+    from rljob.operator.cache import CACHED_KINDS
+
+    for api_version, kind in CACHED_KINDS:
+        group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
+        for verb in ("list", "watch"):
+            assert rules_allow(rules, group, PLURALS[api_version, kind], verb), f"operator may not {verb} {kind}"
     # RBAC escalation prevention: the operator can create the trainer's Role only if it holds every
     # permission in it (it has no escalate/bind verbs, on purpose).
     job = JobRef(name="demo", namespace="ml", uid="u")

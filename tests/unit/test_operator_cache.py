@@ -54,14 +54,61 @@ def test_cache_lists_by_job_and_labels_and_forgets_deleted_objects() -> None:
     for i in range(100):
         cache.upsert("v1", "Pod", obj(f"j{i}-infer-0", f"j{i}", "1"))
         cache.upsert("v1", "Pod", obj(f"j{i}-trainer-0", f"j{i}", "1", role="trainer"))
+    cache.mark_synced()
     labels = {"rljob.io/job-name": "j7", "rljob.io/role": "trainer"}
     assert [o["metadata"]["name"] for o in cache.list_job("v1", "Pod", "ns", labels) or []] == ["j7-trainer-0"]
-    assert cache.list_job("v1", "Pod", "ns", {"rljob.io/job-name": "absent"}) is None  # cold: fall through
-    assert cache.list_job("v1", "Pod", "other", labels) is None
+    assert cache.list_job("v1", "Pod", "ns", {"rljob.io/job-name": "absent"}) == []  # synced: really none
+    assert cache.list_job("v1", "Pod", "other", labels) == []
     for i in range(100):
         cache.remove("v1", "Pod", "ns", f"j{i}-infer-0")
         cache.remove("v1", "Pod", "ns", f"j{i}-trainer-0")
     assert len(cache) == 0 and cache.index_size() == 0
+
+
+def test_cache_answers_no_list_before_it_is_synced() -> None:
+    """After a restart the initial lists arrive object by object: a job's trainer pod may be cached before
+    its inference pods. An unsynced cache must not answer with that partial list (the status would call
+    the job's pool unready: the Running -> Degraded flap seen after operator restarts), nor call an
+    object absent; once synced it answers both."""
+    cache = ObjectCache()
+    cache.upsert("v1", "Pod", obj("j-trainer-0", "j", "1", role="trainer"))
+    job = {"rljob.io/job-name": "j"}
+    assert cache.list_job("v1", "Pod", "ns", job) is None
+    assert cache.list_job("apps/v1", "StatefulSet", "ns", job) is None
+    cache.upsert("v1", "Pod", obj("j-infer-0", "j", "1"))
+    cache.mark_synced()
+    assert [o["metadata"]["name"] for o in cache.list_job("v1", "Pod", "ns", job) or []] == ["j-infer-0", "j-trainer-0"]
+    assert cache.list_job("apps/v1", "StatefulSet", "ns", job) == []
+
+
+def test_unsynced_reads_go_to_the_api_server_and_synced_ones_do_not() -> None:
+    """CachedKube.observe-style reads: before the sync every list and get of a job asks the API (which
+    has the whole truth), after it none does, and a missing child is None without a request."""
+    from rljob.operator.cache import CachedKube
+
+    calls: list[str] = []
+    api_pods = [obj("j-trainer-0", "j", "1", role="trainer"), obj("j-infer-0", "j", "1")]
+
+    class Server(CachedKube):
+        def request(self, method: str, path: str, body: Any = None, query: Any = None, content_type: str = "") -> Any:
+            calls.append(path)
+            if path.endswith("/pods"):
+                return {"items": api_pods}
+            from rljob.common.kube import KubeError
+
+            raise KubeError(404, {"message": "not found"})
+
+    kube = Server(api=None)  # type: ignore[arg-type]
+    kube.cache.upsert("v1", "Pod", api_pods[0])  # the trainer pod's listing arrived, the inference pod's not yet
+    assert len(kube.list("v1", "Pod", "ns", "rljob.io/job-name=j")) == 2
+    assert kube.get("batch/v1", "Job", "ns", "j-trainer") is None
+    assert len(calls) == 2
+    kube.cache.upsert("v1", "Pod", api_pods[1])
+    kube.cache.mark_synced()
+    assert len(kube.list("v1", "Pod", "ns", "rljob.io/job-name=j")) == 2
+    assert kube.get("batch/v1", "Job", "ns", "j-trainer") is None
+    assert kube.list("apps/v1", "StatefulSet", "ns", "rljob.io/job-name=j") == []
+    assert len(calls) == 2
 
 
 def test_cache_keeps_the_newer_version_and_hands_out_copies() -> None:
@@ -78,7 +125,8 @@ def test_relabelled_object_moves_between_jobs() -> None:
     cache = ObjectCache()
     cache.upsert("v1", "Pod", obj("p", "a", "1"))
     cache.upsert("v1", "Pod", obj("p", "b", "2"))
-    assert cache.list_job("v1", "Pod", "ns", {"rljob.io/job-name": "a"}) is None
+    cache.mark_synced()
+    assert cache.list_job("v1", "Pod", "ns", {"rljob.io/job-name": "a"}) == []
     assert len(cache.list_job("v1", "Pod", "ns", {"rljob.io/job-name": "b"}) or []) == 1
 
 
@@ -152,3 +200,31 @@ def test_a_refused_status_write_makes_the_next_read_fresh() -> None:
     assert kube.get_rljob("ns", "job")["metadata"]["resourceVersion"] == "9"  # type: ignore[index]
     assert [m for m, _ in calls] == ["PATCH", "GET"]
     assert kube.cache.get(RLJOB_API_VERSION, "RLJob", "ns", "job")["metadata"]["resourceVersion"] == "9"  # type: ignore[index]
+
+
+def test_a_status_sync_applies_only_what_the_current_generation_already_applied() -> None:
+    """A new job whose create handler has not run (kopf's workers busy) or is half-way has no trainer Job:
+    its resync or early child events must leave the apply to that handler (they used to apply every child
+    a second time). After a config change the handler waits for the old Job to go: then the sync must
+    recreate it."""
+    from rljob.api.status import RLJobStatus
+    from rljob.operator.reconcile import current_generation_applied, needs_apply
+    from rljob.operator.status_logic import Observed, TrainerJobObs
+
+    recreating = {"type": "ChildrenApplied", "status": "False", "reason": "Recreating", "observedGeneration": 2,
+                  "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    assert not current_generation_applied(RLJobStatus(), 1)  # never applied
+    assert not current_generation_applied(RLJobStatus(observedGeneration=1), 2)  # spec update not applied yet
+    assert current_generation_applied(RLJobStatus(observedGeneration=2), 2)
+    waiting = RLJobStatus.model_validate({"observedGeneration": 1, "conditions": [recreating]})
+    assert current_generation_applied(waiting, 2)  # applied, waiting for the old Job
+    assert not current_generation_applied(waiting, 3)
+
+    missing = Observed()
+    running = Observed(trainer=TrainerJobObs(uid="u", replicas=1, ready=1))
+    suspended = Observed(trainer=TrainerJobObs(uid="u", replicas=0, ready=0, suspended=True))
+    assert not needs_apply(missing, active=True, generation_applied=False)
+    assert needs_apply(missing, active=True, generation_applied=True)  # deleted for a restart or recreate
+    assert not needs_apply(running, active=True, generation_applied=True)
+    assert needs_apply(running, active=False, generation_applied=True)  # finished: suspend it
+    assert needs_apply(suspended, active=True, generation_applied=True)  # resumed

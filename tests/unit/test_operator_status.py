@@ -139,6 +139,32 @@ def test_scale_down_is_not_a_loss() -> None:
     assert d.status.phase == "Running" and d.status.restarts.rollout == 0
 
 
+def test_a_restarted_job_read_live_again_does_not_count_a_failure_twice() -> None:
+    """Seen in the chaos test: after the restart one read had the failed pod gone (its handled key pruned),
+    the next had it back as a pod the watch reported, with the deleted Job still read live (its deletion
+    not yet seen): that was counted as a second failure and ended the job at backoffLimit 1."""
+    status = _run(_spec(backoffLimit=1), RLJobStatus(), _obs()).status
+    failed = pod_observation(_pod(phase="Failed", uid="t1", job_uid="job-1"))
+    job = TrainerJobObs(uid="job-1", replicas=1, ready=0)
+    d = _run(_spec(backoffLimit=1), status, _obs(trainer_pods=[failed], job=job))
+    assert d.restart_trainer_job == "job-1" and d.status.restarts.trainer == 1
+    pruned = _run(_spec(backoffLimit=1), d.status, _obs(job=job)).status  # the pod gone from this read
+    assert "trainer/t1/0" not in pruned.restarts.handled_failures
+    again = _run(_spec(backoffLimit=1), pruned, _obs(trainer_pods=[failed], job=job))
+    assert again.restart_trainer_job is None and again.status.outcome is None and again.status.restarts.trainer == 1
+
+
+def test_pods_deleted_by_a_suspend_are_no_loss_after_the_resume() -> None:
+    """Their DELETED events may reach the operator only after the resume (seen in the chaos test as a
+    Suspended -> Degraded [InferenceReplicaLost] flap): the resumed job is Starting, not Degraded."""
+    suspended = _run(_spec(suspend=True), _run(_spec(), RLJobStatus(), _obs()).status, _obs()).status
+    assert suspended.phase == "Suspended"
+    scaled_away = pod_observation(_pod(uid="inf-1", role="inference", ordinal=0))
+    d = _run(_spec(), suspended, _obs(nv=0, mi=0, lost_inference_pods=[scaled_away]))
+    assert d.status.phase != "Degraded" and d.status.restarts.rollout == 0
+    assert "InferenceReplicaLost" not in {e.reason for e in d.events}
+
+
 def test_trainer_failure_restarts_group_until_backoff_limit() -> None:
     status = _run(_spec(), RLJobStatus(), _obs()).status
     for n in (1, 2):

@@ -43,14 +43,14 @@ it create those Roles and their RoleBindings without the `escalate` or `bind` ve
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Per-job runtime config, trainer and router identities and checkpoint volume.
+# Per-job runtime config, trainer and router identities and checkpoint volume (watched for the cache).
 - apiGroups: [""]
   resources: ["configmaps", "serviceaccounts", "persistentvolumeclaims"]
-  verbs: ["get", "create", "patch"]
-# The trainer's and the router's Role and RoleBinding (see above: no escalate/bind needed).
+  verbs: ["get", "list", "watch", "create", "patch"]
+# The trainer's and the router's Role and RoleBinding (see above: no escalate/bind needed; watched for the cache).
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 {{- if .Values.rbac.readSecrets }}
 # Bearer tokens named by spec.autotune.prometheus.bearerTokenSecretRef.
 - apiGroups: [""]

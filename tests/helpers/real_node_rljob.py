@@ -1,10 +1,12 @@
 """A cpu-vendor RLJob on the real node: its volumes, its manifest, the operator on the host, diagnostics.
 
 Shared by the real-node RLJob tests (tests/integration/test_rljob_real_node.py and
-test_rljob_failures_real_node.py). The model sits on a PersistentVolumeClaim, the checkpoints (and
-the step records, `metrics.jsonl`) on the operator's checkpoint claim, both hostPath PVs pre-bound to
-their claims (the cluster has no provisioner); the runtime image is `runtime-thin` with the test
-run's virtualenv mounted read-only (`spec.pods.volumes`).
+test_rljob_failures_real_node.py). The job is the chart's cpu example
+(charts/rljob-operator/examples/cpu-only.yaml) with the tests' images, sizes and step counts. Its model
+and its data (training and held-out jsonl) sit on PersistentVolumeClaims, the checkpoints (and the step
+records, `metrics.jsonl`) on the operator's checkpoint claim, all hostPath PVs pre-bound to their claims
+(the cluster has no provisioner); the runtime image is `runtime-thin` with the test run's virtualenv
+mounted read-only (`spec.pods.volumes`).
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client as k8s
 
 from rljob.operator import crdgen
+from rljob.runtime.tasks.dataset import synthetic_records
 from tests.cluster.realnode import RealCluster, mounted_runtime
 from tests.helpers.operator_process import OperatorProcess
-from tests.integration.test_job_pods_real_node import _model_claim
+from tests.integration.test_job_pods_real_node import read_only_claim
 from tests.integration.test_runner_resume import tiny_policy
 
 GROUP, VERSION, PLURAL = "rljob.io", "v1alpha1", "rljobs"
+EXAMPLE = Path(__file__).resolve().parents[2] / "charts/rljob-operator/examples/cpu-only.yaml"
 NAME = "e2e"
 # Inside the pods: the checkpoint claim's mount; the step records live there so they outlive the trainer pods.
 METRICS_JSONL = "/var/lib/rljob/checkpoints/metrics.jsonl"
@@ -42,32 +47,37 @@ def checkpoint_volume(rc: RealCluster, namespace: str, folder: Path, claim: str)
     })
 
 
+def data_files(folder: Path, train: int = 64, held_out: int = 16) -> Path:
+    """The example's data claim: train.jsonl and test.jsonl of arithmetic problems the tiny model's
+    character tokenizer can spell (the held-out ones follow the training ones, never trained on)."""
+    folder.mkdir(parents=True)
+    for name, rows in (("train.jsonl", synthetic_records(train, seed=3)),
+                       ("test.jsonl", synthetic_records(held_out, seed=3, start=train))):
+        lines = (json.dumps({"prompt": r.prompt, "answer": r.answer}) for r in rows)
+        (folder / name).write_text("\n".join(lines) + "\n")
+        (folder / name).chmod(0o644)  # the pods run as uid 1000
+    folder.chmod(0o755)
+    return folder
+
+
 def rljob_manifest(runtime: str, router: str, steps: int, trainer_replicas: int = 2) -> dict[str, Any]:
-    """The RLJob: tiny model, one cpu inference replica, the router, a trainer gang, a checkpoint every step."""
+    """The chart's cpu example with the tests' images and sizes: rounds of 2 groups x 2 short samples,
+    small pod requests, a checkpoint every step, no evaluation, the step records on the checkpoint claim."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["metadata"] = {"name": NAME}
+    spec = doc["spec"]
     volumes, mounts = mounted_runtime()
-    small = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "3Gi"}}
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "RLJob", "metadata": {"name": NAME},
-        "spec": {
-            "model": {"path": "pvc://models/tiny"},
-            "data": {"synthetic": {"numPrompts": 64, "seed": 3}},
-            "algorithm": {"name": "grpo", "learningRate": 1e-3},
-            "rollout": {
-                "engine": "sglang", "strategy": "april", "rolloutBatchSize": 2, "samplesPerPrompt": 2,
-                "maxResponseLength": 16,
-                "pools": [{"name": "cpu", "vendor": "cpu", "replicas": 1, "image": runtime, "resources": small,
-                           "extraArgs": ["--torch-threads", "1"]}],
-                "router": {"image": router, "policy": "round_robin"},
-                "weightTransport": {"mode": "distributed", "backend": "gloo", "bucketMegabytes": 1},
-            },
-            "trainer": {"vendor": "cpu", "gpusPerReplica": 0, "replicas": trainer_replicas, "image": runtime,
-                        "steps": steps, "microBatchSize": 4},
-            "evaluation": {"everySteps": 100, "prompts": 2},
-            "checkpoint": {"everySteps": 1},
-            "metrics": {"jsonl": METRICS_JSONL},
-            "pods": {"volumes": volumes, "volumeMounts": mounts},
-        },
-    }
+    spec["rollout"].update(rolloutBatchSize=2, samplesPerPrompt=2, maxResponseLength=16)
+    spec["rollout"]["router"]["image"] = router
+    for pool in spec["rollout"]["pools"]:
+        pool.update(image=runtime, resources={"requests": {"cpu": "100m", "memory": "256Mi"},
+                                              "limits": {"memory": "3Gi"}})
+    spec["trainer"].update(image=runtime, steps=steps, replicas=trainer_replicas)
+    spec["evaluation"].update(everySteps=100, prompts=2)
+    spec["checkpoint"]["everySteps"] = 1
+    spec["metrics"] = {"jsonl": METRICS_JSONL}
+    spec["pods"] = {"volumes": volumes, "volumeMounts": mounts}
+    return doc
 
 
 class RealNodeJob:
@@ -82,7 +92,8 @@ class RealNodeJob:
         model = tiny_policy(tmp_path / "volume" / "tiny")
         for file in model.iterdir():  # safetensors writes 0600; the pods run as uid 1000
             file.chmod(0o644)
-        _model_claim(rc, namespace, model.parent)
+        read_only_claim(rc, namespace, "models", model.parent)  # its root holds tiny/
+        read_only_claim(rc, namespace, "data", data_files(tmp_path / "data-volume"))
         checkpoint_volume(rc, namespace, self.checkpoints, f"{NAME}-checkpoints")
         env = {**os.environ, "KUBECONFIG": str(rc.cluster.kubeconfig)}
         self.operator = OperatorProcess(

@@ -59,18 +59,18 @@ def _cpu_pool_children(namespace: str, image: str, replicas: int) -> tuple[RLJob
     return spec, wanted
 
 
-def _model_claim(rc: RealCluster, namespace: str, folder: Path) -> None:
-    """PVC `models` bound to a hostPath PV whose root holds `tiny/` (what a storage class would provide)."""
+def read_only_claim(rc: RealCluster, namespace: str, claim: str, folder: Path) -> None:
+    """PVC `claim` bound to a hostPath PV whose root is `folder` (what a storage class would provide)."""
     core = rc.cluster.core()
-    pv = f"models-{namespace}"[:63]
+    pv = f"{claim}-{namespace}"[:63]
     core.create_persistent_volume({
         "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
                  "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(folder), "type": "Directory"},
-                 "claimRef": {"namespace": namespace, "name": "models"}},
+                 "claimRef": {"namespace": namespace, "name": claim}},
     })
     core.create_namespaced_persistent_volume_claim(namespace, {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "models"},
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
         "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": pv,
                  "resources": {"requests": {"storage": "1Gi"}}},
     })
@@ -83,7 +83,7 @@ def test_cpu_pool_pods_pass_their_probes_and_serve(real_cluster: RealCluster, re
     model = save_tiny_model(tmp_path / "volume" / "tiny")
     for file in model.iterdir():  # safetensors writes 0600; the server runs as uid 1000
         file.chmod(0o644)
-    _model_claim(rc, ns, model.parent)
+    read_only_claim(rc, ns, "models", model.parent)  # its root holds tiny/
     spec, children = _cpu_pool_children(ns, image, replicas=2)
     apps, core = k8s.AppsV1Api(rc.cluster.api), rc.cluster.core()
     for child in children:

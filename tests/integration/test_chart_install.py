@@ -305,6 +305,8 @@ def checkpoint_volume(kube_cluster: KubeCluster) -> Iterator[PersistentVolumeFac
         created.append(name)
         return name
 
+    user_claims: set[tuple[str, str]] = set()  # the user's own claims, made once per namespace
+
     def provision(namespace: str, example: Path) -> None:
         job = load_rljob(example)
         ref = JobRef(job.metadata.name, namespace, "")
@@ -317,6 +319,9 @@ def checkpoint_volume(kube_cluster: KubeCluster) -> Iterator[PersistentVolumeFac
             for v in child["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v
         }
         for user_claim in sorted(mounted - {claim}):
+            if (namespace, user_claim) in user_claims:
+                continue  # another example of this namespace mounts the same claim (e.g. `models`)
+            user_claims.add((namespace, user_claim))
             pv = volume(namespace, user_claim, "1Gi", "ReadWriteMany")
             core.create_namespaced_persistent_volume_claim(namespace, k8s.V1PersistentVolumeClaim(
                 metadata=k8s.V1ObjectMeta(name=user_claim),

@@ -23,7 +23,7 @@ import yaml
 
 from rljob.runtime.metrics import ledger_imbalance, read_jsonl
 from tests.integration.test_distributed_training import _rank_pid
-from tests.integration.test_run_weight_sync import http_pool  # noqa: F401 (fixture)
+from tests.integration.test_run_weight_sync import http_pool, use_sglang_pool  # noqa: F401 (fixture)
 from tests.integration.test_runner_resume import job_doc
 
 pytestmark = pytest.mark.slow
@@ -42,13 +42,7 @@ def test_two_ranks_two_engines_router_distributed_transport_survive_a_kill_of_ra
     # shorter answers gives every group a signal, and the held-out reward the same function to move.
     (tmp_path / "length_reward.py").write_text("def score(inp):\n    return 1.0 - min(inp.response_length, 40) / 40\n")
     doc["spec"]["reward"] = {"type": "python", "function": "length_reward:score"}
-    doc["spec"]["rollout"].pop("embedded")
-    doc["spec"]["rollout"].update({
-        "engine": "sglang",
-        "sglang": {"routerUrl": router, "workerUrls": workers},
-        "weightTransport": {"mode": "distributed", "backend": "gloo", "masterAddress": "127.0.0.1",
-                            "masterPort": 0, "bucketMegabytes": 0.05, "timeoutSeconds": 120},
-    })
+    use_sglang_pool(doc, router, workers)
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
     log = tmp_path / "run.log"

@@ -51,6 +51,17 @@ async def test_embedded_run_serves_every_version_and_closes_the_ledger(tmp_path:
     check_ledger(records, len(runner.scheduler.buffer))
 
 
+def use_sglang_pool(doc: dict, router: str, workers: list[str]) -> None:
+    """Point a job_doc at the http_pool's router and workers, weights over the gloo `distributed` transport."""
+    doc["spec"]["rollout"].pop("embedded")
+    doc["spec"]["rollout"].update({
+        "engine": "sglang",
+        "sglang": {"routerUrl": router, "workerUrls": workers},
+        "weightTransport": {"mode": "distributed", "backend": "gloo", "masterAddress": "127.0.0.1",
+                            "masterPort": 0, "bucketMegabytes": 0.05, "timeoutSeconds": 120},
+    })
+
+
 @pytest.fixture
 def http_pool(tmp_path: Path) -> Iterator[tuple[Path, list[str], str]]:
     model = tiny_policy(tmp_path / "model")
@@ -69,13 +80,7 @@ def http_pool(tmp_path: Path) -> Iterator[tuple[Path, list[str], str]]:
 async def test_sglang_run_with_distributed_transport(tmp_path: Path, http_pool, trainer_ranks: int):
     model, workers, router = http_pool
     doc = job_doc(model, tmp_path / "ckpt", steps=STEPS, every=100)
-    doc["spec"]["rollout"].pop("embedded")
-    doc["spec"]["rollout"].update({
-        "engine": "sglang",
-        "sglang": {"routerUrl": router, "workerUrls": workers},
-        "weightTransport": {"mode": "distributed", "backend": "gloo", "masterAddress": "127.0.0.1",
-                            "masterPort": 0, "bucketMegabytes": 0.05, "timeoutSeconds": 120},
-    })
+    use_sglang_pool(doc, router, workers)
     job = parse_rljob(doc)
     assert job.spec.rollout.transport_mode == "distributed"
     runner = JobRunner(job, RunOptions(output_dir=tmp_path / "out"))

@@ -21,7 +21,7 @@ so a failure seen twice (timer and watch, or before and after an operator restar
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from rljob.api.spec import RLJobSpec
@@ -117,6 +117,9 @@ class PodObs:
     job_uid: str | None = None  # the owning Job's uid (trainer pods)
     disrupted: bool = False  # DisruptionTarget=True: evicted, preempted, node shutdown
     restart_count: int = 0
+    # When the pod's deletion was asked for (the API server's deletionTimestamp less the grace period; to
+    # the second): None while nobody deletes it, and for a pod force-deleted without one.
+    deletion_requested: datetime | None = None
 
     def failures(self) -> list[PodExit]:
         """Terminations with a non-zero exit code (or a Failed pod phase)."""
@@ -226,7 +229,17 @@ def pod_observation(pod: dict[str, Any]) -> PodObs:
         job_uid=labels.get(JOB_UID_LABEL),
         disrupted=disrupted,
         restart_count=restart_count,
+        deletion_requested=_deletion_requested(meta),
     )
+
+
+def _deletion_requested(meta: dict[str, Any]) -> datetime | None:
+    """When the pod's deletion was asked for: its deletionTimestamp is that moment plus the grace period."""
+    stamp = meta.get("deletionTimestamp")
+    if not stamp:
+        return None
+    at = datetime.fromisoformat(stamp.replace("Z", "+00:00")) if isinstance(stamp, str) else stamp
+    return at - timedelta(seconds=int(meta.get("deletionGracePeriodSeconds") or 0))
 
 
 def failure_key(role: str, uid: str, restart_count: int | str) -> str:
@@ -448,8 +461,13 @@ def compute_status(
     desired_counts = pool_replicas(spec.rollout)
     # Pods lost while the job was suspended (the scale-down's DELETED events can arrive after the resume,
     # tagged with the resumed generation) are no loss of the resumed job: its pools start from scratch.
+    # Nor are pods whose deletion was asked for before the job's latest start: a DELETED event of the
+    # suspend's scale-down can come after the first pass of the resumed job (seen in the chaos test as
+    # Starting -> Degraded [InferenceReplicaLost] for ~15 s after a resume, counted in restarts.rollout).
     if active and prev.phase != "Suspended":
         for pod in obs.lost_inference_pods:
+            if pod.deletion_requested is not None and prev.start_time and pod.deletion_requested < prev.start_time:
+                continue
             key = failure_key(ROLE_INFERENCE, pod.uid, pod.restart_count)
             in_scale = pod.ordinal is not None and pod.ordinal < desired_counts.get(pod.pool or "", 0)
             if in_scale and key not in restarts.handled_failures:

@@ -395,3 +395,29 @@ def test_a_cpu_pool_gets_a_pool_status() -> None:
     status = _run(spec, RLJobStatus(), obs).status
     assert [(p.name, p.vendor, p.ready) for p in status.rollout.pools] == [("cpu", "cpu", 1)]
     assert status.phase == "Running"
+
+
+def test_a_pod_deleted_before_the_resume_is_no_loss_on_a_later_pass() -> None:
+    """A scale-down DELETED event may come after the resumed job's first pass (then prev is Starting, not
+    Suspended): a pod whose deletion was asked for before the job's start is history. One deleted after the
+    start is a loss."""
+    suspended = _run(_spec(suspend=True), _run(_spec(), RLJobStatus(), _obs()).status, _obs()).status
+    resumed_at = T0 + timedelta(minutes=5)
+    starting = _run(_spec(), suspended, _obs(nv=0, mi=0), now=resumed_at).status
+    assert starting.phase == "Starting" and starting.start_time == resumed_at
+
+    def deleted_at(at: datetime, uid: str) -> PodObs:
+        pod = _pod(uid=uid, role="inference", ordinal=0)
+        # The API server stamps the end of the grace period: 30 s after the request.
+        pod["metadata"] |= {"deletionTimestamp": (at + timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                            "deletionGracePeriodSeconds": 30}
+        return pod_observation(pod)
+
+    old = deleted_at(resumed_at - timedelta(seconds=10), "inf-old")
+    assert old.deletion_requested == resumed_at - timedelta(seconds=10)
+    d = _run(_spec(), starting, _obs(nv=0, mi=0, lost_inference_pods=[old]), now=resumed_at + timedelta(seconds=20))
+    assert d.status.phase == "Starting" and d.status.restarts.rollout == 0
+    assert "InferenceReplicaLost" not in {e.reason for e in d.events}
+    new = deleted_at(resumed_at + timedelta(seconds=10), "inf-new")
+    d = _run(_spec(), starting, _obs(nv=1, lost_inference_pods=[new]), now=resumed_at + timedelta(seconds=20))
+    assert d.status.restarts.rollout == 1 and "InferenceReplicaLost" in {e.reason for e in d.events}

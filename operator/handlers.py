@@ -192,7 +192,13 @@ async def start_resync(memo: kopf.Memo, **_: Any) -> None:
     async def autotune_pass(namespace: str, name: str) -> None:
         await autotune_job(kube, pool, namespace, name)
 
-    loops = [ResyncLoop("resync", RESYNC_SECONDS, jobs, resync_pass), ResyncLoop("autotune", TICK_S, jobs, autotune_pass)]
+    def resync_due(listed: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        return queue.due(listed, RESYNC_SECONDS)
+
+    loops = [
+        ResyncLoop("resync", RESYNC_SECONDS, jobs, resync_pass, select=resync_due),
+        ResyncLoop("autotune", TICK_S, jobs, autotune_pass),
+    ]
     memo["resync_tasks"] = [asyncio.create_task(loop.run_forever(), name=loop.step) for loop in loops]
 
 

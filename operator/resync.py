@@ -22,6 +22,7 @@ from rljob.operator.metrics import RECONCILE_ERRORS
 log = logging.getLogger(__name__)
 
 JobPass = Callable[[str, str], Awaitable[None]]
+JobKey = tuple[str, str]
 
 
 def list_rljobs(kube: Kube, namespaces: Sequence[str]) -> list[tuple[str, str]]:
@@ -46,17 +47,21 @@ class ResyncLoop:
 
     step: str
     interval: float
-    list_jobs: Callable[[], list[tuple[str, str]]]
+    list_jobs: Callable[[], list[JobKey]]
     job_pass: JobPass
+    # Which of the listed jobs this pass visits (run in the event loop, so it may read loop-owned state).
+    select: Callable[[list[JobKey]], list[JobKey]] | None = None
 
     async def run_once(self) -> None:
-        """One pass over all RLJobs; errors are logged and counted per job."""
+        """One pass over all (selected) RLJobs; errors are logged and counted per job."""
         try:
             jobs = await asyncio.to_thread(self.list_jobs)
         except Exception as err:  # noqa: BLE001 - the loop must survive an unreachable API server
             RECONCILE_ERRORS.labels(f"{self.step}-list").inc()
             log.warning("%s: cannot list RLJobs: %s", self.step, err)
             return
+        if self.select is not None:
+            jobs = self.select(jobs)
         for namespace, name in jobs:
             try:
                 await self.job_pass(namespace, name)

@@ -10,13 +10,17 @@ starts, and held kopf's worker threads that the child applies of new jobs also n
 - `StatusQueue` runs the syncs on its own small thread pool (never kopf's, so applies do not wait
   behind status work), each after a short settling delay that lets a burst of events coalesce. A job
   whose apply is running is not waited for: its request is kept and tried after the next delay.
+- The periodic resync asks only for the jobs that no sync covered within its period (`due`): while
+  jobs start, their own events sync them several times a period, and the resync's pass on top was
+  most of a starting job's syncs. A job's status is therefore recomputed at least every two periods.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -67,6 +71,8 @@ class PendingSyncs:
 
     pending: dict[JobKey, SyncRequest] = field(default_factory=dict)
     working: set[JobKey] = field(default_factory=set)
+    # When each job's last sync finished (monotonic seconds); only listed jobs are kept (see `due`).
+    last_done: dict[JobKey, float] = field(default_factory=dict)
 
     def request(self, key: JobKey, trainer_pods: Iterable[SeenPod] = (), lost: Iterable[SeenPod] = ()) -> bool:
         """Record a sync request; True when the caller must start the job's worker (none runs yet)."""
@@ -82,6 +88,21 @@ class PendingSyncs:
         if work is None:
             self.working.discard(key)
         return work
+
+    def done(self, key: JobKey, now: float) -> None:
+        """Record that a sync of the job finished at `now`."""
+        self.last_done[key] = now
+
+    def due(self, jobs: Sequence[JobKey], now: float, period_s: float) -> list[JobKey]:
+        """The jobs a resync at `now` must sync: neither in work nor synced within `period_s`. Forgets the
+        jobs not in `jobs` (all live jobs), so the record stays bounded as jobs come and go."""
+        listed = set(jobs)
+        for key in [k for k in self.last_done if k not in listed]:
+            del self.last_done[key]
+        return [
+            k for k in jobs
+            if k not in self.working and now - self.last_done.get(k, float("-inf")) >= period_s
+        ]
 
     def __len__(self) -> int:
         """Jobs with a worker (bounded by the live jobs; 0 when idle)."""
@@ -119,11 +140,17 @@ class StatusQueue:
                 return
             trainer, lost = list(work.trainer_pods.values()), list(work.lost_inference_pods.values())
             try:
-                if not await loop.run_in_executor(self._pool, self._sync, *key, trainer, lost):
+                if await loop.run_in_executor(self._pool, self._sync, *key, trainer, lost):
+                    self._plan.done(key, time.monotonic())
+                else:
                     self._plan.request(key, trainer, lost)  # busy: merged back, this worker goes on
             except Exception:  # noqa: BLE001 - the next event or resync tries again
                 RECONCILE_ERRORS.labels("status-queue").inc()
                 log.exception("status sync of %s/%s failed", *key)
+
+    def due(self, jobs: Sequence[JobKey], period_s: float) -> list[JobKey]:
+        """Of `jobs` (every live job), those that no sync covered within the last `period_s` (see PendingSyncs.due)."""
+        return self._plan.due(jobs, time.monotonic(), period_s)
 
     def __len__(self) -> int:
         """Jobs with a sync pending or running."""

@@ -117,3 +117,36 @@ def test_pods_seen_under_an_older_generation_are_no_news_for_the_current_one() -
     lost = [SeenPod(pod("suspend-scaled"), 2), SeenPod(pod("now"), 3), SeenPod(pod("unknown"), None)]
     assert [p.uid for p in seen_under(lost, 3)] == ["now", "unknown"]
     assert [p.uid for p in seen_under(lost, 2)] == ["suspend-scaled", "unknown"]
+
+
+def test_the_resync_skips_jobs_synced_within_its_period_and_forgets_gone_ones() -> None:
+    plan = PendingSyncs()
+    a, b, c = ("ns", "a"), ("ns", "b"), ("ns", "c")
+    plan.done(a, now=100.0)
+    plan.done(b, now=95.0)
+    plan.request(c)  # c's sync is pending: the resync adds nothing
+    assert plan.due([a, b, c], now=104.0, period_s=10.0) == []
+    assert plan.due([a, b, c], now=106.0, period_s=10.0) == [b]  # b's last sync is a period old
+    assert plan.due([a, b], now=110.0, period_s=10.0) == [a, b]
+    assert plan.due([b], now=110.0, period_s=10.0) == [b] and set(plan.last_done) == {b}  # a deleted: forgotten
+
+
+def test_a_finished_sync_is_recorded_for_the_resync() -> None:
+    def sync(namespace: str, name: str, trainer: list[SeenPod], lost: list[SeenPod]) -> bool:
+        return name != "busy"
+
+    async def scenario() -> list[tuple[str, str]]:
+        queue = StatusQueue(sync, settle_s=0.01, threads=1)
+        jobs = [("ns", "a"), ("ns", "busy"), ("ns", "idle")]
+        assert queue.due(jobs, period_s=60.0) == jobs
+        queue.request("ns", "a")
+        queue.request("ns", "busy")  # its sync answers busy, again and again: never recorded as done
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if len(queue) == 1:  # a's worker ended
+                break
+        due = queue.due(jobs, period_s=60.0)
+        await queue.aclose()
+        return due
+
+    assert asyncio.run(scenario()) == [("ns", "idle")]

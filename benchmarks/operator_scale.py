@@ -1,6 +1,6 @@
 """What the operator costs at scale: N RLJobs applied at once on a local control plane with fake nodes.
 
-    python benchmarks/operator_scale.py --nodes 1000 --jobs 10 100      # writes docs/benchmarks/operator_scale.*
+    python benchmarks/operator_scale.py --nodes 1000 --jobs 10 100 1000   # writes docs/benchmarks/operator_scale.*
 
 A private control plane (etcd, kube-apiserver, controllers, scheduler; tests/cluster) gets `--nodes`
 kwok nodes (40 % NVIDIA, 30 % AMD, 30 % CPU, 8 GPUs per GPU node). Stated simplification: the
@@ -10,6 +10,14 @@ benchmark's nodes are played by a second kwok process whose node leases last `--
 120 s grace period still sees every node alive, and the run reports how many stayed Ready. For each job count the operator
 (`python -m rljob.operator -n bench-N`) runs as its own process; the RLJobs (two pools on both GPU
 vendors, a CPU trainer, a pre-bound checkpoint volume) are created from a thread pool at once.
+Each job count runs two variants, one after the other on the same control plane:
+
+- `operator`: the operator applies the children, as in production;
+- `floor`: no operator; a bare client applies the same children with the same concurrency (8 jobs at
+  a time, 8 requests per job, workloads after what they use) and nothing else: no cache, status,
+  Events or kopf. Its apply -> children is what this machine's API server and controllers allow, the
+  floor under the operator's number.
+
 Reported per run:
 
 - apply -> all children created (18 per job), apply -> phase Running (kwok makes pods Ready at once): p50, p99;
@@ -37,6 +45,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,7 +74,8 @@ def rljob(name: str) -> dict[str, Any]:
             "rollout": {
                 "rolloutBatchSize": 4,
                 "pools": [
-                    {"name": "nv", "vendor": "nvidia", "replicas": 2, "gpusPerReplica": 2, "tensorParallelSize": 2},
+                    # 2 NVIDIA + 1 AMD GPU per job: 1,000 jobs fit on 1,000 nodes (3,200 + 2,400 GPUs).
+                    {"name": "nv", "vendor": "nvidia", "replicas": 1, "gpusPerReplica": 2, "tensorParallelSize": 2},
                     {"name": "mi", "vendor": "amd", "replicas": 1, "gpusPerReplica": 1},
                 ],
             },
@@ -186,6 +197,16 @@ class Watcher:
             return max(seen.values()) if len(seen) >= CHILDREN_PER_JOB else None
 
 
+@contextmanager
+def progress(label: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A rich progress bar on stderr; yields `update(done)`."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda done: bar.update(task, completed=done)
+
+
 # The fake nodes' heartbeats (kwok) and the controllers' view of them: not the operator's load.
 NODE_TRAFFIC = ('resource="leases"', 'resource="nodes"')
 
@@ -288,15 +309,76 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_one(cluster: KubeCluster, n_jobs: int, steady_s: float, resync_s: float, timeout_s: float, log_dir: Path) -> dict[str, Any]:
-    namespace = cluster.create_namespace(f"bench-{n_jobs}")
-    jobs = [f"j{i:04d}" for i in range(n_jobs)]
-    create_volumes(cluster, namespace, jobs)
+def wait_namespace_gone(cluster: KubeCluster, namespace: str, timeout_s: float) -> float:
+    """Delete a namespace and wait until it is gone (its objects' deletion would load the next run)."""
+    from kubernetes.client.rest import ApiException
+
+    start = time.time()
+    cluster.delete_namespace(namespace)
+    while time.time() - start < timeout_s:
+        try:
+            cluster.core().read_namespace(namespace)
+        except ApiException as err:
+            if err.status == 404:
+                break
+        time.sleep(2.0)
+    return time.time() - start
+
+
+class BareApplier:
+    """The floor variant: apply each job's children as the operator does, with nothing else around it.
+
+    `jobs` jobs at a time (kopf's workers), `per_job` requests at a time within a job, workloads after
+    the objects they use; one server-side apply per child and no read before it.
+    """
+
+    def __init__(self, cluster: KubeCluster, jobs: int = 8, per_job: int = 8) -> None:
+        from rljob.common.kube import Kube, load_api_client
+
+        self.kube = Kube(load_api_client(pool_maxsize=jobs * per_job))
+        self.jobs = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="job")
+        self.requests = ThreadPoolExecutor(max_workers=jobs * per_job, thread_name_prefix="apply")
+        self.per_job = per_job
+        self.futures: list[Any] = []
+
+    def submit(self, body: dict[str, Any]) -> None:
+        """Queue one created RLJob (its stored body, uid included)."""
+        self.futures.append(self.jobs.submit(self._apply_job, body))
+
+    def _apply_job(self, body: dict[str, Any]) -> None:
+        from rljob.api.spec import RLJobSpec
+        from rljob.common.kube import collection_path
+        from rljob.operator.builders import JobRef, build_children
+
+        children = build_children(JobRef.from_body(body), RLJobSpec.model_validate(body["spec"]), active=True)
+        workloads = ("StatefulSet", "Deployment", "Job")
+
+        def apply(obj: dict[str, Any]) -> None:
+            meta = obj["metadata"]
+            self.kube.request(
+                "PATCH", f"{collection_path(obj['apiVersion'], obj['kind'], meta['namespace'])}/{meta['name']}",
+                body=obj, query={"fieldManager": "bench-floor", "force": "true"},
+                content_type="application/apply-patch+yaml",
+            )
+
+        for wave in ([c for c in children if c["kind"] not in workloads], [c for c in children if c["kind"] in workloads]):
+            # `per_job` at a time, as the operator's APPLY_CONCURRENCY
+            for i in range(0, len(wave), self.per_job):
+                list(self.requests.map(apply, wave[i : i + self.per_job]))
+
+    def close(self) -> None:
+        for future in self.futures:
+            future.result()
+        self.jobs.shutdown()
+        self.requests.shutdown()
+
+
+def start_operator(cluster: KubeCluster, namespace: str, resync_s: float, log_path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """`python -m rljob.operator` for one namespace, waited for until its liveness answers; (process, metrics port)."""
+    import httpx
+
     metrics_port, liveness_port = free_port(), free_port()
-    log_path = log_dir / f"operator-{n_jobs}.log"
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
-    # Through the baseline window too: its one LIST a second is in both request rates and cancels out.
-    kubelet = SimulatedTrainerKubelet(cluster.core(), namespace, interval=1.0).__enter__()
     with log_path.open("wb") as log:
         op = subprocess.Popen(
             [sys.executable, "-m", "rljob.operator", "-n", namespace, "--metrics-port", str(metrics_port),
@@ -304,22 +386,45 @@ def run_one(cluster: KubeCluster, n_jobs: int, steady_s: float, resync_s: float,
              "--resync-seconds", str(resync_s)],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd="/", start_new_session=True,
         )
-    try:
-        import httpx
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{liveness_port}/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or op.poll() is not None:
+            raise RuntimeError(f"operator did not start; see {log_path}")
+        time.sleep(0.5)
+    # kopf's RLJob watch is up once it has logged its first probe; give it a moment, then measure from idle.
+    time.sleep(3.0)
+    return op, metrics_port
 
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{liveness_port}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or op.poll() is not None:
-                raise RuntimeError(f"operator did not start; see {log_path}")
-            time.sleep(0.5)
-        # kopf's RLJob watch is up once it has logged its first probe; give it a moment, then measure from idle.
-        time.sleep(3.0)
-        idle_cpu, idle_rss = proc_usage(op.pid)
+
+def stop_operator(op: subprocess.Popen[bytes]) -> None:
+    op.send_signal(signal.SIGTERM)
+    try:
+        op.wait(timeout=30)
+    except subprocess.TimeoutExpired:  # kopf waits for running handlers; the baseline needs it gone
+        os.killpg(op.pid, signal.SIGKILL)
+        op.wait(timeout=30)
+
+
+def run_one(
+    cluster: KubeCluster, variant: str, n_jobs: int, steady_s: float, resync_s: float, timeout_s: float, log_dir: Path
+) -> dict[str, Any]:
+    """One variant (`operator` or `floor`) with `n_jobs` RLJobs applied at once; its figures as a dict."""
+    namespace = cluster.create_namespace(f"bench-{variant}-{n_jobs}")
+    jobs = [f"j{i:04d}" for i in range(n_jobs)]
+    create_volumes(cluster, namespace, jobs)
+    # Through the baseline window too: its one LIST a second is in both request rates and cancels out.
+    kubelet = SimulatedTrainerKubelet(cluster.core(), namespace, interval=1.0).__enter__()
+    op: subprocess.Popen[bytes] | None = None
+    bare = BareApplier(cluster) if variant == "floor" else None
+    try:
+        if variant == "operator":
+            op, metrics_port = start_operator(cluster, namespace, resync_s, log_dir / f"operator-{n_jobs}.log")
+            idle_cpu, idle_rss = proc_usage(op.pid)
         watcher = Watcher(cluster, namespace)
         watcher.start()
         time.sleep(1.0)  # watches established before the first apply
@@ -330,18 +435,36 @@ def run_one(cluster: KubeCluster, n_jobs: int, steady_s: float, resync_s: float,
 
         def apply(job: str) -> None:
             start = time.time()
-            custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob(job))
+            body = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob(job))
             applied[job] = start
+            if bare is not None:
+                bare.submit(body)
 
         ramp_start = time.time()
         with ThreadPoolExecutor(max_workers=16) as pool:
             list(pool.map(apply, jobs))
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and len(watcher.running) < n_jobs:
-            time.sleep(0.5)
+        with progress(f"{variant}, {n_jobs} jobs", n_jobs) as bar:
+            while time.monotonic() < deadline:
+                done = len(watcher.running) if op is not None else sum(watcher.all_created(j) is not None for j in jobs)
+                bar(done)
+                if done >= n_jobs:
+                    break
+                time.sleep(1.0)
         ramp_s = time.time() - ramp_start
-        ramp_cpu, ramp_rss = proc_usage(op.pid)
         to_children = [t - applied[j] for j in jobs if (t := watcher.all_created(j)) is not None]
+        result: dict[str, Any] = {
+            "variant": variant,
+            "jobs": n_jobs,
+            "created": len(applied),
+            "all_children_created": len(to_children),
+            "apply_to_children_s": {"p50": percentile(to_children, 50), "p99": percentile(to_children, 99)},
+            "ramp_s": round(ramp_s, 1),
+        }
+        if op is None:
+            watcher.stop.set()
+            return result | {"nodes_ready_end": nodes_ready(cluster), "load_average_end": load_average()}
+        ramp_cpu, ramp_rss = proc_usage(op.pid)
         to_ready = [watcher.running[j] - applied[j] for j in jobs if j in watcher.running]
 
         # Steady state: every job Running, nothing changing; the resync timer keeps working.
@@ -352,23 +475,13 @@ def run_one(cluster: KubeCluster, n_jobs: int, steady_s: float, resync_s: float,
         )
         with_operator = (api_after - api_before) / (t1 - t0)
         watcher.stop.set()
-        op.send_signal(signal.SIGTERM)
-        try:
-            op.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # kopf waits for running handlers; the baseline needs it gone
-            os.killpg(op.pid, signal.SIGKILL)
-            op.wait(timeout=30)
+        stop_operator(op)
         base_before, b0 = apiserver_requests(cluster), time.time()
         time.sleep(steady_s)
         baseline = (apiserver_requests(cluster) - base_before) / (time.time() - b0)
-        return {
-            "jobs": n_jobs,
-            "created": len(applied),
-            "all_children_created": len(to_children),
+        return result | {
             "running": len(to_ready),
-            "apply_to_children_s": {"p50": percentile(to_children, 50), "p99": percentile(to_children, 99)},
             "apply_to_running_s": {"p50": percentile(to_ready, 50), "p99": percentile(to_ready, 99)},
-            "ramp_s": round(ramp_s, 1),
             "operator_idle": {"rss_mib": round(idle_rss, 1), "cpu_s": round(idle_cpu, 2)},
             "operator_after_ramp": {"rss_mib": round(ramp_rss, 1), "cpu_s": round(ramp_cpu - idle_cpu, 2)},
             "steady": {
@@ -385,10 +498,12 @@ def run_one(cluster: KubeCluster, n_jobs: int, steady_s: float, resync_s: float,
             "load_average_end": load_average(),
         }
     finally:
-        if op.poll() is None:
+        if op is not None and op.poll() is None:
             os.killpg(op.pid, signal.SIGKILL)
+        if bare is not None:
+            bare.close()
         kubelet.__exit__(None, None, None)
-        cluster.delete_namespace(namespace)
+        print(f"namespace {namespace} deleted in {wait_namespace_gone(cluster, namespace, 900):.0f} s", flush=True)
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -397,20 +512,24 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = result["runs"]
-    n = [r["jobs"] for r in runs]
+    ops = [r for r in result["runs"] if r["variant"] == "operator"]
+    floor = [r for r in result["runs"] if r["variant"] == "floor"]
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 4))
-    for key, label in (("apply_to_children_s", "apply → children"), ("apply_to_running_s", "apply → Running")):
-        a.plot(n, [r[key]["p50"] for r in runs], "o-", label=f"{label} p50")
-        a.plot(n, [r[key]["p99"] for r in runs], "s--", label=f"{label} p99")
-    a.set(xscale="log", xlabel="RLJobs applied at once", ylabel="seconds", title="latency")
-    a.legend(fontsize=7)
-    b.plot(n, [r["steady"]["rss_mib"] for r in runs], "o-", label="RSS steady (MiB)")
-    b.plot(n, [r["operator_after_ramp"]["cpu_s"] for r in runs], "s-", label="CPU s during ramp")
+    for runs, name, style in ((ops, "operator", "-"), (floor, "floor (bare client)", ":")):
+        n = [r["jobs"] for r in runs]
+        a.plot(n, [r["apply_to_children_s"]["p50"] for r in runs], "o" + style, label=f"{name}: apply → children p50")
+        a.plot(n, [r["apply_to_children_s"]["p99"] for r in runs], "s" + style, label=f"{name}: apply → children p99")
+    n = [r["jobs"] for r in ops]
+    a.plot(n, [r["apply_to_running_s"]["p50"] for r in ops], "^-", label="operator: apply → Running p50")
+    a.axhline(1.0, color="grey", lw=0.8, ls="--", label="goal: children p50 1 s")
+    a.set(xscale="log", yscale="log", xlabel="RLJobs applied at once", ylabel="seconds", title="latency")
+    a.legend(fontsize=6)
+    b.plot(n, [r["steady"]["rss_mib"] for r in ops], "o-", label="RSS steady (MiB)")
+    b.plot(n, [r["operator_after_ramp"]["cpu_s"] for r in ops], "s-", label="CPU s during ramp")
     b.set(xscale="log", xlabel="RLJobs", title="operator resources")
     b.legend(fontsize=7)
-    c.plot(n, [r["steady"]["operator_requests_per_s_per_job"] for r in runs], "o-", label="all (API server delta)")
-    c.plot(n, [r["steady"]["reconcile_requests_per_s_per_job"] for r in runs], "s-", label="reconcile only")
+    c.plot(n, [r["steady"]["operator_requests_per_s_per_job"] for r in ops], "o-", label="all (API server delta)")
+    c.plot(n, [r["steady"]["reconcile_requests_per_s_per_job"] for r in ops], "s-", label="reconcile only")
     c.set(xscale="log", xlabel="RLJobs", ylabel="requests / s / job", title="steady-state API load")
     c.legend(fontsize=7)
     fig.suptitle(f"rljob operator, {result['nodes']['total']} kwok nodes — {result['machine']}", fontsize=8)
@@ -422,6 +541,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000, help="kwok nodes (40%% NVIDIA, 30%% AMD, 30%% CPU)")
     parser.add_argument("--jobs", type=int, nargs="+", default=[10, 100], help="job counts, one run each")
+    parser.add_argument(
+        "--variants", nargs="+", choices=["operator", "floor"], default=["operator", "floor"],
+        help="operator: the operator applies the children; floor: a bare client applies them (the machine's floor)",
+    )
     parser.add_argument("--steady-seconds", type=float, default=60.0, help="steady-state measurement window")
     parser.add_argument("--resync-seconds", type=float, default=10.0, help="the operator's resync period")
     parser.add_argument("--timeout", type=float, default=600.0, help="most seconds to wait for all jobs Running")
@@ -456,9 +579,10 @@ def main() -> int:
         time.sleep(2.0)
         runs = []
         for n in args.jobs:
-            print(f"--- {n} jobs on {args.nodes} nodes", flush=True)
-            runs.append(run_one(cluster, n, args.steady_seconds, args.resync_seconds, args.timeout, state))
-            print(json.dumps(runs[-1], indent=1), flush=True)
+            for variant in args.variants:
+                print(f"--- {variant}: {n} jobs on {args.nodes} nodes", flush=True)
+                runs.append(run_one(cluster, variant, n, args.steady_seconds, args.resync_seconds, args.timeout, state))
+                print(json.dumps(runs[-1], indent=1), flush=True)
     finally:
         if node_kwok is not None:
             os.killpg(node_kwok.pid, signal.SIGTERM)
@@ -471,13 +595,16 @@ def main() -> int:
         "kubernetes": cluster.version,
         "runs": runs,
     }
-    print(f"\n{'jobs':>5} {'children p50':>12} {'p99':>7} {'Running p50':>11} {'p99':>7} {'RSS MiB':>8} "
-          f"{'CPU share':>9} {'req/s/job':>9} {'reconcile':>9}")
+    print(f"\n{'variant':>8} {'jobs':>5} {'children':>8} {'p50':>7} {'p99':>7} {'Running':>7} {'p50':>7} {'p99':>7} "
+          f"{'RSS MiB':>8} {'CPU share':>9} {'req/s/job':>9} {'reconcile':>9}")
     for r in runs:
-        s = r["steady"]
-        print(f"{r['jobs']:>5} {r['apply_to_children_s']['p50']!s:>12} {r['apply_to_children_s']['p99']!s:>7} "
-              f"{r['apply_to_running_s']['p50']!s:>11} {r['apply_to_running_s']['p99']!s:>7} {s['rss_mib']:>8} "
-              f"{s['cpu_share']:>9} {s['operator_requests_per_s_per_job']:>9} {s['reconcile_requests_per_s_per_job']:>9}")
+        s = r.get("steady") or {}
+        running = r.get("apply_to_running_s") or {}
+        cells = [r.get("running", "-"), running.get("p50", "-"), running.get("p99", "-"), s.get("rss_mib", "-"),
+                 s.get("cpu_share", "-"), s.get("operator_requests_per_s_per_job", "-"), s.get("reconcile_requests_per_s_per_job", "-")]
+        print(f"{r['variant']:>8} {r['jobs']:>5} {r['all_children_created']:>8} {r['apply_to_children_s']['p50']!s:>7} "
+              f"{r['apply_to_children_s']['p99']!s:>7} {cells[0]!s:>7} {cells[1]!s:>7} {cells[2]!s:>7} {cells[3]!s:>8} "
+              f"{cells[4]!s:>9} {cells[5]!s:>9} {cells[6]!s:>9}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(result, args.out / f"{args.name}.png")

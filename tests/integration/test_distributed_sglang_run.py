@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from rljob.runtime.metrics import ledger_imbalance, read_jsonl
+from tests.helpers.rewards import use_shorter_is_better
 from tests.integration.test_distributed_training import _rank_pid
 from tests.integration.test_run_weight_sync import http_pool, use_sglang_pool  # noqa: F401 (fixture)
 from tests.integration.test_runner_resume import job_doc
@@ -40,8 +41,7 @@ def test_two_ranks_two_engines_router_distributed_transport_survive_a_kill_of_ra
     doc["spec"]["evaluation"] = {"everySteps": STEPS, "prompts": 4}
     # A random tiny policy never solves the arithmetic task (all rewards 0, no gradient); rewarding
     # shorter answers gives every group a signal, and the held-out reward the same function to move.
-    (tmp_path / "length_reward.py").write_text("def score(inp):\n    return 1.0 - min(inp.response_length, 40) / 40\n")
-    doc["spec"]["reward"] = {"type": "python", "function": "length_reward:score"}
+    use_shorter_is_better(doc, tmp_path)
     use_sglang_pool(doc, router, workers)
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))

@@ -29,6 +29,7 @@ from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
 from rljob.runtime.trainer import Trainer
 from rljob.runtime.training.balance import balance_by_tokens
 from tests.helpers.ranks import run_ranks
+from tests.helpers.rewards import use_shorter_is_better
 from tests.helpers.tiny_model import TINY_VOCAB, build_tiny_model
 
 SPEC = AlgorithmSpec(learning_rate=1e-2, max_grad_norm=1.0)
@@ -241,6 +242,7 @@ async def test_a_checkpoint_of_two_ranks_resumes_in_one_process(tmp_path: Path) 
     from tests.integration.test_runner_resume import job_doc, tiny_policy
 
     doc = job_doc(tiny_policy(tmp_path / "model"), tmp_path / "ckpt", steps=3, every=2)
+    use_shorter_is_better(doc)  # AdamW moments that are not zero: the state compared means something
     run_ranks(_run_rank, 2, doc, tmp_path, "save")
     saved = torch.load(tmp_path / "saved.pt", weights_only=False)
     leader = torch.load(tmp_path / "ckpt" / "step-00000002" / "state.pt", weights_only=False)
@@ -266,6 +268,7 @@ def test_a_checkpoint_of_two_ranks_resumes_on_four(tmp_path: Path) -> None:
     from tests.integration.test_runner_resume import job_doc, tiny_policy
 
     doc = job_doc(tiny_policy(tmp_path / "model"), tmp_path / "ckpt", steps=3, every=2)
+    use_shorter_is_better(doc)  # AdamW moments that are not zero: the state compared means something
     run_ranks(_run_rank, 2, doc, tmp_path, "save")
     run_ranks(_run_rank, 4, doc, tmp_path, "resume")  # 4 gloo ranks: each holds a quarter of every shard
     saved = torch.load(tmp_path / "saved.pt", weights_only=False)
@@ -283,6 +286,7 @@ async def test_a_bf16_checkpoint_of_one_process_resumes_on_two_ranks(tmp_path: P
     from tests.integration.test_runner_resume import job_doc, tiny_policy
 
     doc = job_doc(tiny_policy(tmp_path / "model"), tmp_path / "ckpt", steps=3, every=2)
+    use_shorter_is_better(doc)  # AdamW moments that are not zero: the state compared means something
     doc["spec"]["trainer"]["dtype"] = "bfloat16"
     await _save_in_one_process(doc, tmp_path)
     run_ranks(_run_rank, 2, doc, tmp_path, "resume")
@@ -330,12 +334,8 @@ def test_rljob_run_on_two_ranks_survives_a_kill_of_rank_1(tmp_path: Path) -> Non
     doc = job_doc(model, tmp_path / "ckpt", steps=5, every=1)
     doc["spec"]["algorithm"]["learningRate"] = 5e-3
     doc["spec"]["evaluation"] = {"everySteps": 5, "prompts": 4}
-    # A random 2-layer policy almost never solves the arithmetic task, so every group would have
-    # reward 0 and no gradient. Rewarding shorter answers gives every group a signal to train on
-    # (and makes the held-out reward, measured with the same function, able to move).
-    (tmp_path / "length_reward.py").write_text(
-        "def score(inp):\n    return 1.0 - min(inp.response_length, 40) / 40\n")
-    doc["spec"]["reward"] = {"type": "python", "function": "length_reward:score"}
+    # A signal to train on, and a held-out reward (measured with the same function) able to move.
+    use_shorter_is_better(doc, tmp_path)
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
     log = tmp_path / "run.log"

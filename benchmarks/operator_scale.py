@@ -245,11 +245,17 @@ def nodes_ready(cluster: KubeCluster) -> int:
     return sum(any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []) for n in nodes)
 
 
-def operator_requests(metrics_port: int) -> float:
+def operator_requests_by_verb(metrics_port: int) -> dict[str, float]:
+    """The reconcile's own requests so far (`rljob_operator_api_requests_total`), by HTTP verb."""
     import httpx
 
     text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
-    return sum(float(m.group(1)) for m in re.finditer(r"^rljob_operator_api_requests_total\{[^}]*\} (\S+)$", text, re.M))
+    pattern = r'^rljob_operator_api_requests_total\{verb="([^"]*)"\} (\S+)$'
+    return {m.group(1): float(m.group(2)) for m in re.finditer(pattern, text, re.M)}
+
+
+def operator_requests(metrics_port: int) -> float:
+    return sum(operator_requests_by_verb(metrics_port).values())
 
 
 NODE_LABELS = {
@@ -425,6 +431,7 @@ def run_one(
         if variant == "operator":
             op, metrics_port = start_operator(cluster, namespace, resync_s, log_dir / f"operator-{n_jobs}.log")
             idle_cpu, idle_rss = proc_usage(op.pid)
+            idle_requests = operator_requests_by_verb(metrics_port)
         watcher = Watcher(cluster, namespace)
         watcher.start()
         time.sleep(1.0)  # watches established before the first apply
@@ -465,6 +472,10 @@ def run_one(
             watcher.stop.set()
             return result | {"nodes_ready_end": nodes_ready(cluster), "load_average_end": load_average()}
         ramp_cpu, ramp_rss = proc_usage(op.pid)
+        ramp_requests = {
+            verb: round((count - idle_requests.get(verb, 0.0)) / n_jobs, 1)
+            for verb, count in sorted(operator_requests_by_verb(metrics_port).items())
+        }
         to_ready = [watcher.running[j] - applied[j] for j in jobs if j in watcher.running]
 
         # Steady state: every job Running, nothing changing; the resync timer keeps working.
@@ -484,6 +495,8 @@ def run_one(
             "apply_to_running_s": {"p50": percentile(to_ready, 50), "p99": percentile(to_ready, 99)},
             "operator_idle": {"rss_mib": round(idle_rss, 1), "cpu_s": round(idle_cpu, 2)},
             "operator_after_ramp": {"rss_mib": round(ramp_rss, 1), "cpu_s": round(ramp_cpu - idle_cpu, 2)},
+            # What starting one job cost the reconcile, by verb (kopf's own patches not included).
+            "ramp_requests_per_job": ramp_requests,
             "steady": {
                 "seconds": round(t1 - t0, 1),
                 "rss_mib": round(steady_rss, 1),

@@ -240,6 +240,25 @@ def start_node_kwok(cluster: KubeCluster, lease_s: int, log_path: Path) -> subpr
         )
 
 
+def phases(cluster: KubeCluster, namespace: str) -> dict[str, int]:
+    """How many RLJobs of the namespace are in each phase now."""
+    from kubernetes import client as k8s
+
+    items = k8s.CustomObjectsApi(cluster.api).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+    counts: dict[str, int] = {}
+    for item in items:
+        phase = (item.get("status") or {}).get("phase") or "none"
+        counts[phase] = counts.get(phase, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def pods_hit_by_node_not_ready(cluster: KubeCluster, namespace: str) -> int:
+    """Pods the node controller marked not ready because their fake node missed its heartbeats (the
+    `NodeNotReady` Events): kwok never makes such a pod Ready again, so its job stays Degraded."""
+    events = cluster.core().list_namespaced_event(namespace, field_selector="reason=NodeNotReady").items
+    return len({e.involved_object.name for e in events})
+
+
 def nodes_ready(cluster: KubeCluster) -> int:
     nodes = cluster.core().list_node(_request_timeout=120).items
     return sum(any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or []) for n in nodes)
@@ -417,9 +436,13 @@ def stop_operator(op: subprocess.Popen[bytes]) -> None:
 
 
 def run_one(
-    cluster: KubeCluster, variant: str, n_jobs: int, steady_s: float, resync_s: float, timeout_s: float, log_dir: Path
+    cluster: KubeCluster, variant: str, n_jobs: int, steady_s: float, resync_s: float, timeout_s: float, log_dir: Path,
+    drain: bool = True,
 ) -> dict[str, Any]:
-    """One variant (`operator` or `floor`) with `n_jobs` RLJobs applied at once; its figures as a dict."""
+    """One variant (`operator` or `floor`) with `n_jobs` RLJobs applied at once; its figures as a dict.
+
+    `drain`: delete the run's namespace and wait until it is gone, so the next run starts on a quiet
+    control plane (minutes: the namespace controller's pace, not the object count); the last run skips it."""
     namespace = cluster.create_namespace(f"bench-{variant}-{n_jobs}")
     jobs = [f"j{i:04d}" for i in range(n_jobs)]
     create_volumes(cluster, namespace, jobs)
@@ -467,6 +490,7 @@ def run_one(
             "all_children_created": len(to_children),
             "apply_to_children_s": {"p50": percentile(to_children, 50), "p99": percentile(to_children, 99)},
             "ramp_s": round(ramp_s, 1),
+            "pods_hit_by_node_not_ready": pods_hit_by_node_not_ready(cluster, namespace),
         }
         if op is None:
             watcher.stop.set()
@@ -492,6 +516,7 @@ def run_one(
         baseline = (apiserver_requests(cluster) - base_before) / (time.time() - b0)
         return result | {
             "running": len(to_ready),
+            "phases_end": phases(cluster, namespace),
             "apply_to_running_s": {"p50": percentile(to_ready, 50), "p99": percentile(to_ready, 99)},
             "operator_idle": {"rss_mib": round(idle_rss, 1), "cpu_s": round(idle_cpu, 2)},
             "operator_after_ramp": {"rss_mib": round(ramp_rss, 1), "cpu_s": round(ramp_cpu - idle_cpu, 2)},
@@ -516,7 +541,8 @@ def run_one(
         if bare is not None:
             bare.close()
         kubelet.__exit__(None, None, None)
-        print(f"namespace {namespace} deleted in {wait_namespace_gone(cluster, namespace, 900):.0f} s", flush=True)
+        if drain:
+            print(f"namespace {namespace} deleted in {wait_namespace_gone(cluster, namespace, 900):.0f} s", flush=True)
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -564,9 +590,15 @@ def main() -> int:
     parser.add_argument(
         "--node-lease-seconds", type=int, default=240, help="lease duration of the benchmark's kwok nodes"
     )
+    parser.add_argument(
+        "--combine", type=Path, nargs="+", metavar="JSON",
+        help="run nothing: merge the runs of these earlier results (same nodes) into --out/--name",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     parser.add_argument("--name", default="operator_scale", help="stem of the JSON and PNG written to --out")
     args = parser.parse_args()
+    if args.combine:
+        return combine(args.combine, args.out, args.name)
     # SIGTERM (timeout, kill) still stops the control plane and the operator: run the finally blocks.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -591,11 +623,12 @@ def main() -> int:
             time.sleep(0.5)
         time.sleep(2.0)
         runs = []
-        for n in args.jobs:
-            for variant in args.variants:
-                print(f"--- {variant}: {n} jobs on {args.nodes} nodes", flush=True)
-                runs.append(run_one(cluster, variant, n, args.steady_seconds, args.resync_seconds, args.timeout, state))
-                print(json.dumps(runs[-1], indent=1), flush=True)
+        plan = [(n, variant) for n in args.jobs for variant in args.variants]
+        for i, (n, variant) in enumerate(plan):
+            print(f"--- {variant}: {n} jobs on {args.nodes} nodes", flush=True)
+            last = i == len(plan) - 1
+            runs.append(run_one(cluster, variant, n, args.steady_seconds, args.resync_seconds, args.timeout, state, drain=not last))
+            print(json.dumps(runs[-1], indent=1), flush=True)
     finally:
         if node_kwok is not None:
             os.killpg(node_kwok.pid, signal.SIGTERM)
@@ -608,6 +641,11 @@ def main() -> int:
         "kubernetes": cluster.version,
         "runs": runs,
     }
+    write(result, args.out, args.name)
+    return 0
+
+
+def print_table(runs: list[dict[str, Any]]) -> None:
     print(f"\n{'variant':>8} {'jobs':>5} {'children':>8} {'p50':>7} {'p99':>7} {'Running':>7} {'p50':>7} {'p99':>7} "
           f"{'RSS MiB':>8} {'CPU share':>9} {'req/s/job':>9} {'reconcile':>9}")
     for r in runs:
@@ -618,10 +656,27 @@ def main() -> int:
         print(f"{r['variant']:>8} {r['jobs']:>5} {r['all_children_created']:>8} {r['apply_to_children_s']['p50']!s:>7} "
               f"{r['apply_to_children_s']['p99']!s:>7} {cells[0]!s:>7} {cells[1]!s:>7} {cells[2]!s:>7} {cells[3]!s:>8} "
               f"{cells[4]!s:>9} {cells[5]!s:>9} {cells[6]!s:>9}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, args.out / f"{args.name}.png")
-    print(f"wrote {args.out / args.name}.json and .png")
+
+
+def write(result: dict[str, Any], out: Path, name: str) -> None:
+    """Print the table, write `<name>.json` and `<name>.png` into `out`."""
+    print_table(result["runs"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out / f"{name}.png")
+    print(f"wrote {out / name}.json and .png")
+
+
+def combine(paths: list[Path], out: Path, name: str) -> int:
+    """Merge the runs of earlier invocations on the same node set into one JSON and plot (a 1,000-job run
+    is an invocation of its own: about half an hour on a 2-core machine)."""
+    results = [json.loads(p.read_text()) for p in paths]
+    if len({json.dumps(r["nodes"], sort_keys=True) for r in results}) != 1:
+        print("cannot combine runs on different node sets", file=sys.stderr)
+        return 2
+    runs = sorted((run for r in results for run in r["runs"]), key=lambda run: (run["jobs"], run["variant"] != "operator"))
+    merged = {**results[0], "runs": runs, "combined_from": [p.name for p in paths]}
+    write(merged, out, name)
     return 0
 
 

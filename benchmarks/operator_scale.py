@@ -240,7 +240,9 @@ def phases(cluster: KubeCluster, namespace: str) -> dict[str, int]:
     """How many RLJobs of the namespace are in each phase now."""
     from kubernetes import client as k8s
 
-    items = k8s.CustomObjectsApi(cluster.api).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+    items = k8s.CustomObjectsApi(cluster.api).list_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, _request_timeout=300
+    )["items"]
     counts: dict[str, int] = {}
     for item in items:
         phase = (item.get("status") or {}).get("phase") or "none"
@@ -251,8 +253,20 @@ def phases(cluster: KubeCluster, namespace: str) -> dict[str, int]:
 def pods_hit_by_node_not_ready(cluster: KubeCluster, namespace: str) -> int:
     """Pods the node controller marked not ready because their fake node missed its heartbeats (the
     `NodeNotReady` Events): kwok never makes such a pod Ready again, so its job stays Degraded."""
-    events = cluster.core().list_namespaced_event(namespace, field_selector="reason=NodeNotReady").items
+    events = cluster.core().list_namespaced_event(
+        namespace, field_selector="reason=NodeNotReady", _request_timeout=300
+    ).items
     return len({e.involved_object.name for e in events})
+
+
+def best_effort(what: str, read: Callable[[], Any]) -> Any:
+    """A figure read after the ramp, or None when the API server cannot answer it: an overloaded one
+    (1,000 jobs on 2 cores) drops long lists, and one lost figure must not lose the whole run's."""
+    try:
+        return read()
+    except Exception as err:  # noqa: BLE001 (any client or server failure)
+        print(f"could not read {what}: {err}", file=sys.stderr, flush=True)
+        return None
 
 
 def nodes_ready(cluster: KubeCluster) -> int:
@@ -486,11 +500,11 @@ def run_one(
             "all_children_created": len(to_children),
             "apply_to_children_s": {"p50": percentile(to_children, 50), "p99": percentile(to_children, 99)},
             "ramp_s": round(ramp_s, 1),
-            "pods_hit_by_node_not_ready": pods_hit_by_node_not_ready(cluster, namespace),
+            "pods_hit_by_node_not_ready": best_effort("NodeNotReady events", lambda: pods_hit_by_node_not_ready(cluster, namespace)),
         }
         if op is None:
             watcher.stop.set()
-            return result | {"nodes_ready_end": nodes_ready(cluster), "load_average_end": load_average()}
+            return result | {"nodes_ready_end": best_effort("nodes", lambda: nodes_ready(cluster)), "load_average_end": load_average()}
         ramp_cpu, ramp_rss = proc_usage(op.pid)
         ramp_requests = {
             verb: round((count - idle_requests.get(verb, 0.0)) / n_jobs, 1)
@@ -512,7 +526,7 @@ def run_one(
         baseline = (apiserver_requests(cluster) - base_before) / (time.time() - b0)
         return result | {
             "running": len(to_ready),
-            "phases_end": phases(cluster, namespace),
+            "phases_end": best_effort("phases", lambda: phases(cluster, namespace)),
             "apply_to_running_s": {"p50": percentile(to_ready, 50), "p99": percentile(to_ready, 99)},
             "operator_idle": {"rss_mib": round(idle_rss, 1), "cpu_s": round(idle_cpu, 2)},
             "operator_after_ramp": {"rss_mib": round(ramp_rss, 1), "cpu_s": round(ramp_cpu - idle_cpu, 2)},
@@ -528,7 +542,7 @@ def run_one(
                 "operator_requests_per_s_per_job": round((with_operator - baseline) / n_jobs, 4),
             },
             "resync_seconds": resync_s,
-            "nodes_ready_end": nodes_ready(cluster),
+            "nodes_ready_end": best_effort("nodes", lambda: nodes_ready(cluster)),
             "load_average_end": load_average(),
         }
     finally:

@@ -28,10 +28,15 @@ def registry_series_names(registry: CollectorRegistry) -> set[str]:
 
 
 def runtime_metric_names() -> set[str]:
-    """Series names of the runtime (RuntimeMetrics)."""
-    from rljob.runtime.metrics import RuntimeMetrics
+    """Series names of the runtime (RuntimeMetrics), after one step and one evaluation: the measured
+    gauges join the registry only once set."""
+    from rljob.runtime.evaluation import EvalResult
+    from rljob.runtime.metrics import RuntimeMetrics, StepRecord
 
-    return registry_series_names(RuntimeMetrics("introspection").registry)
+    metrics = RuntimeMetrics("introspection")
+    metrics.record(StepRecord(step=1, policy_version=1, strategy="april", time=0.0))
+    metrics.record_eval(EvalResult(step=1, policy_version=1, reward_mean=0.0, length_mean=0.0, prompts=1, seconds=0.0))
+    return registry_series_names(metrics.registry)
 
 
 def operator_metric_names() -> set[str]:

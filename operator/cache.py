@@ -12,14 +12,25 @@ holding a job's StatefulSet and trainer pod but not yet its inference pods would
 look Degraded for a moment. Once synced, "nothing cached" means "nothing there".
 Deleted objects leave the cache with their DELETED event, so memory follows the live objects. A write
 the API server refuses drops the cached object, so the retry reads it from the API.
+
+Two ways a deleted object could linger as a ghost, and what stops each:
+- an answer to our own write that arrives after the object's DELETED event (a thread descheduled
+  between its PATCH and its upsert) would store the deleted object again. The DELETED event leaves a
+  tombstone with its resourceVersion, and no older version of that object is stored after it;
+- a DELETED event that never arrives (a watch that fell too far behind lists again, and a list reports
+  nothing about what vanished). The only ghost that stalls a job is one still being deleted, since the
+  reconcile waits for it to go; so a read of an object whose deletion began more than
+  STALE_DELETION_S ago asks the API server.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from rljob.api.spec import API_GROUP, API_VERSION, KIND
@@ -47,6 +58,10 @@ CACHED_KINDS = frozenset(
 )
 
 _Key = tuple[str, str, str, str]  # api_version, kind, namespace, name
+# Tombstones kept (the newest): enough for every deletion of a few minutes at 1,000 jobs.
+MAX_TOMBSTONES = 20_000
+# A cached object still deleting after this long may be a ghost (its DELETED event lost): check it.
+STALE_DELETION_S = 30.0
 
 
 def parse_selector(selector: str) -> dict[str, str]:
@@ -65,6 +80,18 @@ def _version(obj: dict[str, Any]) -> int | None:
     return int(rv) if isinstance(rv, str) and rv.isdigit() else None
 
 
+def deleting_since(obj: dict[str, Any], now: datetime) -> float | None:
+    """Seconds since the object's deletion began (its deletionTimestamp), or None when it is not deleting."""
+    stamp = obj.get("metadata", {}).get("deletionTimestamp")
+    if not stamp:
+        return None
+    try:
+        started = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (now - started) / timedelta(seconds=1)
+
+
 class ObjectCache:
     """Objects by kind, namespace and name, with an index by the `rljob.io/job-name` label; thread-safe."""
 
@@ -72,6 +99,7 @@ class ObjectCache:
         self._lock = threading.Lock()
         self._objects: dict[_Key, dict[str, Any]] = {}
         self._by_job: dict[tuple[str, str, str, str], set[str]] = {}
+        self._tombstones: OrderedDict[_Key, int] = OrderedDict()  # resourceVersion of each DELETED event
         self._synced = threading.Event()
 
     def mark_synced(self) -> None:
@@ -97,10 +125,16 @@ class ObjectCache:
         meta = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
         obj = {**obj, "metadata": meta}
         key = (api_version, kind, meta.get("namespace", ""), meta["name"])
+        new_v = _version(obj)
         with self._lock:
+            dead = self._tombstones.get(key)
+            if dead is not None:
+                if new_v is not None and new_v <= dead:
+                    return  # the answer to a write that the object's deletion overtook
+                del self._tombstones[key]
             old = self._objects.get(key)
             if old is not None:
-                new_v, old_v = _version(obj), _version(old)
+                old_v = _version(old)
                 if new_v is not None and old_v is not None and new_v < old_v:
                     return
                 self._unindex(key, old)
@@ -109,13 +143,19 @@ class ObjectCache:
             if job is not None:
                 self._by_job.setdefault((api_version, kind, key[2], job), set()).add(key[3])
 
-    def remove(self, api_version: str, kind: str, namespace: str, name: str) -> None:
-        """Forget an object (its DELETED event)."""
+    def remove(self, api_version: str, kind: str, namespace: str, name: str, deleted_version: str | None = None) -> None:
+        """Forget an object. `deleted_version`, the resourceVersion of its DELETED event, leaves a tombstone:
+        no version up to it is stored again."""
         key = (api_version, kind, namespace, name)
         with self._lock:
             old = self._objects.pop(key, None)
             if old is not None:
                 self._unindex(key, old)
+            if deleted_version is not None and deleted_version.isdigit():
+                self._tombstones[key] = int(deleted_version)
+                self._tombstones.move_to_end(key)
+                while len(self._tombstones) > MAX_TOMBSTONES:
+                    self._tombstones.popitem(last=False)
 
     def _unindex(self, key: _Key, obj: dict[str, Any]) -> None:
         job = (obj["metadata"].get("labels") or {}).get(LABEL_JOB)
@@ -212,9 +252,23 @@ class CachedKube(Kube):
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         if (api_version, kind) in CACHED_KINDS:
             cached = self.cache.get(api_version, kind, namespace, name)
-            if cached is not None or self.cache.synced:
-                return cached
+            if cached is None and self.cache.synced:
+                return None
+            if cached is not None:
+                since = deleting_since(cached, datetime.now(timezone.utc))
+                if since is None or since < STALE_DELETION_S:
+                    return cached
+                return self._refresh(api_version, kind, namespace, name)
         return super().get(api_version, kind, namespace, name)
+
+    def _refresh(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Read an object from the API server and put the answer in the cache (possibly a ghost's end)."""
+        fresh = super().get(api_version, kind, namespace, name)
+        if fresh is None:
+            self.cache.remove(api_version, kind, namespace, name)
+        else:
+            self.cache.upsert(api_version, kind, copy.deepcopy(fresh))
+        return fresh
 
     def apply_object(self, obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         key = (obj["apiVersion"], obj["kind"])

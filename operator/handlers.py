@@ -112,7 +112,9 @@ def _forget_deleted(kube: CachedKube, api_version: str, kind: str, event: dict[s
     kube.cache.mark_synced()
     if event.get("type") == "DELETED":  # index handlers never see deletions
         meta = body.get("metadata", {})
-        kube.cache.remove(api_version, kind, meta.get("namespace", ""), meta.get("name", ""))
+        kube.cache.remove(
+            api_version, kind, meta.get("namespace", ""), meta.get("name", ""), meta.get("resourceVersion")
+        )
 
 
 # Cache feeders: kopf runs an object's index handlers before its other handlers, so the reconcile

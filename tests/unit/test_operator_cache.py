@@ -121,6 +121,52 @@ def test_cache_keeps_the_newer_version_and_hands_out_copies() -> None:
     assert cache.get("v1", "Pod", "ns", "p")["status"]["phase"] == "Running"  # type: ignore[index]
 
 
+def test_a_write_answer_that_a_deletion_overtook_leaves_no_ghost() -> None:
+    """The answer to our PATCH of an object may be stored after the object's DELETED event was handled (a
+    thread descheduled in between): the tombstone refuses that older version; a new object of the name is kept."""
+    cache = ObjectCache()
+    cache.mark_synced()
+    cache.upsert("batch/v1", "Job", obj("j-trainer", "j", "5", role="trainer"))
+    cache.remove("batch/v1", "Job", "ns", "j-trainer", deleted_version="7")
+    cache.upsert("batch/v1", "Job", obj("j-trainer", "j", "6", role="trainer"))  # the late answer
+    assert cache.get("batch/v1", "Job", "ns", "j-trainer") is None
+    assert cache.list_job("batch/v1", "Job", "ns", {"rljob.io/job-name": "j"}) == []
+    cache.upsert("batch/v1", "Job", obj("j-trainer", "j", "9", role="trainer"))  # recreated
+    assert cache.get("batch/v1", "Job", "ns", "j-trainer")["metadata"]["resourceVersion"] == "9"  # type: ignore[index]
+
+
+def test_an_object_deleting_for_long_is_read_from_the_api_server() -> None:
+    """A DELETED event lost across a watch's relist leaves a ghost that is still 'deleting', and the reconcile
+    waits for it forever. A recent deletion is served from the cache; one older than STALE_DELETION_S is
+    checked with a GET, whose answer (gone) replaces the ghost."""
+    from datetime import datetime, timedelta, timezone
+
+    from rljob.common.kube import KubeError
+    from rljob.operator.cache import STALE_DELETION_S, CachedKube
+
+    calls: list[str] = []
+
+    class Server(CachedKube):
+        def request(self, method: str, path: str, body: Any = None, query: Any = None, content_type: str = "") -> Any:
+            calls.append(f"{method} {path}")
+            raise KubeError(404, {"message": "not found"})
+
+    def deleting(name: str, seconds_ago: float) -> dict[str, Any]:
+        stamp = (datetime.now(timezone.utc) - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        job = obj(name, "j", "3", role="trainer")
+        job["metadata"]["deletionTimestamp"] = stamp
+        return job
+
+    kube = Server(api=None)  # type: ignore[arg-type]
+    kube.cache.mark_synced()
+    kube.cache.upsert("batch/v1", "Job", deleting("recent", 5))
+    kube.cache.upsert("batch/v1", "Job", deleting("ghost", STALE_DELETION_S + 30))
+    assert kube.get("batch/v1", "Job", "ns", "recent") is not None and calls == []
+    assert kube.get("batch/v1", "Job", "ns", "ghost") is None
+    assert calls == ["GET /apis/batch/v1/namespaces/ns/jobs/ghost"]
+    assert kube.get("batch/v1", "Job", "ns", "ghost") is None and len(calls) == 1  # the ghost is gone from the cache
+
+
 def test_relabelled_object_moves_between_jobs() -> None:
     cache = ObjectCache()
     cache.upsert("v1", "Pod", obj("p", "a", "1"))

@@ -56,12 +56,12 @@ class ResyncLoop:
         """One pass over all (selected) RLJobs; errors are logged and counted per job."""
         try:
             jobs = await asyncio.to_thread(self.list_jobs)
+            if self.select is not None:
+                jobs = self.select(jobs)
         except Exception as err:  # noqa: BLE001 - the loop must survive an unreachable API server
             RECONCILE_ERRORS.labels(f"{self.step}-list").inc()
             log.warning("%s: cannot list RLJobs: %s", self.step, err)
             return
-        if self.select is not None:
-            jobs = self.select(jobs)
         for namespace, name in jobs:
             try:
                 await self.job_pass(namespace, name)

@@ -169,10 +169,10 @@ class ObjectCache:
                 del self._by_job[index]
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """A deep copy of the cached object, or None."""
+        """The cached object itself, or None; callers must not change it (as with list_job: every sync
+        reads its RLJob and trainer Job, and copying them was half of a sync's cost)."""
         with self._lock:
-            obj = self._objects.get((api_version, kind, namespace, name))
-            return copy.deepcopy(obj) if obj is not None else None
+            return self._objects.get((api_version, kind, namespace, name))
 
     def list_job(self, api_version: str, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]] | None:
         """A job's objects matching `labels` (which must name the job): the cached objects themselves, which

@@ -111,14 +111,17 @@ def test_unsynced_reads_go_to_the_api_server_and_synced_ones_do_not() -> None:
     assert len(calls) == 2
 
 
-def test_cache_keeps_the_newer_version_and_hands_out_copies() -> None:
+def test_cache_keeps_the_newer_version_and_replaces_objects_whole() -> None:
+    """Reads hand out the cached objects without a copy: safe because an upsert replaces an object and never
+    changes one in place, so a reader keeps the version it read."""
     cache = ObjectCache()
     cache.upsert("v1", "Pod", obj("p", "j", "20", status={"phase": "Running"}))
     cache.upsert("v1", "Pod", obj("p", "j", "10", status={"phase": "Pending"}))  # a late, older event
     got = cache.get("v1", "Pod", "ns", "p")
     assert got is not None and got["status"]["phase"] == "Running"
-    got["status"]["phase"] = "mutated"
-    assert cache.get("v1", "Pod", "ns", "p")["status"]["phase"] == "Running"  # type: ignore[index]
+    cache.upsert("v1", "Pod", obj("p", "j", "30", status={"phase": "Failed"}))
+    assert got["status"]["phase"] == "Running" and got["metadata"]["resourceVersion"] == "20"
+    assert cache.get("v1", "Pod", "ns", "p")["status"]["phase"] == "Failed"  # type: ignore[index]
 
 
 def test_a_write_answer_that_a_deletion_overtook_leaves_no_ghost() -> None:

@@ -252,13 +252,13 @@ class CachedKube(Kube):
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         if (api_version, kind) in CACHED_KINDS:
             cached = self.cache.get(api_version, kind, namespace, name)
-            if cached is None and self.cache.synced:
-                return None
             if cached is not None:
                 since = deleting_since(cached, datetime.now(timezone.utc))
                 if since is None or since < STALE_DELETION_S:
                     return cached
                 return self._refresh(api_version, kind, namespace, name)
+            if self.cache.synced:
+                return None
         return super().get(api_version, kind, namespace, name)
 
     def _refresh(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:

@@ -11,12 +11,15 @@ import json
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from rljob.api.metrics import METRIC_PREFIX
 from rljob.runtime.evaluation import EvalResult
+
+# What first sets a measured gauge: a training step, or a held-out evaluation.
+SetBy = Literal["step", "eval"]
 
 
 
@@ -123,12 +126,12 @@ class RuntimeMetrics:
         # An unlabelled gauge reads 0 from its creation. For a measurement that reading is a lie:
         # before the first step Prometheus, the autotuner and the alerts would see a truncation rate,
         # an entropy and a reward of 0. Such gauges join the registry when first set (_export).
-        self._unexported: dict[str, list[Gauge]] = {"step": [], "eval": []}
+        self._unexported: dict[SetBy, list[Gauge]] = {"step": [], "eval": []}
 
         def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
             return Gauge(p + name, doc, labels, registry=r)
 
-        def measured(name: str, doc: str, *, set_by: str = "step") -> Gauge:
+        def measured(name: str, doc: str, *, set_by: SetBy = "step") -> Gauge:
             g = Gauge(p + name, doc, registry=None)
             self._unexported[set_by].append(g)
             return g
@@ -190,7 +193,7 @@ class RuntimeMetrics:
         server, _ = start_http_server(port, addr=host, registry=self.registry)
         return server.server_port
 
-    def _export(self, set_by: str) -> None:
+    def _export(self, set_by: SetBy) -> None:
         """Register the measured gauges that `set_by` ("step" or "eval") has just set for the first time."""
         for g in self._unexported[set_by]:
             self.registry.register(g)

@@ -445,7 +445,8 @@ def test_trainer_failure_restarts_the_whole_gang_then_fails_past_backoff_limit(
     failed = condition(job, "Failed")
     assert failed["status"] == "True" and failed["reason"] == "BackoffLimitExceeded"
     assert job["status"]["completionTime"] and job["status"]["restarts"]["trainer"] == 1
-    assert "BackoffLimitExceeded" in events(kube_cluster, namespace, "crashy")
+    # The operator writes the status first and posts its Events after it: the Event may trail the phase.
+    wait_for(lambda: "BackoffLimitExceeded" in events(kube_cluster, namespace, "crashy") or None, "BackoffLimitExceeded Event", 30)
     # Finished jobs release their GPUs but keep the checkpoint volume.
     wait_for(lambda: not running_pods(kube_cluster, namespace, "crashy"), "pods scaled away", 60)
     assert children(kube_cluster, namespace, "crashy") == expected_children("crashy")

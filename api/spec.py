@@ -70,6 +70,20 @@ OPERATOR_OWNED_SGLANG_FLAGS = (
 )
 # Flags are letters and dashes only: the same text is a Python and a CEL (RE2) pattern.
 _OWNED_FLAG_RE = "^(" + "|".join(OPERATOR_OWNED_SGLANG_FLAGS) + ")(=.*)?$"
+# SGLang's data parallelism inside one server (--dp-size; --dp is its argparse prefix). Its schedulers
+# take no rank in the weight-update group (model_runner.init_weights_update_group: rank = rank_offset
+# + tp_rank), so the distributed transport cannot reach them: such a pool scales with replicas instead.
+DATA_PARALLEL_SGLANG_FLAGS = ("--dp", "--dp-size", "--data-parallel-size")
+_DP_FLAG_RE = "^(" + "|".join(DATA_PARALLEL_SGLANG_FLAGS) + ")(=.*)?$"
+_GPUS_ARE_TP = (
+    "gpusPerReplica must equal tensorParallelSize on a GPU pool: every GPU of a replica is one tensor-parallel "
+    "rank of its SGLang server (more throughput: more replicas, not --dp-size)"
+)
+_NO_DP_WITH_DISTRIBUTED = (
+    "rollout.pools[].extraArgs: " + ", ".join(DATA_PARALLEL_SGLANG_FLAGS) + " cannot be used with "
+    "rollout.weightTransport.mode distributed (the default for engine sglang): SGLang's weight-update group "
+    "has no ranks for data-parallel schedulers; scale the pool's replicas, or use mode disk"
+)
 
 
 def cel(*rules_and_messages: str) -> dict[str, Any]:
@@ -619,12 +633,10 @@ class InferencePoolSpec(ApiModel):
 
     model_config = ConfigDict(
         json_schema_extra=cel(
-            "self.tensorParallelSize <= self.gpusPerReplica",
-            "tensorParallelSize must not exceed gpusPerReplica",
-            "self.gpusPerReplica % self.tensorParallelSize == 0",
-            "tensorParallelSize must divide gpusPerReplica",
+            "self.vendor == 'cpu' || self.gpusPerReplica == self.tensorParallelSize",
+            _GPUS_ARE_TP,
             "self.vendor != 'cpu' || self.tensorParallelSize == 1",
-            "tensorParallelSize must be 1 on a cpu pool (the CPU server has no tensor parallelism)",
+            "tensorParallelSize must be 1 on a cpu pool (its server decodes on one CPU engine; --tp-size there is for tests of the weight-update group)",
             "!has(self.resourceName) || (self.vendor != 'cpu' && self.resourceName.startsWith(self.vendor + '.com/'))",
             "resourceName must belong to the pool's vendor (nvidia.com/... or amd.com/...); cpu pools take none",
         )
@@ -671,16 +683,14 @@ class InferencePoolSpec(ApiModel):
 
     @model_validator(mode="after")
     def _tp_fits_gpus(self) -> InferencePoolSpec:
-        if self.tensor_parallel_size > self.gpus_per_replica:
-            raise ValueError("tensorParallelSize must not exceed gpusPerReplica")
-        if self.gpus_per_replica % self.tensor_parallel_size:
-            raise ValueError("tensorParallelSize must divide gpusPerReplica")
+        if self.vendor != "cpu" and self.gpus_per_replica != self.tensor_parallel_size:
+            raise ValueError(_GPUS_ARE_TP)
         if self.resource_name is not None and (
             self.vendor == "cpu" or not self.resource_name.startswith(f"{self.vendor}.com/")
         ):
             raise ValueError("resourceName must belong to the pool's vendor (nvidia.com/... or amd.com/...); cpu pools take none")
         if self.vendor == "cpu" and self.tensor_parallel_size != 1:
-            raise ValueError("tensorParallelSize must be 1 on a cpu pool (the CPU server has no tensor parallelism)")
+            raise ValueError("tensorParallelSize must be 1 on a cpu pool (its server decodes on one CPU engine; --tp-size there is for tests of the weight-update group)")
         return self
 
     @field_validator("extra_args")
@@ -715,6 +725,15 @@ class WeightsVolumeSpec(ApiModel):
 
 class RolloutSpec(ApiModel):
     """How rollouts are generated and scheduled."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            "(has(self.weightTransport) && has(self.weightTransport.mode) ? self.weightTransport.mode "
+            ": (has(self.engine) && self.engine == 'sglang' ? 'distributed' : 'tensor')) != 'distributed' "
+            f"|| !has(self.pools) || self.pools.all(p, !has(p.extraArgs) || p.extraArgs.all(a, !a.matches(r'{_DP_FLAG_RE}')))",
+            _NO_DP_WITH_DISTRIBUTED,
+        )
+    )
 
     engine: Literal["embedded", "sglang"] = "embedded"
     strategy: Literal["sync", "april"] = "april"
@@ -776,6 +795,10 @@ class RolloutSpec(ApiModel):
                 f"rollout.weightTransport.mode: {mode} sends weights to HTTP engines (rollout.engine: sglang); "
                 "the embedded engine takes tensor"
             )
+        if self.transport_mode == "distributed" and any(
+            re.match(_DP_FLAG_RE, a) for pool in self.pools for a in pool.extra_args
+        ):
+            raise ValueError(_NO_DP_WITH_DISTRIBUTED)
         return self
 
     @property

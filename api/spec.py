@@ -72,17 +72,18 @@ OPERATOR_OWNED_SGLANG_FLAGS = (
 _OWNED_FLAG_RE = "^(" + "|".join(OPERATOR_OWNED_SGLANG_FLAGS) + ")(=.*)?$"
 # SGLang's data parallelism inside one server (--dp-size; --dp is its argparse prefix). Its schedulers
 # take no rank in the weight-update group (model_runner.init_weights_update_group: rank = rank_offset
-# + tp_rank), so the distributed transport cannot reach them: such a pool scales with replicas instead.
+# + tp_rank), so the distributed transport cannot reach them, and a replica's GPUs are exactly its TP
+# ranks (gpusPerReplica = tensorParallelSize), so there are none left for them: a pool scales with replicas.
 DATA_PARALLEL_SGLANG_FLAGS = ("--dp", "--dp-size", "--data-parallel-size")
 _DP_FLAG_RE = "^(" + "|".join(DATA_PARALLEL_SGLANG_FLAGS) + ")(=.*)?$"
 _GPUS_ARE_TP = (
     "gpusPerReplica must equal tensorParallelSize on a GPU pool: every GPU of a replica is one tensor-parallel "
     "rank of its SGLang server (more throughput: more replicas, not --dp-size)"
 )
-_NO_DP_WITH_DISTRIBUTED = (
-    "rollout.pools[].extraArgs: " + ", ".join(DATA_PARALLEL_SGLANG_FLAGS) + " cannot be used with "
-    "rollout.weightTransport.mode distributed (the default for engine sglang): SGLang's weight-update group "
-    "has no ranks for data-parallel schedulers; scale the pool's replicas, or use mode disk"
+_NO_DATA_PARALLEL = (
+    "extraArgs must not set SGLang's data parallelism (" + ", ".join(DATA_PARALLEL_SGLANG_FLAGS) + "): the "
+    "weight-update group has no ranks for data-parallel schedulers and a replica's GPUs are its tensor-parallel "
+    "ranks; scale the pool's replicas instead"
 )
 
 
@@ -661,6 +662,8 @@ class InferencePoolSpec(ApiModel):
         json_schema_extra=cel(
             f"self.all(a, !a.matches(r'{_OWNED_FLAG_RE}'))",
             "extraArgs must not set a flag the operator sets (" + ", ".join(OPERATOR_OWNED_SGLANG_FLAGS) + ")",
+            f"self.all(a, !a.matches(r'{_DP_FLAG_RE}'))",
+            _NO_DATA_PARALLEL,
         ),
     )
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_LIST, json_schema_extra=LIST_MAP_BY_NAME)
@@ -701,6 +704,8 @@ class InferencePoolSpec(ApiModel):
             raise ValueError(
                 f"extraArgs must not set a flag the operator sets ({', '.join(OPERATOR_OWNED_SGLANG_FLAGS)}): {owned}"
             )
+        if any(re.match(_DP_FLAG_RE, a) for a in args):
+            raise ValueError(_NO_DATA_PARALLEL)
         return args
 
 
@@ -725,15 +730,6 @@ class WeightsVolumeSpec(ApiModel):
 
 class RolloutSpec(ApiModel):
     """How rollouts are generated and scheduled."""
-
-    model_config = ConfigDict(
-        json_schema_extra=cel(
-            "(has(self.weightTransport) && has(self.weightTransport.mode) ? self.weightTransport.mode "
-            ": (has(self.engine) && self.engine == 'sglang' ? 'distributed' : 'tensor')) != 'distributed' "
-            f"|| !has(self.pools) || self.pools.all(p, !has(p.extraArgs) || p.extraArgs.all(a, !a.matches(r'{_DP_FLAG_RE}')))",
-            _NO_DP_WITH_DISTRIBUTED,
-        )
-    )
 
     engine: Literal["embedded", "sglang"] = "embedded"
     strategy: Literal["sync", "april"] = "april"
@@ -795,10 +791,6 @@ class RolloutSpec(ApiModel):
                 f"rollout.weightTransport.mode: {mode} sends weights to HTTP engines (rollout.engine: sglang); "
                 "the embedded engine takes tensor"
             )
-        if self.transport_mode == "distributed" and any(
-            re.match(_DP_FLAG_RE, a) for pool in self.pools for a in pool.extra_args
-        ):
-            raise ValueError(_NO_DP_WITH_DISTRIBUTED)
         return self
 
     @property

@@ -148,10 +148,8 @@ INVALID: list[tuple[str, str, Any, tuple[str, ...]]] = [
     ("resource-name-other-vendor", "spec.rollout.pools[0].resourceName", "amd.com/gpu", ("rollout.pools[0]", "resourceName")),
     ("gpus-beyond-tp", "spec.rollout.pools[0].gpusPerReplica", 4,
      ("rollout.pools[0]", "gpusPerReplica must equal tensorParallelSize")),
-    ("dp-size-with-distributed", "spec.rollout", {
-        "engine": "sglang", "rolloutBatchSize": 4,
-        "pools": [{"name": "nv", "vendor": "nvidia", "gpusPerReplica": 2, "tensorParallelSize": 2,
-                   "extraArgs": ["--dp-size", "2"]}]}, ("rollout.pools[].extraArgs", "weightTransport.mode distributed")),
+    ("extra-args-data-parallel", "spec.rollout.pools[0].extraArgs", ["--dp-size", "2"],
+     ("rollout.pools[0].extraArgs", "data parallelism")),
     # sizes (CEL cost bounds)
     ("extra-args-too-many", "spec.rollout.pools[0].extraArgs", [f"--x{i}" for i in range(65)], ("rollout.pools[0].extraArgs",)),
     ("node-selector-too-many", "spec.trainer.nodeSelector", {f"k{i}": "v" for i in range(65)}, ("trainer.nodeSelector",)),

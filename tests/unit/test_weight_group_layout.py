@@ -1,5 +1,5 @@
 """Ranks of the weight-update group from the servers' own shapes, and the admission rules that keep
-SGLang's data parallelism away from the distributed transport."""
+SGLang pools to tensor parallelism (no data parallelism inside a server)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_a_server_shape_comes_from_its_server_info() -> None:
         server_shape({"tp_size": 0})
 
 
-def _rollout(mode: str | None, extra: list[str], **pool: Any) -> RolloutSpec:
+def _rollout(extra: list[str], mode: str | None = None, **pool: Any) -> RolloutSpec:
     doc: dict[str, Any] = {"engine": "sglang", "pools": [
         {"name": "nv", "vendor": "nvidia", "gpusPerReplica": 2, "tensorParallelSize": 2, "extraArgs": extra, **pool}]}
     if mode:
@@ -36,13 +36,14 @@ def _rollout(mode: str | None, extra: list[str], **pool: Any) -> RolloutSpec:
 
 
 @pytest.mark.parametrize("flag", [["--dp-size", "2"], ["--dp=2"], ["--data-parallel-size", "2"]])
-def test_data_parallel_servers_are_refused_with_the_distributed_transport(flag: list[str]) -> None:
-    for mode in (None, "distributed"):  # distributed is engine sglang's default
-        with pytest.raises(ValidationError, match=r"rollout.pools\[\].extraArgs"):
-            _rollout(mode, flag)
-    assert _rollout("disk", flag).pools[0].extra_args == flag
+def test_data_parallel_servers_are_refused(flag: list[str]) -> None:
+    # distributed (engine sglang's default): no ranks for DP schedulers; disk: no GPUs left for them.
+    for mode in (None, "distributed", "disk"):
+        with pytest.raises(ValidationError, match=r"extraArgs must not set SGLang's data parallelism"):
+            _rollout(flag, mode)
+    assert _rollout(["--max-running-requests", "8"]).pools[0].extra_args == ["--max-running-requests", "8"]
 
 
 def test_every_gpu_of_a_replica_is_a_tensor_parallel_rank() -> None:
     with pytest.raises(ValidationError, match="gpusPerReplica must equal tensorParallelSize"):
-        _rollout(None, [], gpusPerReplica=4)
+        _rollout([], gpusPerReplica=4)

@@ -70,6 +70,21 @@ OPERATOR_OWNED_SGLANG_FLAGS = (
 )
 # Flags are letters and dashes only: the same text is a Python and a CEL (RE2) pattern.
 _OWNED_FLAG_RE = "^(" + "|".join(OPERATOR_OWNED_SGLANG_FLAGS) + ")(=.*)?$"
+# SGLang's data parallelism inside one server (--dp-size; --dp is its argparse prefix). Its schedulers
+# take no rank in the weight-update group (model_runner.init_weights_update_group: rank = rank_offset
+# + tp_rank), so the distributed transport cannot reach them, and a replica's GPUs are exactly its TP
+# ranks (gpusPerReplica = tensorParallelSize), so there are none left for them: a pool scales with replicas.
+DATA_PARALLEL_SGLANG_FLAGS = ("--dp", "--dp-size", "--data-parallel-size")
+_DP_FLAG_RE = "^(" + "|".join(DATA_PARALLEL_SGLANG_FLAGS) + ")(=.*)?$"
+_GPUS_ARE_TP = (
+    "gpusPerReplica must equal tensorParallelSize on a GPU pool: every GPU of a replica is one tensor-parallel "
+    "rank of its SGLang server (more throughput: more replicas, not --dp-size)"
+)
+_NO_DATA_PARALLEL = (
+    "extraArgs must not set SGLang's data parallelism (" + ", ".join(DATA_PARALLEL_SGLANG_FLAGS) + "): the "
+    "weight-update group has no ranks for data-parallel schedulers and a replica's GPUs are its tensor-parallel "
+    "ranks; scale the pool's replicas instead"
+)
 
 
 def cel(*rules_and_messages: str) -> dict[str, Any]:
@@ -619,12 +634,10 @@ class InferencePoolSpec(ApiModel):
 
     model_config = ConfigDict(
         json_schema_extra=cel(
-            "self.tensorParallelSize <= self.gpusPerReplica",
-            "tensorParallelSize must not exceed gpusPerReplica",
-            "self.gpusPerReplica % self.tensorParallelSize == 0",
-            "tensorParallelSize must divide gpusPerReplica",
+            "self.vendor == 'cpu' || self.gpusPerReplica == self.tensorParallelSize",
+            _GPUS_ARE_TP,
             "self.vendor != 'cpu' || self.tensorParallelSize == 1",
-            "tensorParallelSize must be 1 on a cpu pool (the CPU server has no tensor parallelism)",
+            "tensorParallelSize must be 1 on a cpu pool (its server decodes on one CPU engine; --tp-size there is for tests of the weight-update group)",
             "!has(self.resourceName) || (self.vendor != 'cpu' && self.resourceName.startsWith(self.vendor + '.com/'))",
             "resourceName must belong to the pool's vendor (nvidia.com/... or amd.com/...); cpu pools take none",
         )
@@ -649,6 +662,8 @@ class InferencePoolSpec(ApiModel):
         json_schema_extra=cel(
             f"self.all(a, !a.matches(r'{_OWNED_FLAG_RE}'))",
             "extraArgs must not set a flag the operator sets (" + ", ".join(OPERATOR_OWNED_SGLANG_FLAGS) + ")",
+            f"self.all(a, !a.matches(r'{_DP_FLAG_RE}'))",
+            _NO_DATA_PARALLEL,
         ),
     )
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_LIST, json_schema_extra=LIST_MAP_BY_NAME)
@@ -671,16 +686,14 @@ class InferencePoolSpec(ApiModel):
 
     @model_validator(mode="after")
     def _tp_fits_gpus(self) -> InferencePoolSpec:
-        if self.tensor_parallel_size > self.gpus_per_replica:
-            raise ValueError("tensorParallelSize must not exceed gpusPerReplica")
-        if self.gpus_per_replica % self.tensor_parallel_size:
-            raise ValueError("tensorParallelSize must divide gpusPerReplica")
+        if self.vendor != "cpu" and self.gpus_per_replica != self.tensor_parallel_size:
+            raise ValueError(_GPUS_ARE_TP)
         if self.resource_name is not None and (
             self.vendor == "cpu" or not self.resource_name.startswith(f"{self.vendor}.com/")
         ):
             raise ValueError("resourceName must belong to the pool's vendor (nvidia.com/... or amd.com/...); cpu pools take none")
         if self.vendor == "cpu" and self.tensor_parallel_size != 1:
-            raise ValueError("tensorParallelSize must be 1 on a cpu pool (the CPU server has no tensor parallelism)")
+            raise ValueError("tensorParallelSize must be 1 on a cpu pool (its server decodes on one CPU engine; --tp-size there is for tests of the weight-update group)")
         return self
 
     @field_validator("extra_args")
@@ -691,6 +704,8 @@ class InferencePoolSpec(ApiModel):
             raise ValueError(
                 f"extraArgs must not set a flag the operator sets ({', '.join(OPERATOR_OWNED_SGLANG_FLAGS)}): {owned}"
             )
+        if any(re.match(_DP_FLAG_RE, a) for a in args):
+            raise ValueError(_NO_DATA_PARALLEL)
         return args
 
 

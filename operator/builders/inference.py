@@ -133,7 +133,7 @@ def pool_container(spec: RLJobSpec, pool: InferencePoolSpec) -> dict[str, Any]:
         "command": list(pool.command or command),
         "args": [
             *model_args(spec.model),
-            "--tp",
+            "--tp-size",
             str(pool.tensor_parallel_size),
             "--host",
             "0.0.0.0",

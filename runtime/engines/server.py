@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+import torch
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -57,6 +58,9 @@ class ServerOptions:
     ignore_first_aborts: int = 0  # the first N /abort_request calls are acknowledged but do nothing
     health_generate_fault: Literal["none", "hang", "503"] = "none"
     weight_group_timeout_s: float = 300.0  # joining and each broadcast of a weight-update group
+    # Tensor-parallel ranks: each joins weight-update groups as its own rank (rank_offset + tp_rank) and
+    # receives every broadcast, as SGLang's TP workers do. Decoding itself stays on one CPU engine.
+    tp_size: int = 1
 
 
 class _JsonError(Exception):
@@ -136,7 +140,7 @@ class SGLangProtocolServer:
         self._ready = False
         self._aborts_to_ignore = self.options.ignore_first_aborts
         self._startup: asyncio.Task[None] | None = None
-        self._groups: dict[str, WeightGroup] = {}  # weight-update groups joined, by name
+        self._groups: dict[str, list[WeightGroup]] = {}  # weight-update groups joined, by name: one member per TP rank
         self._runner: web.AppRunner | None = None
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(_SGLangMetrics(self))
@@ -202,8 +206,8 @@ class SGLangProtocolServer:
     async def _on_cleanup(self, _app: web.Application) -> None:
         if self._startup is not None:
             self._startup.cancel()
-        for group in self._groups.values():
-            group.close()
+        for ranks in self._groups.values():
+            _close_all(ranks)
         self._groups.clear()
         self._ready = False
         await self.engine.close()
@@ -419,6 +423,8 @@ class SGLangProtocolServer:
                 "max_total_num_tokens": self.max_total_num_tokens,
                 "max_req_input_len": context - 1 if context else None,
                 "weight_version": self.weight_version,
+                "tp_size": self.options.tp_size,
+                "dp_size": 1,
                 "internal_states": [self._load_record()],
                 "version": SERVER_VERSION,
             }
@@ -484,7 +490,8 @@ class SGLangProtocolServer:
         )
 
     async def _init_weights_update_group(self, request: web.Request) -> web.Response:
-        """Join the trainer's weight-update group as rank ``rank_offset`` (gloo here: CPU tensors)."""
+        """Join the trainer's weight-update group with every TP rank, as ranks ``rank_offset + tp_rank``
+        (gloo here: CPU tensors). All ranks join at once: the group forms only with every rank in."""
         self._require_ready()
         body: proto.InitWeightsUpdateGroupBody = await _read_body(request, proto.InitWeightsUpdateGroupBody)
         if body.backend != "gloo":
@@ -492,22 +499,30 @@ class SGLangProtocolServer:
                                       "joins weight-update groups with gloo only"}, status=400)
         old = self._groups.pop(body.group_name, None)
         if old is not None:  # rebuilt by the trainer (an engine was replaced or added)
-            old.close()
-        try:
-            group = await asyncio.to_thread(join_group, body.master_address, body.master_port, body.rank_offset,
-                                            body.world_size, body.group_name, self.options.weight_group_timeout_s)
-        except (RuntimeError, ValueError) as exc:
-            log.warning("init_weights_update_group %s failed: %s", body.group_name, exc)
-            return web.json_response({"success": False, "message": f"could not join {body.group_name}: {exc}"}, status=400)
-        self._groups[body.group_name] = group
-        return web.json_response({"success": True, "message": f"joined {body.group_name} as rank {body.rank_offset}"})
+            _close_all(old)
+        joins = await asyncio.gather(*(
+            asyncio.to_thread(join_group, body.master_address, body.master_port, body.rank_offset + tp_rank,
+                              body.world_size, body.group_name, self.options.weight_group_timeout_s)
+            for tp_rank in range(self.options.tp_size)
+        ), return_exceptions=True)
+        ranks = [j for j in joins if isinstance(j, WeightGroup)]
+        errors = [j for j in joins if not isinstance(j, WeightGroup)]
+        if errors:
+            _close_all(ranks)
+            log.warning("init_weights_update_group %s failed: %s", body.group_name, errors[0])
+            return web.json_response({"success": False, "message": f"could not join {body.group_name}: {errors[0]}"},
+                                     status=400)
+        self._groups[body.group_name] = ranks
+        last = body.rank_offset + self.options.tp_size - 1
+        return web.json_response({"success": True, "message": f"joined {body.group_name} as ranks {body.rank_offset}..{last}"})
 
     async def _update_weights_from_distributed(self, request: web.Request) -> web.Response:
-        """Receive the listed tensors by broadcast from rank 0 and install them; ``weight_version`` when given."""
+        """Receive the listed tensors by broadcast from rank 0 on every TP rank and install them;
+        ``weight_version`` when given."""
         self._require_ready()
         body: proto.UpdateWeightsFromDistributedBody = await _read_body(request, proto.UpdateWeightsFromDistributedBody)
-        group = self._groups.get(body.group_name)
-        if group is None:
+        ranks = self._groups.get(body.group_name)
+        if ranks is None:
             return web.json_response({"success": False, "message": f"no weight-update group {body.group_name}: "
                                       "call /init_weights_update_group first"}, status=400)
         if not len(body.names) == len(body.dtypes) == len(body.shapes):
@@ -515,11 +530,14 @@ class SGLangProtocolServer:
         if body.abort_all_requests:
             await self.engine.abort_all()
         try:
-            tensors = await asyncio.to_thread(receive_tensors, group, body.names, body.dtypes, body.shapes)
+            received = await asyncio.gather(*(
+                asyncio.to_thread(receive_tensors, rank, body.names, body.dtypes, body.shapes) for rank in ranks
+            ))
+            tensors = _same_on_every_rank(received)
         except (RuntimeError, ValueError) as exc:
             # A broken group stays broken: drop it, the trainer rebuilds it.
             self._groups.pop(body.group_name, None)
-            group.close()
+            _close_all(ranks)
             log.warning("update_weights_from_distributed failed: %s", exc)
             return web.json_response({"success": False, "message": f"broadcast failed: {exc}"}, status=400)
         version = self._engine_version_for(body.weight_version) if body.weight_version is not None else None
@@ -534,10 +552,10 @@ class SGLangProtocolServer:
 
     async def _destroy_weights_update_group(self, request: web.Request) -> web.Response:
         body: proto.DestroyWeightsUpdateGroupBody = await _read_body(request, proto.DestroyWeightsUpdateGroupBody)
-        group = self._groups.pop(body.group_name, None)
-        if group is not None:
-            group.close()
-        return web.json_response({"success": True, "message": f"{body.group_name} destroyed" if group else "no such group"})
+        ranks = self._groups.pop(body.group_name, None)
+        if ranks is not None:
+            _close_all(ranks)
+        return web.json_response({"success": True, "message": f"{body.group_name} destroyed" if ranks else "no such group"})
 
     async def _pause(self, request: web.Request) -> web.Response:
         body: proto.PauseBody = await _read_body(request, proto.PauseBody)
@@ -550,6 +568,22 @@ class SGLangProtocolServer:
     async def _continue(self, _request: web.Request) -> web.Response:
         self.engine.resume()
         return web.json_response({"success": True, "message": "generation continued"})
+
+
+def _close_all(ranks: list[WeightGroup]) -> None:
+    for rank in ranks:
+        rank.close()
+
+
+def _same_on_every_rank(received: list[list[tuple[str, torch.Tensor]]]) -> list[tuple[str, torch.Tensor]]:
+    """The tensors of TP rank 0, once every rank is seen to hold the same ones (real TP shards each
+    load their slice of the full tensor they receive; here each must have received all of it)."""
+    first = received[0]
+    for tp_rank, tensors in enumerate(received[1:], start=1):
+        for (name, expected), (_, got) in zip(first, tensors, strict=True):
+            if not torch.equal(expected, got):
+                raise ValueError(f"TP rank {tp_rank} received different bytes for {name} than TP rank 0")
+    return first
 
 
 # --------------------------------------------------------------------------------- CLI
@@ -582,8 +616,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help="most requests decoded together; further ones wait in a FIFO queue",
     )
     p.add_argument(
-        "--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
-        help="tensor parallel size; accepted for SGLang compatibility, must be 1 (no tensor parallelism on CPU)",
+        "--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1,
+        help="tensor-parallel ranks, as SGLang's: each joins weight-update groups as its own rank and receives "
+        "every broadcast (decoding stays on one CPU engine)",
     )
     p.add_argument("--context-length", type=int, default=None, help="max prompt + generation tokens (default: model's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
@@ -608,8 +643,8 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: parse flags, build engine and server, serve until SIGINT/SIGTERM."""
     parser = build_arg_parser()
     args = parser.parse_args(argv)
-    if args.tp != 1:
-        parser.error(f"--tp {args.tp}: the CPU server has no tensor parallelism; use --tp 1 (or a GPU pool)")
+    if args.tp_size < 1:
+        parser.error(f"--tp-size {args.tp_size}: must be at least 1")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not (Path(args.model_path) / "config.json").is_file():
         raise SystemExit(f"--model-path {args.model_path}: no config.json there; pass a save_pretrained() directory")
@@ -632,6 +667,7 @@ def main(argv: list[str] | None = None) -> None:
         require_abort_rid=args.fault_require_abort_rid,
         ignore_first_aborts=args.fault_ignore_first_aborts,
         health_generate_fault=args.fault_health_generate,
+        tp_size=args.tp_size,
     )
     server = SGLangProtocolServer(engine, options)
     # A short shutdown grace: pods and tests stop workers often, and callers get aborts, not hangs.

@@ -724,6 +724,18 @@ class SGLangEngine(Engine):
         results = await asyncio.gather(*(self.post_worker(u, path, body, timeout) for u in urls))
         return dict(zip(urls, results, strict=True))
 
+    async def server_info(self, url: str) -> dict[str, Any]:
+        """A worker's ``/get_server_info`` (its ServerArgs: ``tp_size``, ``dp_size``, ...); EngineError
+        naming the worker when it does not answer with a JSON object."""
+        try:
+            resp = await self._call_with_retries("GET", url + "/get_server_info")
+            info = resp.json()
+        except (_NoReply, ValueError) as exc:
+            raise EngineError(f"{url}/get_server_info: {exc}") from exc
+        if resp.status_code != 200 or not isinstance(info, dict):
+            raise EngineError(f"{url}/get_server_info: HTTP {resp.status_code} {resp.text[:200]}")
+        return info
+
     async def commit_version(self, version: int, replies: dict[str, str | None]) -> WorkerSyncResult:
         """After a sync to ``version``: make it the current version, read every worker's served
         version (authoritative), and let the rotation and the router follow. When no worker serves

@@ -1,9 +1,17 @@
-"""A process group of its own between trainer rank 0 and the engine ranks, for weight broadcasts.
+"""The weight-update group: trainer rank 0 and every engine rank, for weight broadcasts.
 
-It is built from a TCPStore and a ProcessGroupGloo (or ProcessGroupNCCL) directly, not through
-``torch.distributed.init_process_group``: the trainer's own default group (its data-parallel ranks)
-and the engines' are separate and stay untouched, and the group can be torn down and rebuilt
-whenever an engine is replaced or added, as SGLang's ``init_weights_update_group`` does it.
+It is laid out exactly as SGLang's engine side lays it out (``init_custom_process_group`` in
+``sglang/srt/utils/common.py``, 0.5.5.post3 and 0.5.23), so the store keys of both sides meet:
+
+- the store is a ``TCPStore`` hosted by rank 0 at ``tcp://master_address:master_port`` (SGLang's
+  engine ranks reach it through ``torch.distributed.rendezvous`` of that URL);
+- it is wrapped in ``PrefixStore(group_name, store)``;
+- torch's ``_new_process_group_helper`` builds the group on that store, prefixing it again with
+  ``"<group_name>/"`` and then ``"<device>/"`` (``cpu/`` for gloo, ``cuda/`` for NCCL).
+
+A key such as gloo's rank-1 address therefore lives at ``<group>/<group>//cpu/...`` in rank 0's
+store. The group is not the trainer's default group (its data-parallel ranks stay untouched) and is
+torn down and rebuilt whenever an engine is replaced or added.
 """
 
 from __future__ import annotations
@@ -45,40 +53,47 @@ def dtype_of(name: str) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)}") from None
 
 
-def open_store(host: str, port: int, world_size: int, is_master: bool, timeout_s: float) -> dist.TCPStore:
-    """The rendezvous store; the master (trainer rank 0) binds ``port`` (0 = any free port, see ``.port``)."""
+def open_store(host: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """Rank 0's rendezvous store, bound to ``host:port`` (0 = any free port, see ``.port``).
+
+    What ``rendezvous("tcp://host:port")`` gives rank 0, built directly: under torchrun
+    (``TORCHELASTIC_USE_AGENT_STORE``) ``rendezvous`` would make rank 0 a client of the agent's
+    store, and no engine could reach that. It does not wait for the engines: they are told the port
+    only after it is bound.
+    """
     return dist.TCPStore(
-        host, port, world_size, is_master=is_master, timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
-        use_libuv=False,
+        host, port, world_size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False,
     )
+
+
+def group_store(store: dist.Store, group_name: str) -> dist.PrefixStore:
+    """The store as ``init_custom_process_group`` hands it to torch: ``PrefixStore(group_name, store)``."""
+    return dist.PrefixStore(group_name, store)
+
+
+def backend_store(store: dist.Store, group_name: str, backend: Backend) -> dist.PrefixStore:
+    """The store ``_new_process_group_helper`` gives the backend of ``group_store(store, group_name)``:
+    prefixed with ``"<group_name>/"``, then with the device the backend serves first (``cpu/`` for
+    gloo, ``cuda/`` for NCCL). Only the CPU server builds its ranks from it (see ``join_group``);
+    tests check it against the helper's own layout."""
+    device = "cpu" if backend == "gloo" else "cuda"
+    return dist.PrefixStore(f"{device}/", dist.PrefixStore(f"{group_name}/", group_store(store, group_name)))
 
 
 class WeightGroup:
     """One member's handle on a weight-update group; rank 0 is the trainer and broadcasts."""
 
-    def __init__(
-        self,
-        store: dist.Store,
-        group_name: str,
-        rank: int,
-        world_size: int,
-        backend: Backend,
-        timeout_s: float,
-    ) -> None:
-        """Blocks until every rank has joined (or ``timeout_s`` passed: RuntimeError)."""
+    def __init__(self, pg: dist.ProcessGroup, group_name: str, rank: int, world_size: int, backend: Backend,
+                 timeout_s: float, registered: bool, store: dist.Store) -> None:
+        """Wrap a formed group; ``registered``: torch's registry holds it (destroy it there on close)."""
+        self._pg = pg
         self.group_name = group_name
         self.rank = rank
         self.world_size = world_size
         self.backend = backend
         self.timeout = timedelta(seconds=timeout_s)
-        prefixed = dist.PrefixStore(group_name, store)
-        self._store = store  # the master's store must outlive the group
-        if backend == "gloo":
-            self._pg: dist.ProcessGroup = dist.ProcessGroupGloo(prefixed, rank, world_size, self.timeout)
-        else:  # pragma: no cover - needs GPUs
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = self.timeout
-            self._pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
+        self._registered = registered
+        self._store = store  # rank 0's store daemon must outlive the group
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
     def broadcast(self, tensor: torch.Tensor) -> None:
@@ -87,21 +102,50 @@ class WeightGroup:
 
     def close(self) -> None:
         """Drop the group (peers that still wait on it time out)."""
-        shutdown = getattr(self._pg, "shutdown", None)
-        if shutdown is not None:
-            try:
-                shutdown()
-            except RuntimeError as exc:  # already broken: nothing left to release
-                log.debug("weight group %s shutdown: %s", self.group_name, exc)
+        try:
+            if self._registered:
+                dist.destroy_process_group(self._pg)
+            else:
+                self._pg.shutdown()
+        except (RuntimeError, ValueError) as exc:  # already broken or gone: nothing left to release
+            log.debug("weight group %s shutdown: %s", self.group_name, exc)
+
+
+def create_group(store: dist.Store, group_name: str, world_size: int, backend: Backend,
+                 timeout_s: float) -> WeightGroup:
+    """Trainer rank 0 forms the group on its own ``open_store`` store, through the same prefix and
+    the same torch helper as SGLang's engine ranks. Blocks until every rank has joined (or
+    ``timeout_s`` passed: RuntimeError/DistBackendError). ``group_name`` must be new in this process."""
+    from torch.distributed.distributed_c10d import _new_process_group_helper, _world
+
+    timeout = timedelta(seconds=timeout_s)
+    # No process-group options are passed: the helper's keyword for them was renamed in torch 2.6
+    # (pg_options -> backend_options), and None is the default of both.
+    pg, _ = _new_process_group_helper(world_size, 0, [], dist.Backend(backend), group_store(store, group_name),
+                                      group_name=group_name, timeout=timeout)
+    # As SGLang does for its side: the group's ranks are its own, which destroy_process_group expects.
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return WeightGroup(pg, group_name, 0, world_size, backend, timeout_s, registered=True, store=store)
 
 
 def join_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
-               timeout_s: float, backend: Backend = "gloo") -> WeightGroup:
-    """An engine rank joins the trainer's group (blocks until every rank is in)."""
+               timeout_s: float) -> WeightGroup:
+    """An engine rank of the CPU server joins the trainer's group over gloo (blocks until every rank is in).
+
+    Structured as SGLang's ``init_custom_process_group``: ``rendezvous("tcp://addr:port")``, then
+    ``PrefixStore(group_name)``, then the process group on the helper's prefixes (``backend_store``).
+    It builds the gloo group itself instead of calling torch's helper because the CPU server runs
+    all its TP ranks in one process, and the helper registers each group name once per process.
+    """
     if rank <= 0 or rank >= world_size:
-        raise ValueError(f"rank_offset {rank} outside 1..{world_size - 1}: rank 0 is the trainer")
-    store = open_store(master_address, master_port, world_size, is_master=False, timeout_s=timeout_s)
-    return WeightGroup(store, group_name, rank, world_size, backend, timeout_s)
+        raise ValueError(f"rank {rank} outside 1..{world_size - 1}: rank 0 is the trainer")
+    timeout = timedelta(seconds=timeout_s)
+    store, rank, world_size = next(dist.rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size,
+                                                   timeout=timeout))
+    store.set_timeout(timeout)
+    pg = dist.ProcessGroupGloo(backend_store(store, group_name, "gloo"), rank, world_size, timeout)
+    pg._set_sequence_number_for_group()  # as the helper does: rank 0 sets the number, the others read it
+    return WeightGroup(pg, group_name, rank, world_size, "gloo", timeout_s, registered=False, store=store)
 
 
 def receive_tensors(group: WeightGroup, names: list[str], dtypes: list[str],

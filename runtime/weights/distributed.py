@@ -1,9 +1,11 @@
 """``distributed`` mode: SGLang's weight-update group, bucketed broadcasts from trainer rank 0.
 
 Per sync (sglang_protocol.md §8, distributed_training.md):
-1. probe every worker; (re)build the group when its members changed, a member was restarted (it no
-   longer serves the version this transport last gave it) or the previous sync broke the group:
-   ``/init_weights_update_group`` on every worker (ranks 1..N) while rank 0 joins here;
+1. probe every worker and read its ``/get_server_info`` (``tp_size``, ``dp_size``: group_layout.py);
+   (re)build the group when its layout changed, a member was restarted (it no longer serves the
+   version this transport last gave it) or the previous sync broke the group:
+   ``/init_weights_update_group`` on every worker (``rank_offset`` = 1 + the TP sizes before it,
+   ``world_size`` = 1 + all of them) while rank 0 forms it here (collective.py: SGLang's layout);
 2. ``/pause_generation`` (in place: the round has already aborted and drained everything);
 3. per bucket, ``/update_weights_from_distributed`` with names, dtypes and shapes to every member
    while rank 0 broadcasts the tensors; the cache is flushed and ``weight_version`` set with the last
@@ -20,11 +22,14 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rljob.runtime.engines.base import EngineError
 from rljob.runtime.engines.sglang_client import SGLangEngine
-from rljob.runtime.weights.collective import Backend, WeightGroup, dtype_name, open_store
+from rljob.runtime.weights.collective import Backend, WeightGroup, create_group, dtype_name, open_store
+from rljob.runtime.weights.group_layout import RankLayout, rank_layout, server_shape
 from rljob.runtime.weights.transport import (
     Bucket,
     SyncReport,
@@ -64,12 +69,6 @@ def departed_members(members: Sequence[str], known: set[str]) -> list[str]:
     return [u for u in members if u not in known]
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 class DistributedTransport(WeightTransport):
     """Trainer rank 0's side of the weight-update group over every worker of ``engines``."""
 
@@ -79,9 +78,12 @@ class DistributedTransport(WeightTransport):
         self.engines = list(engines)
         self.options = options
         self._group: WeightGroup | None = None
-        self._members: list[str] = []  # worker URLs, rank = index + 1
+        self._members: list[str] = []  # worker URLs in rank order
+        self._layout: RankLayout | None = None  # the group's ranks, as formed
         self._given: dict[str, int | None] = {}  # version each member served after the last sync
         self._generation = itertools.count(1)
+        # Group names are registered process-wide by torch: unique per transport, new per rebuild.
+        self._token = uuid.uuid4().hex[:8]
 
     def _owner(self, url: str) -> SGLangEngine:
         for engine in self.engines:
@@ -93,27 +95,43 @@ class DistributedTransport(WeightTransport):
         """Whether an engine still knows ``url`` and its last call or probe got an answer."""
         return any(url in e.workers and e.workers[url].reachable for e in self.engines)
 
-    def _needs_rebuild(self, candidates: list[str]) -> bool:
-        if self._group is None or candidates != self._members:
+    def _needs_rebuild(self, layout: RankLayout) -> bool:
+        if self._group is None or layout != self._layout:
             return True
-        return any(self._owner(u).workers[u].served_version != self._given.get(u) for u in candidates)
+        return any(self._owner(u).workers[u].served_version != self._given.get(u) for u in layout.offsets)
 
-    async def _rebuild(self, candidates: list[str], report: SyncReport) -> list[str]:
-        """A new group over ``candidates``; returns the members that joined (all or none here)."""
+    async def _layout_of(self, candidates: list[str]) -> tuple[RankLayout, dict[str, str]]:
+        """The group's layout over the candidates whose server info places them (TP sizes, in order),
+        and why each of the others cannot join."""
+        async def shape(url: str) -> int | str:
+            try:
+                return server_shape(await self._owner(url).server_info(url)).tp_size
+            except (EngineError, ValueError) as exc:
+                return f"cannot join the weight-update group: {exc}"
+
+        shapes = await asyncio.gather(*(shape(u) for u in candidates))
+        refused = {u: s for u, s in zip(candidates, shapes, strict=True) if isinstance(s, str)}
+        for url, reason in refused.items():
+            log.error("SGLang worker %s %s", url, reason)
+        return rank_layout([(u, s) for u, s in zip(candidates, shapes, strict=True) if isinstance(s, int)]), refused
+
+    async def _rebuild(self, layout: RankLayout, report: SyncReport) -> list[str]:
+        """A new group over the layout's workers; returns the members that joined (all or none here)."""
         await self._destroy()
+        candidates = list(layout.offsets)
         host = self.options.address()
-        port = self.options.master_port or _free_port(host)
-        name = f"rljob-weights-{next(self._generation)}"
-        world = len(candidates) + 1
+        name = f"rljob-weights-{self._token}-{next(self._generation)}"
+        world = layout.world_size
         timeout = self.options.timeout_s
-        store = await asyncio.to_thread(open_store, host, port, world, True, timeout)
-        rank0 = asyncio.create_task(asyncio.to_thread(WeightGroup, store, name, 0, world, self.options.backend, timeout))
+        store = await asyncio.to_thread(open_store, host, self.options.master_port, world, timeout)
+        port = store.port
+        rank0 = asyncio.create_task(asyncio.to_thread(create_group, store, name, world, self.options.backend, timeout))
         joins = [
             self._owner(url).post_worker(url, "/init_weights_update_group", {
-                "master_address": host, "master_port": port, "rank_offset": rank, "world_size": world,
+                "master_address": host, "master_port": port, "rank_offset": layout.offsets[url], "world_size": world,
                 "group_name": name, "backend": self.options.backend,
             }, timeout=timeout)
-            for rank, url in enumerate(candidates, start=1)
+            for url in candidates
         ]
         errors = await asyncio.gather(*joins)
         try:
@@ -127,10 +145,11 @@ class DistributedTransport(WeightTransport):
             report.failed.update(failed)
             await self._destroy()
             return []
-        self._members = list(candidates)
+        self._members = candidates
+        self._layout = layout
         report.group_rebuilt = True
-        log.info("weight-update group %s formed: trainer rank 0 + %d engine ranks (%s:%d, %s)",
-                 name, len(candidates), host, port, self.options.backend)
+        log.info("weight-update group %s formed: trainer rank 0 + %d engine ranks over %d workers (%s:%d, %s)",
+                 name, world - 1, len(candidates), host, port, self.options.backend)
         return self._members
 
     async def _destroy(self) -> None:
@@ -143,6 +162,7 @@ class DistributedTransport(WeightTransport):
             self._group.close()
             self._group = None
         self._members = []
+        self._layout = None
 
     def _broadcast(self, bucket: Bucket) -> None:
         assert self._group is not None
@@ -169,10 +189,11 @@ class DistributedTransport(WeightTransport):
             log.warning("weight-update group members %s left discovery; the group is dropped", gone)
             await self._destroy()
         candidates = [w.url for e in self.engines for w in e.healthy_workers()]
+        layout, refused = await self._layout_of(candidates)
         members = self._members
-        if candidates and self._needs_rebuild(candidates):
-            members = await self._rebuild(candidates, report)
-        replies: dict[str, str | None] = {u: "no weight-update group" for u in candidates}
+        if layout.offsets and self._needs_rebuild(layout):
+            members = await self._rebuild(layout, report)
+        replies: dict[str, str | None] = {u: refused.get(u, "no weight-update group") for u in candidates}
         if members:
             replies = await self._push(version, weights, members, report)
         else:

@@ -55,15 +55,16 @@ def stop(procs: list[subprocess.Popen[bytes]], timeout: float = 15) -> None:
 
 
 def start_worker(
-    model_dir: Path, log: Path, max_batch_size: int = 8, port: int | None = None
+    model_dir: Path, log: Path, max_batch_size: int = 8, port: int | None = None, tp_size: int = 1
 ) -> tuple[str, subprocess.Popen[bytes]]:
     """One SGLang-protocol server process over the embedded engine; returns (url, process).
-    ``port``: bind that one (a restart on the same address), else a free one."""
+    ``port``: bind that one (a restart on the same address), else a free one. ``tp_size``: its
+    tensor-parallel ranks in weight-update groups."""
     port = port or free_port()
     proc = spawn(
         [sys.executable, "-m", "rljob.runtime.engines.server", "--model-path", str(model_dir),
          "--host", "127.0.0.1", "--port", str(port), "--max-batch-size", str(max_batch_size),
-         "--torch-threads", "1", "--log-level", "warning"],
+         "--torch-threads", "1", "--log-level", "warning", "--tp-size", str(tp_size)],
         log,
     )
     return f"http://127.0.0.1:{port}", proc
@@ -71,7 +72,7 @@ def start_worker(
 
 def start_workers(model_dir: Path, logs: Path, count: int, procs: list[subprocess.Popen[bytes]], *,
                   prefix: str = "w", max_batch_size: int = 8, ready_path: str = "/health",
-                  timeout: float = 180) -> list[str]:
+                  timeout: float = 180, tp_size: int = 1) -> list[str]:
     """``count`` workers over ``model_dir``, each waited on until ``ready_path`` answers; returns their URLs.
 
     Each process is appended to ``procs`` as soon as it starts, so the caller's ``stop(procs)`` also
@@ -79,7 +80,7 @@ def start_workers(model_dir: Path, logs: Path, count: int, procs: list[subproces
     """
     urls = []
     for i in range(count):
-        url, proc = start_worker(model_dir, logs / f"{prefix}{i}.log", max_batch_size=max_batch_size)
+        url, proc = start_worker(model_dir, logs / f"{prefix}{i}.log", max_batch_size=max_batch_size, tp_size=tp_size)
         urls.append(url)
         procs.append(proc)
     for i, url in enumerate(urls):

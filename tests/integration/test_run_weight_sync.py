@@ -4,11 +4,14 @@ engine serves the new weight version by its own API, and every step record close
 - embedded engine, `tensor` transport (the local default);
 - two SGLang-protocol worker processes behind the REAL sglang router, `distributed` transport (real
   gloo broadcasts from trainer rank 0). Trainer ranks are a parameter: 1 today; the 2-rank case is
-  added when the distributed trainer lands (issue 12, trainer branch).
+  added when the distributed trainer lands (issue 12, trainer branch). The workers run with one and
+  with two tensor-parallel ranks each: with TP 2 the group has 1 + 2 x 2 ranks, placed from the
+  workers' own /get_server_info.
 """
 
 from __future__ import annotations
 
+import logging
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,12 +65,14 @@ def use_sglang_pool(doc: dict, router: str, workers: list[str]) -> None:
     })
 
 
-@pytest.fixture
-def http_pool(tmp_path: Path) -> Iterator[tuple[Path, list[str], str]]:
+@pytest.fixture(params=[1], ids=lambda tp: f"tp{tp}")
+def http_pool(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Path, list[str], str]]:
+    """Two workers (``request.param`` TP ranks each) behind the real router."""
     model = tiny_policy(tmp_path / "model")
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        workers = start_workers(model, tmp_path, 2, procs, max_batch_size=16, ready_path="/health_generate")
+        workers = start_workers(model, tmp_path, 2, procs, max_batch_size=16, ready_path="/health_generate",
+                                tp_size=request.param)
         router, proc = start_router(workers, tmp_path / "router.log")
         procs.append(proc)
         wait_http(router + "/health", 60, proc, tmp_path / "router.log")
@@ -77,9 +82,13 @@ def http_pool(tmp_path: Path) -> Iterator[tuple[Path, list[str], str]]:
 
 
 @pytest.mark.parametrize("trainer_ranks", [1])
-async def test_sglang_run_with_distributed_transport(tmp_path: Path, http_pool, trainer_ranks: int):
+@pytest.mark.parametrize(("http_pool", "steps"), [(1, STEPS), (2, 3)], ids=["tp1", "tp2"], indirect=["http_pool"])
+async def test_sglang_run_with_distributed_transport(tmp_path: Path, http_pool, trainer_ranks: int, steps: int,
+                                                     caplog: pytest.LogCaptureFixture):
     model, workers, router = http_pool
-    doc = job_doc(model, tmp_path / "ckpt", steps=STEPS, every=100)
+    tp_sizes = [httpx.get(u + "/get_server_info").json()["tp_size"] for u in workers]
+    caplog.set_level(logging.INFO, logger="rljob.runtime.weights.distributed")
+    doc = job_doc(model, tmp_path / "ckpt", steps=steps, every=100)
     use_sglang_pool(doc, router, workers)
     job = parse_rljob(doc)
     assert job.spec.rollout.transport_mode == "distributed"
@@ -94,9 +103,11 @@ async def test_sglang_run_with_distributed_transport(tmp_path: Path, http_pool, 
 
     runner.step_listeners.append(engines_serve)
     summary = await runner.run()
-    assert seen == [(v, [str(v)] * 2) for v in range(1, STEPS + 1)]
+    assert seen == [(v, [str(v)] * 2) for v in range(1, steps + 1)]
     records = read_jsonl(tmp_path / "out" / "metrics.jsonl")
-    assert [r["engines_in_rotation"] for r in records] == [2] * STEPS
-    assert [r["weight_sync_failures"] for r in records] == [0] * STEPS
-    assert summary.policy_version == STEPS
+    assert [r["engines_in_rotation"] for r in records] == [2] * steps
+    assert [r["weight_sync_failures"] for r in records] == [0] * steps
+    assert summary.policy_version == steps
+    # Every TP rank of every worker was its own rank, placed from the workers' own server info.
+    assert f"trainer rank 0 + {sum(tp_sizes)} engine ranks over 2 workers" in caplog.text
     check_ledger(records, len(runner.scheduler.buffer))

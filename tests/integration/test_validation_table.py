@@ -146,6 +146,10 @@ INVALID: list[tuple[str, str, Any, tuple[str, ...]]] = [
         "data": {"huggingFace": "openai/gsm8k", "jsonl": "train.jsonl", "storage": {"huggingFaceCache": "pvc://sets"}},
         "rollout": {"rolloutBatchSize": 4}}, ("data.storage.huggingFaceCache",)),
     ("resource-name-other-vendor", "spec.rollout.pools[0].resourceName", "amd.com/gpu", ("rollout.pools[0]", "resourceName")),
+    ("gpus-beyond-tp", "spec.rollout.pools[0].gpusPerReplica", 4,
+     ("rollout.pools[0]", "gpusPerReplica must equal tensorParallelSize")),
+    ("extra-args-data-parallel", "spec.rollout.pools[0].extraArgs", ["--dp-size", "2"],
+     ("rollout.pools[0].extraArgs", "data parallelism")),
     # sizes (CEL cost bounds)
     ("extra-args-too-many", "spec.rollout.pools[0].extraArgs", [f"--x{i}" for i in range(65)], ("rollout.pools[0].extraArgs",)),
     ("node-selector-too-many", "spec.trainer.nodeSelector", {f"k{i}": "v" for i in range(65)}, ("trainer.nodeSelector",)),

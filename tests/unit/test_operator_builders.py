@@ -112,7 +112,7 @@ def test_cpu_pool_runs_the_sglang_protocol_server_with_args_it_accepts() -> None
     assert pod["securityContext"]["runAsUser"] == 1000, "the runtime image's user"
     assert "affinity" not in pod and "tolerations" not in pod
     args = build_arg_parser().parse_args(container["args"])
-    assert (args.model_path, args.tp, args.host, args.port, args.max_batch_size) == ("/models/tiny", 1, "0.0.0.0", 30000, 8)
+    assert (args.model_path, args.tp_size, args.host, args.port, args.max_batch_size) == ("/models/tiny", 1, "0.0.0.0", 30000, 8)
     assert "RLJOB_GPU_VENDOR" not in {e["name"] for e in container["env"]}
 
 
@@ -142,7 +142,7 @@ def test_inference_pools_are_vendor_correct() -> None:
     assert "rocm" not in nv_c["image"] and nv_c["image"].startswith("lmsysorg/sglang:v")
     assert "rocm" in mi_c["image"]
     assert nv_c["args"][:4] == ["--model-path", "Qwen/Qwen3-4B", "--revision", "main"]
-    assert nv_c["args"][nv_c["args"].index("--tp") + 1] == "2"
+    assert nv_c["args"][nv_c["args"].index("--tp-size") + 1] == "2"
     assert mi_c["args"][-2:] == ["--mem-fraction-static", "0.8"]
     mi_env = {e["name"]: e.get("value") for e in mi_c["env"]}
     assert mi_env["SGLANG_USE_AITER"] == "0" and mi_env["HSA_NO_SCRATCH_RECLAIM"] == "0", "user env overrides"

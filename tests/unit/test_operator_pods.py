@@ -122,7 +122,7 @@ def test_download_step_fetches_the_model_with_the_token_from_a_secret() -> None:
         assert _volumes(pod)["model"] == {"name": "model", "emptyDir": {"sizeLimit": "20Gi"}}
         assert _mounts(pod)[MODEL_DIR]["readOnly"] is True, "the main container only reads the download"
         assert init["securityContext"]["readOnlyRootFilesystem"] is True
-    assert _pod(children, "StatefulSet", "demo-infer-nv")["containers"][0]["args"][:3] == ["--model-path", MODEL_DIR, "--tp"]
+    assert _pod(children, "StatefulSet", "demo-infer-nv")["containers"][0]["args"][:3] == ["--model-path", MODEL_DIR, "--tp-size"]
 
 
 def test_download_into_a_cache_claim_writes_it_in_the_init_step_only() -> None:
@@ -371,7 +371,7 @@ def test_inference_and_router_pods_request_cpu_and_memory_with_defaults_and_over
     spec = _spec(
         rollout={
             "pools": [
-                {"name": "nv", "vendor": "nvidia", "gpusPerReplica": 2, "shmSize": "4Gi",
+                {"name": "nv", "vendor": "nvidia", "gpusPerReplica": 2, "tensorParallelSize": 2, "shmSize": "4Gi",
                  "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "128Gi"}}},
                 {"name": "mi", "vendor": "amd"},
             ],

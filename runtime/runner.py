@@ -549,10 +549,16 @@ class JobRunner:
             return False
         log.warning("no engine serves weight version %d but %s answer at another version (restarted?): "
                     "pushing the current weights again mid-round", self.version, ", ".join(behind))
-        self._order(Order("sync"))
-        await self._sync_weights()
-        self.catch_up_syncs += 1
+        await self.resync_weights()
         return True
+
+    async def resync_weights(self) -> SyncReport:
+        """Push the current weights again as the current version, every rank joining the gather (a `sync`
+        order): between steps the weights are those of the last sync, so this only catches engines up."""
+        self._order(Order("sync"))
+        report = await self._sync_weights()
+        self.catch_up_syncs += 1
+        return report
 
     async def _sync_weights(self) -> SyncReport:
         """Push the trainer's weights as ``self.version`` through the job's weight transport; returns

@@ -773,6 +773,14 @@ class RolloutSpec(ApiModel):
     startup_budget_seconds: int = Field(
         default=900, ge=30, le=DAY_S, description="Time an SGLang pod may take to load weights before it is restarted."
     )
+    engine_wait_timeout_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=DAY_S,
+        description="Most a rollout round waits while no engine can generate (every worker down, or out of the "
+        "rotation after a catch-up weight sync failed); then the trainer exits with an error so the job's restart "
+        "resumes it from its last checkpoint.",
+    )
     weights_volume: WeightsVolumeSpec | None = Field(
         default=None,
         description="On a cluster: the volume shared by the trainer and the engines for disk weight updates.",

@@ -12,7 +12,8 @@ A multi-rank job (torchrun, `rljob run --nproc N`; docs/distributed.md) splits t
 - ranks 1..N-1 run `TrainingRank`: they train the groups rank 0 sends them and join every
   collective (FSDP2, the weight gather of a sync, the checkpoint), and do nothing else.
 
-Rank 0's `Order`s keep the ranks in step: resume, train, checkpoint, stop.
+Rank 0's `Order`s keep the ranks in step: resume, train, sync, checkpoint, stop. Every order after
+which rank 0 pushes weights (resume, train, sync) has every rank join the gather of the full weights.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ SYNC_BUCKET_BYTES = 64 << 20
 class Order:
     """Rank 0's instruction to the other ranks, scattered on the control group (one per rank)."""
 
-    kind: Literal["resume", "train", "checkpoint", "stop"]
+    # resume: load `path` (if any) and join the start's weight sync; train: train `groups`, join the sync;
+    # sync: join a catch-up sync of the unchanged weights (mid-round); checkpoint; stop.
+    kind: Literal["resume", "train", "sync", "checkpoint", "stop"]
     version: int = 0  # train: the policy version the groups were generated against
     step: int = 0  # checkpoint: the step being saved
     groups: list[Group] = field(default_factory=list)  # train: this rank's share
@@ -155,6 +158,7 @@ def rollout_config(job: RLJob, stop_token_ids: list[int]) -> RolloutConfig:
         stop_token_ids=stop_token_ids,
         stop=list(r.stop),
         drain_timeout_s=r.sglang.drain_timeout_seconds,
+        engine_wait_timeout_s=r.engine_wait_timeout_seconds,
     )
 
 
@@ -293,6 +297,7 @@ class JobRunner:
         self.stop_requested = False
         self.eval_prompts: list[EvalPrompt] = []
         self.evals: list[EvalResult] = []  # this run's held-out evaluations, in order
+        self.catch_up_syncs = 0  # mid-round syncs of unchanged weights to engines that came back behind
 
     # ------------------------------------------------------------------ setup
 
@@ -347,6 +352,7 @@ class JobRunner:
             truncation=build_truncation(self.job),
             group_filter=dynamic_sampling_keep if spec.algorithm.effective_dynamic_sampling else None,
             scorer=score_group,
+            recover=self._catch_up,
         )
         resume = spec.checkpoint.resume if self.options.resume is None else self.options.resume
         path = self.checkpoints.latest() if resume else None
@@ -359,7 +365,11 @@ class JobRunner:
             self.trainer.load_checkpoint_state(template)
             self._restore(loaded)
             self.resumed_from = str(path)
-            await self._sync_weights()
+        # Resumed or not, the engines get the weights this run starts from: live workers may serve another
+        # version (a gang restart before the first checkpoint, or resume: false, while they serve k > 0),
+        # and a worker at another version is never in the rotation, so the first round would wait for ever.
+        on_status("syncing the weights to the engines")
+        await self._sync_weights()
         port = self.options.metrics_port if self.options.metrics_port is not None else spec.metrics.port
         if port:
             self.metrics_port = self.metrics.serve(spec.metrics.host, port)
@@ -530,13 +540,33 @@ class JobRunner:
         except (NotImplementedError, RuntimeError):  # not the main thread (tests, notebooks)
             pass
 
+    async def _catch_up(self) -> bool:
+        """The scheduler's `recover`, called mid-round while no engine can generate: when some engine
+        answers at another version (its workers restarted with their start-up weights), push the current
+        weights again (they do not change during a round; every rank joins the gather). True if it synced."""
+        behind = [e.name for e in self.engines if e.needs_catch_up()]
+        if not behind:
+            return False
+        log.warning("no engine serves weight version %d but %s answer at another version (restarted?): "
+                    "pushing the current weights again mid-round", self.version, ", ".join(behind))
+        await self.resync_weights()
+        return True
+
+    async def resync_weights(self) -> SyncReport:
+        """Push the current weights again as the current version, every rank joining the gather (a `sync`
+        order): between steps the weights are those of the last sync, so this only catches engines up."""
+        self._order(Order("sync"))
+        report = await self._sync_weights()
+        self.catch_up_syncs += 1
+        return report
+
     async def _sync_weights(self) -> SyncReport:
         """Push the trainer's weights as ``self.version`` through the job's weight transport; returns
         once at least one engine serves that version (engines that missed it left the rotation).
 
         In a multi-rank job the full weights are gathered from the FSDP2 shards first, once (every rank
-        joins: TrainingRank gathers right after its train step and after a resume), so a retried sync
-        resends them without another collective."""
+        joins: TrainingRank gathers right after its train step, after a resume order and on a sync order),
+        so a retried sync resends them without another collective."""
         from rljob.runtime.weights.factory import sync_until_served
         from rljob.runtime.weights.transport import Bucket, module_buckets, named_buckets
 
@@ -596,13 +626,16 @@ class TrainingRank:
         """Follow rank 0's orders until it says stop; returns the steps trained here."""
         while True:
             order: Order = self.distributed.scatter()
-            if order.kind == "resume" and order.path is not None:
-                template = self.trainer.checkpoint_state()
-                loaded = self.checkpoints.load(template, Path(order.path))
-                assert loaded is not None
-                self.trainer.load_checkpoint_state(template)
-                if loaded.rng is not None:
-                    set_rng_state(loaded.rng)
+            if order.kind == "resume":
+                if order.path is not None:
+                    template = self.trainer.checkpoint_state()
+                    loaded = self.checkpoints.load(template, Path(order.path))
+                    assert loaded is not None
+                    self.trainer.load_checkpoint_state(template)
+                    if loaded.rng is not None:
+                        set_rng_state(loaded.rng)
+                self._join_weight_sync()  # every start syncs, resumed or not
+            elif order.kind == "sync":
                 self._join_weight_sync()
             elif order.kind == "train":
                 self.trainer.train_step(order.groups, order.version)

@@ -112,6 +112,12 @@ class Engine(abc.ABC):
         when the engine cannot tell (or no part of it serves at the moment)."""
         return None
 
+    def needs_catch_up(self) -> bool:
+        """No part of the engine serves the current weights, but some part answers at another version
+        (restarted, or missed syncs): only a sync of the current weights brings it back. In-process
+        engines never restart on their own, so by default never."""
+        return False
+
     def sampling_state(self) -> Any:
         """The state of the engine's sampling RNG, for a checkpoint (None: the engine has none here)."""
         return None

@@ -11,7 +11,10 @@ the router's worker API. Rules (docs/weight_sync.md):
 - a worker out of the rotation is probed again with exponential backoff, so it comes back on its
   own once it answers and a weight sync has brought it to the current version;
 - the engine is healthy when its router (if it has one) answers and at least one worker is in the
-  rotation.
+  rotation;
+- when no worker is in the rotation but some answer at another version (restarted with their
+  start-up weights, or missed syncs), the current weights must be pushed again now (a catch-up
+  sync): otherwise the round waits for an engine that only a sync can bring back.
 """
 
 from __future__ import annotations
@@ -104,6 +107,13 @@ def due(workers: list[WorkerView], now: float) -> list[WorkerView]:
 def engine_healthy(has_router: bool, router_up: bool, workers: list[WorkerView], version: int) -> bool:
     """Generation can go on: the router (if any) answers and some worker is in the rotation."""
     return (router_up or not has_router) and bool(rotation(workers, version))
+
+
+def catch_up_needed(workers: list[WorkerView], version: int) -> bool:
+    """A catch-up sync of ``version`` is due: no worker is in the rotation, yet some answer while serving
+    another version (a restarted worker serves its start-up weights; a behind one missed syncs). Without
+    it a round whose every worker restarted would wait for ever: syncs otherwise come only between rounds."""
+    return not rotation(workers, version) and any(w.reachable and w.served_version != version for w in workers)
 
 
 def retry_call(sent: bool, attempt: int, retries: int) -> bool:

@@ -56,6 +56,7 @@ from rljob.runtime.engines.membership import (
     ProbePolicy,
     WorkerView,
     adds_due,
+    catch_up_needed,
     due,
     engine_healthy,
     in_rotation,
@@ -179,6 +180,10 @@ class SGLangEngine(Engine):
     def served_version(self) -> int | None:
         """The version generation is served at: the current one while any worker is in the rotation."""
         return self.weight_version if self.rotation_workers() else None
+
+    def needs_catch_up(self) -> bool:
+        """Every worker out of the rotation, some answering at another version (membership.catch_up_needed)."""
+        return catch_up_needed(list(self.workers.values()), self.weight_version)
 
     async def _call(
         self, method: str, url: str, *, json: Any = None, timeout: httpx.Timeout | float | None = None

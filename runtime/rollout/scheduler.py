@@ -51,6 +51,18 @@ class StaleEnginesError(RuntimeError):
     """Every usable engine serves weights older than the staleness bound allows this round."""
 
 
+class EngineWaitTimeout(EngineError):
+    """No engine could generate for longer than the round may wait (``rollout.engineWaitTimeoutSeconds``).
+
+    An EngineError, so the job exits with the engine-error status: in a trainer pod the gang restart then
+    resumes it from its last checkpoint, where a wait without a deadline would report Running for ever.
+    """
+
+
+# Called while no engine can generate; may bring one back (a catch-up weight sync) and says whether it did.
+Recover = Callable[[], Awaitable[bool]]
+
+
 @dataclass
 class RolloutConfig:
     """Per-round sampling settings (the knobs that may change between rounds live in Strategy
@@ -66,7 +78,10 @@ class RolloutConfig:
     stop: list[str] = field(default_factory=list)  # stop strings
     drain_timeout_s: float = 30.0
     reabort_interval_s: float = 3.0
-    engine_retry_max_s: float = 30.0
+    # While no engine can generate, probe again with backoff from 0.5 s up to this: the SGLang client
+    # re-probes workers outside the rotation at most every 8 s too, so a worker back is seen within it.
+    engine_retry_max_s: float = 8.0
+    engine_wait_timeout_s: float = 300.0  # then EngineWaitTimeout (rollout.engineWaitTimeoutSeconds)
 
 
 @dataclass
@@ -173,9 +188,11 @@ class RolloutScheduler:
         group_filter: GroupFilter | None = None,
         clock: Callable[[], float] = time.perf_counter,
         scorer: GroupScorer | None = None,
+        recover: Recover | None = None,
     ) -> None:
         """`score` rewards one sample synchronously; `scorer`, when given, replaces it and rewards
-        a group's finished samples at once (the job's reward: async, batched, user code)."""
+        a group's finished samples at once (the job's reward: async, batched, user code). `recover`
+        is called while no engine can generate (the runner's catch-up weight sync)."""
         if not engines:
             raise ValueError("the rollout scheduler needs at least one engine")
         if score is None and scorer is None:
@@ -189,6 +206,7 @@ class RolloutScheduler:
         self.truncation = truncation or TruncationPolicy()
         self.group_filter = group_filter
         self.clock = clock
+        self.recover = recover
         self.buffer = PartialBuffer()
         self.progress = RoundProgress()
         self._round = 0
@@ -516,8 +534,11 @@ class RolloutScheduler:
         return False
 
     async def _pick_engine(self, stats: RoundStats) -> int:
-        """Least-loaded healthy engine; waits with backoff while every engine is down."""
+        """Least-loaded healthy engine. While none is, ask `recover` to bring one back (a catch-up sync:
+        engines that only serve older weights cannot come back otherwise mid-round), else wait with
+        backoff; EngineWaitTimeout once `engine_wait_timeout_s` has passed without one."""
         delay = 0.5
+        deadline = time.monotonic() + self.config.engine_wait_timeout_s
         while True:
             for idx in sorted(self._unhealthy):
                 if await self._probe(idx):
@@ -526,14 +547,26 @@ class RolloutScheduler:
             healthy = [i for i in range(len(self.engines)) if i not in self._unhealthy and i not in self._lagging]
             if healthy:
                 return min(healthy, key=lambda i: self._assigned[i])
+            if self.recover is not None and await self.recover():
+                self._lagging.clear()  # every engine that answers holds the current weights again
+                continue
             if not self._unhealthy:
                 raise StaleEnginesError(
                     f"every engine serves weights more than rollout.partial.maxStaleness="
                     f"{self.config.max_staleness} versions old; check the weight sync to the engines"
                 )
-            log.error("no healthy engine; retrying in %.1fs (check the inference workers)", delay)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EngineWaitTimeout(
+                    f"no engine could generate for {self.config.engine_wait_timeout_s:.0f} s "
+                    f"(rollout.engineWaitTimeoutSeconds; engines: {', '.join(e.name for e in self.engines)}): "
+                    "check that the inference pods run and answer /health, that the router answers, and the "
+                    "weight sync errors above; the job stops so that its restart resumes from the last checkpoint"
+                )
+            log.error("no healthy engine; retrying in %.1fs, giving up in %.0fs (check the inference workers)",
+                      min(delay, left), left)
             self.progress.phase = "waiting for engines"
-            await asyncio.sleep(delay)
+            await asyncio.sleep(min(delay, left))
             delay = min(delay * 2, self.config.engine_retry_max_s)
 
     async def _probe(self, idx: int) -> bool:

@@ -60,14 +60,16 @@ def data_files(folder: Path, train: int = 64, held_out: int = 16) -> Path:
     return folder
 
 
-def rljob_manifest(runtime: str, router: str, steps: int, trainer_replicas: int = 2) -> dict[str, Any]:
+def rljob_manifest(runtime: str, router: str, steps: int, trainer_replicas: int = 2,
+                   rollout: dict[str, Any] | None = None) -> dict[str, Any]:
     """The chart's cpu example with the tests' images and sizes: rounds of 2 groups x 2 short samples,
-    small pod requests, a checkpoint every step, no evaluation, the step records on the checkpoint claim."""
+    small pod requests, a checkpoint every step, no evaluation, the step records on the checkpoint claim.
+    ``rollout``: spec.rollout fields to set on top (a test's strategy, say)."""
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["metadata"] = {"name": NAME}
     spec = doc["spec"]
     volumes, mounts = mounted_runtime()
-    spec["rollout"].update(rolloutBatchSize=2, samplesPerPrompt=2, maxResponseLength=16)
+    spec["rollout"].update(rolloutBatchSize=2, samplesPerPrompt=2, maxResponseLength=16, **(rollout or {}))
     spec["rollout"]["router"]["image"] = router
     for pool in spec["rollout"]["pools"]:
         pool.update(image=runtime, resources={"requests": {"cpu": "100m", "memory": "256Mi"},
@@ -103,10 +105,10 @@ class RealNodeJob:
             tmp_path / "operator.log", env=env,
         )
 
-    def create(self, steps: int) -> None:
-        """Create the RLJob."""
+    def create(self, steps: int, rollout: dict[str, Any] | None = None) -> None:
+        """Create the RLJob (``rollout``: spec.rollout fields to set on top of the test job's)."""
         self.api.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
-                                                 rljob_manifest(self.runtime, self.router, steps))
+                                                 rljob_manifest(self.runtime, self.router, steps, rollout=rollout))
 
     def status(self) -> dict[str, Any]:
         """The RLJob's status (empty before the operator wrote one)."""

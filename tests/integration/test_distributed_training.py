@@ -188,6 +188,22 @@ async def _lead_resume_and_step(job, distributed, out: Path) -> None:  # type: i
     torch.save(record, out / "resumed.pt")
 
 
+async def _lead_a_catch_up(job, distributed, out: Path) -> None:  # type: ignore[no-untyped-def]
+    from rljob.runtime.runner import JobRunner, RunOptions
+
+    runner = JobRunner(job, RunOptions(output_dir=out / "caught-up"), distributed)
+    await runner.setup()
+    await runner.run_step()  # the engine serves version 1, gathered from both ranks
+    with torch.no_grad():  # as if the engine had restarted with other weights
+        for param in runner.engines[0].model.parameters():
+            param.zero_()
+    await runner.resync_weights()  # the catch-up: rank 1 must join its gather, or this hangs
+    record = leader_record(runner)
+    record["state"] = _stop_and_gather(runner)
+    await runner.close()
+    torch.save(record, out / "caught-up.pt")
+
+
 def _run_rank(rank: int, doc: dict, out: Path, phase: str) -> None:
     from functools import partial
 
@@ -196,7 +212,8 @@ def _run_rank(rank: int, doc: dict, out: Path, phase: str) -> None:
 
     env = DistEnv.from_environ()
     assert env is not None and env.rank == rank
-    fn, stops = {"save": (_lead_two_steps, 1), "resume": (_lead_resume_and_step, 2)}[phase]
+    fn, stops = {"save": (_lead_two_steps, 1), "resume": (_lead_resume_and_step, 2),
+                 "catch-up": (_lead_a_catch_up, 1)}[phase]
     _ranks_train_then_stop(Distributed(env, "cpu"), parse_rljob(doc), partial(fn, out=out), stops)
 
 
@@ -234,6 +251,18 @@ def assert_same_job_state(saved: dict, resumed: dict, change: str) -> None:
             got = resumed["state"]["optim"][name][key]
             assert torch.equal(got.to(value.dtype), value), \
                 f"AdamW {key} of {name} changed across the {change} resharding ({got.flatten()[:4]} != {value.flatten()[:4]})"
+
+
+def test_a_catch_up_sync_on_two_ranks_gives_the_engine_the_current_weights_again(tmp_path: Path) -> None:
+    from tests.integration.test_runner_resume import job_doc, tiny_policy
+
+    doc = job_doc(tiny_policy(tmp_path / "model"), tmp_path / "ckpt", steps=3, every=100)
+    run_ranks(_run_rank, 2, doc, tmp_path, "catch-up")
+    record = torch.load(tmp_path / "caught-up.pt", weights_only=False)
+    assert (record["step"], record["version"]) == (1, 1)
+    assert any(float(t.abs().sum()) > 0 for t in record["engine"].values())
+    assert all(torch.equal(record["engine"][k], v) for k, v in record["state"]["model"].items()), \
+        "the catch-up did not give the engine the trainer's current weights"
 
 
 async def test_a_checkpoint_of_two_ranks_resumes_in_one_process(tmp_path: Path) -> None:

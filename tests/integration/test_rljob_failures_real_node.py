@@ -2,9 +2,12 @@
 
 One RLJob run (the job of test_rljob_real_node.py, more steps), reconciled by the operator on the host:
 
-- its only inference pod is force-deleted mid-run: the job goes Degraded, never Failed; the
-  StatefulSet recreates the pod, the runtime takes it back into the rotation (a weight sync brings it
-  to the current version) and training continues;
+- its only inference pod is force-deleted INSIDE a rollout round, on purpose: once a step is done, the
+  pod is seen holding requests (with the sync strategy every round's groups are fresh, so a round whose
+  requests the pod holds needs it) and is paused there (`/pause_generation`, so the round cannot end
+  before the kill). The job goes Degraded, never Failed; the StatefulSet recreates the pod, which
+  serves its start-up weights: nothing is in the rotation, so the round catches it up with a mid-round
+  weight sync (docs/weight_sync.md) and training continues;
 - then the container of trainer rank 1 is SIGKILLed (through containerd, as an OOM kill or a crash
   would end it): the operator restarts the whole gang, the new rank 0 resumes from the last
   checkpoint (not from step 0), and the job reaches Complete;
@@ -41,6 +44,25 @@ TRAINER_LABELS = f"rljob.io/job-name={NAME},rljob.io/role=trainer"
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 # Prometheus keeps every sample of the run; the range covers all of it (pods gone at the end included).
 WHOLE_RUN = "[1h]"
+ENGINE_PORT = 30000  # the pools' SGLang HTTP port (rollout.sglang.discovery.port's default)
+# Run inside the inference pod (its own Python, no network from the host needed): wait until the server
+# holds requests (a round's: evaluation runs only before step 1 and after the last), pause generation at
+# once so the round cannot end, and print how many requests it holds then.
+HOLD_A_ROUND = f"""
+import json, sys, time, urllib.request as u
+base = "http://127.0.0.1:{ENGINE_PORT}"
+def held():
+    load = json.load(u.urlopen(base + "/v1/loads", timeout=5))["loads"][0]
+    return load["num_running_reqs"] + load["num_waiting_reqs"]
+deadline = time.monotonic() + 300
+while not held():
+    if time.monotonic() > deadline:
+        sys.exit("no request reached the inference server in 300 s")
+    time.sleep(0.01)
+u.urlopen(u.Request(base + "/pause_generation", data=b'{{"mode": "in_place"}}',
+                    headers={{"Content-Type": "application/json"}}), timeout=10).read()
+print(held())
+"""
 
 
 def _step(status: dict[str, Any]) -> int:
@@ -68,10 +90,13 @@ def _wait_status(job: RealNodeJob, check: Any, timeout: float, what: str, interv
 
 
 def _kill_engine_and_recover(rc: RealCluster, job: RealNodeJob) -> None:
-    """Force-delete the inference pod mid-run; check Degraded (not Failed), then recovery."""
+    """Force-delete the inference pod inside a rollout round; check Degraded (not Failed), then recovery."""
     ns, core = job.namespace, rc.cluster.core()
     _wait_status(job, lambda s: _step(s) >= 1, 900, "the first step done", interval=0.5)
     old_uid = core.read_namespaced_pod(INFERENCE_POD, ns).metadata.uid
+    held = rc.cluster.kubectl("exec", "-n", ns, INFERENCE_POD, "--", "python", "-c", HOLD_A_ROUND).stdout
+    assert int(held.split()[-1]) > 0, f"the paused inference server holds no request: {held}"
+    assert _step(_not_failed(job)) < STEPS - 2, "too late in the run to check the recovery"
     rc.cluster.kubectl("delete", "pod", INFERENCE_POD, "-n", ns, "--grace-period=0", "--force")
 
     degraded = _wait_status(job, lambda s: s.get("phase") == "Degraded", 120, "RLJob Degraded", interval=0.5)
@@ -90,6 +115,9 @@ def _kill_engine_and_recover(rc: RealCluster, job: RealNodeJob) -> None:
     assert back["restarts"]["rollout"] == 1 and back["restarts"]["trainer"] == 0, back["restarts"]
     # Training continues on the replacement: a step completes after the recovery.
     _wait_status(job, lambda s: _step(s) > _step(back), 300, "a step completed after the engine came back")
+    # The kill hit a round: its generate calls failed (they were held by the paused pod).
+    records = read_jsonl(job.checkpoints / "metrics.jsonl")
+    assert any(r["engine_errors"] > 0 for r in records), [r["engine_errors"] for r in records]
 
 
 def _trainer_pods(rc: RealCluster, job: RealNodeJob, index: int) -> list[Any]:
@@ -166,7 +194,7 @@ def test_failures_degrade_or_restart_and_prometheus_scrapes_the_pods(real_cluste
     with real_node_job(rc, ns, tmp_path) as job:
         try:
             prom.start()
-            job.create(STEPS)
+            job.create(STEPS, rollout={"strategy": "sync"})  # every round needs the engine: see the docstring
             _kill_engine_and_recover(rc, job)
             checkpointed, old_leaders = _kill_trainer_rank(rc, job, index=1)
             restarted = wait_until(lambda: _not_failed(job)["restarts"]["trainer"] == 1 or None, 120,

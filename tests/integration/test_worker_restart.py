@@ -101,14 +101,25 @@ async def test_restarted_worker_serves_no_trained_token_before_it_holds_the_curr
         await engine.close()
 
 
+def backoff_waits(outage_s: float, first_delay_s: float, cap_s: float) -> int:
+    """Waits of a backoff doubling from first_delay_s up to cap_s until they cover outage_s."""
+    waits, covered, delay = 0, 0.0, first_delay_s
+    while covered < outage_s:
+        covered += delay
+        waits += 1
+        delay = min(delay * 2, cap_s)
+    return waits
+
+
 def warning_bound(cfg_batch: int, over_sampling: float, samples_per_prompt: int, outage_s: float,
-                  first_delay_s: float = 0.5) -> int:
+                  cap_s: float, first_delay_s: float = 0.5) -> int:
     """Most warnings a router outage may cost: each sample in flight when the router dies logs at most
     twice (its lost connection is retried once, the retry is refused and fails at once, and the
-    scheduler logs the failed sample); while the router is down the scheduler probes with doubling
-    backoff from first_delay_s, one error line per wait; plus the monitor's two transition lines."""
+    scheduler logs the failed sample); while the router is down the scheduler probes with backoff
+    doubling from first_delay_s up to cap_s, one error line per wait (plus one for the router's own
+    restart, which the outage does not count); plus the monitor's two transition lines."""
     in_flight = math.ceil(cfg_batch * over_sampling) * samples_per_prompt
-    waits = math.ceil(math.log2(outage_s / first_delay_s + 1)) + 1
+    waits = backoff_waits(outage_s, first_delay_s, cap_s) + 1
     return 2 * in_flight + waits + 2
 
 
@@ -139,7 +150,8 @@ async def test_router_down_for_20_s_stalls_the_round_without_a_flood_of_retries(
         await down
         check_round(scheduler, result, 0)
         noisy = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("rljob")]
-        bound = warning_bound(BATCH, OVER_SAMPLING, scheduler.config.samples_per_prompt, outage_s)
+        bound = warning_bound(BATCH, OVER_SAMPLING, scheduler.config.samples_per_prompt, outage_s,
+                              scheduler.config.engine_retry_max_s)
         print(f"router outage {outage_s:.0f} s: {len(noisy)} warnings (bound {bound}), "
               f"{result.stats.engine_errors} failed generate calls, round {result.stats.rollout_seconds:.1f} s")
         assert result.stats.engine_errors >= 1, "the outage did not hit a request"

@@ -7,6 +7,7 @@ from rljob.runtime.engines.membership import (
     ProbePolicy,
     WorkerView,
     adds_due,
+    catch_up_needed,
     due,
     engine_healthy,
     in_rotation,
@@ -84,6 +85,18 @@ def test_health_needs_the_router_and_a_current_worker():
     assert not engine_healthy(True, False, workers, 1), "a dead router means no generation"
     assert engine_healthy(False, False, workers, 1), "no router configured: the workers decide"
     assert not engine_healthy(True, True, workers, 2), "nobody serves the current version"
+
+
+def test_catch_up_only_when_nobody_serves_the_current_version_but_someone_answers_behind():
+    restarted = WorkerView("r", served_version=0)  # start-up weights
+    dead = WorkerView("d", reachable=False, served_version=3)
+    current = WorkerView("c", served_version=3)
+    assert catch_up_needed([restarted, dead], 3), "the only answering worker restarted mid-round"
+    assert catch_up_needed([WorkerView("ahead", served_version=5)], 3), "a newer version is not ours either"
+    assert catch_up_needed([WorkerView("odd", served_version=None)], 3), "a version the job never set"
+    assert not catch_up_needed([restarted, current], 3), "one worker still serves: the next sync catches it up"
+    assert not catch_up_needed([dead], 3), "nobody answers: a sync could not reach anyone"
+    assert not catch_up_needed([], 3)
 
 
 def test_refused_connection_is_not_retried():

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from rljob.runtime.engines.base import GenerateRequest, GenerateResult, WeightUpdate
+from rljob.runtime.engines.base import EngineError, GenerateRequest, GenerateResult, WeightUpdate
 from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.rollout.sample import Group, SampleStatus
 from rljob.runtime.rollout.scheduler import RolloutConfig, RolloutScheduler
@@ -50,6 +50,16 @@ class RecordingEngine(EmbeddedEngine):
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         self.requests.append(request)
         return await super().generate(request)
+
+
+class DownEngine(EmbeddedEngine):
+    """The real embedded engine with its workers gone: every generate fails and health is False."""
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        raise EngineError("connection refused (the worker is down)")
+
+    async def health(self) -> bool:
+        return False
 
 
 @dataclass
@@ -281,3 +291,47 @@ async def test_group_scorer_rewards_whole_groups(engine):
     result = await scheduler.run_round(0)
     assert sorted(calls) == sorted((g.group_id, 3) for g in result.groups)
     assert all(s.reward == float(s.index) for g in result.groups for s in g.samples)
+
+
+async def test_recover_brings_back_an_engine_that_only_serves_older_weights(engine):
+    import asyncio
+
+    # The whole fleet came back behind (the SGLang case: restarted workers serve their start-up weights):
+    # without recover this is test_only_lagging_engines_fail_the_round_with_a_clear_error.
+    calls: list[int] = []
+
+    async def catch_up() -> bool:
+        calls.append(engine.weight_version)
+        await engine.update_weights(WeightUpdate(version=3, module=engine.model))
+        return True
+
+    scheduler = make_scheduler(Strategy(), [engine], batch=2, staleness=1)
+    scheduler.recover = catch_up
+    result = await asyncio.wait_for(scheduler.run_round(3), timeout=60)
+    assert calls == [0], "one catch-up, while the engine still served version 0"
+    assert result.stats.stale_at_acceptance_samples > 0, "the engine never served the old weights: nothing tested"
+    assert {v for g in result.groups for s in g.samples for v in s.versions} == {3}
+
+
+async def test_waiting_for_an_engine_has_a_deadline_that_names_the_setting():
+    import asyncio
+
+    from rljob.runtime.rollout.scheduler import EngineWaitTimeout
+
+    engine = DownEngine(build_tiny_model(seed=1), max_batch_size=8, seed=0)
+    await engine.start()
+    recovers: list[bool] = []
+
+    async def nothing_to_catch_up() -> bool:
+        recovers.append(False)
+        return False
+
+    try:
+        scheduler = make_scheduler(Strategy(), [engine], batch=2)
+        scheduler.config.engine_wait_timeout_s = 1.0
+        scheduler.recover = nothing_to_catch_up
+        with pytest.raises(EngineWaitTimeout, match="rollout.engineWaitTimeoutSeconds"):
+            await asyncio.wait_for(scheduler.run_round(0), timeout=60)
+        assert recovers, "recover was never asked while no engine could generate"
+    finally:
+        await engine.close()

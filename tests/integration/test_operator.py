@@ -31,7 +31,7 @@ GROUP, VERSION, PLURAL = "rljob.io", "v1alpha1", "rljobs"
 T = TypeVar("T")
 
 
-def wait_for(check: Callable[[], T | None], what: str, timeout: float = 60.0, interval: float = 0.25) -> T:
+def wait_for(check: Callable[[], T | None], what: str, timeout: float = 120.0, interval: float = 0.25) -> T:
     """Poll until `check` returns something truthy; fail naming `what` otherwise."""
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -68,7 +68,7 @@ def crd(kube_cluster: Any) -> None:
         conds = ext.read_custom_resource_definition("rljobs.rljob.io").status.conditions or []
         return any(c.type == "Established" and c.status == "True" for c in conds)
 
-    wait_for(established, "RLJob CRD established", timeout=30)
+    wait_for(established, "RLJob CRD established", timeout=120)
 
 
 @pytest.fixture
@@ -148,7 +148,7 @@ def condition(job: dict[str, Any], type_: str) -> dict[str, Any] | None:
     return next((c for c in (job.get("status") or {}).get("conditions", []) if c["type"] == type_), None)
 
 
-def wait_phase(api: k8s.CustomObjectsApi, ns: str, name: str, phase: str, timeout: float = 90) -> dict[str, Any]:
+def wait_phase(api: k8s.CustomObjectsApi, ns: str, name: str, phase: str, timeout: float = 180) -> dict[str, Any]:
     last: dict[str, Any] = {}
 
     def check() -> dict[str, Any] | None:
@@ -263,7 +263,7 @@ def test_two_vendor_job_becomes_ready_on_the_right_nodes_and_is_garbage_collecte
     def phase_lines() -> list[str]:
         return [line for line in operator.metrics().splitlines() if line.startswith("rljob_jobs{")]
 
-    wait_for(lambda: 'rljob_jobs{phase="Running"} 1.0' in phase_lines(), "rljob_jobs Running gauge", timeout=30)
+    wait_for(lambda: 'rljob_jobs{phase="Running"} 1.0' in phase_lines(), "rljob_jobs Running gauge", timeout=120)
     assert "rljob_reconcile_duration_seconds_count" in operator.metrics()
     assert "Created" in events(kube_cluster, namespace, "mixed")
 
@@ -634,8 +634,11 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(
     # Killing it again at a steady state and restarting changes nothing.
     operator.kill()
     before = children(kube_cluster, namespace, "phoenix")
+    mark = operator.log_size()
     operator.start()
-    time.sleep(5)
+    # The restarted operator resumes the job (its apply handler runs once more): compare after that pass.
+    operator.wait_log(rf"{namespace}/phoenix: applying generation", since=mark, timeout=120)
+    operator.wait_log(r"Resuming is processed: 1 succeeded", since=mark, timeout=120)
     assert children(kube_cluster, namespace, "phoenix") == before
     assert get(api, namespace, "phoenix")["status"]["phase"] == "Running"
     for sts in kube_cluster.apps().list_namespaced_stateful_set(namespace, label_selector="rljob.io/job-name=phoenix").items:

@@ -171,6 +171,18 @@ def events(kube_cluster: Any, ns: str, name: str) -> list[str]:
     return [e.reason for e in items]
 
 
+def wait_events(kube_cluster: Any, ns: str, name: str, *reasons: str, count: int = 1, timeout: float = 120) -> list[str]:
+    """The object's Event reasons once each of `reasons` is among them `count` times or more.
+
+    The operator writes a status first and posts the Events it decided after it, so an Event may trail
+    the phase or condition a test has just seen: a read right after that would race the post.
+    """
+    return wait_for(
+        lambda: (seen := events(kube_cluster, ns, name)) and all(seen.count(r) >= count for r in reasons) and seen,
+        f"Events {list(reasons)} x{count} on {name}", timeout=timeout,
+    )
+
+
 def children(kube_cluster: Any, ns: str, name: str) -> dict[str, list[str]]:
     selector = f"rljob.io/job-name={name}"
     core, apps = kube_cluster.core(), kube_cluster.apps()
@@ -265,7 +277,7 @@ def test_two_vendor_job_becomes_ready_on_the_right_nodes_and_is_garbage_collecte
 
     wait_for(lambda: 'rljob_jobs{phase="Running"} 1.0' in phase_lines(), "rljob_jobs Running gauge", timeout=120)
     assert "rljob_reconcile_duration_seconds_count" in operator.metrics()
-    assert "Created" in events(kube_cluster, namespace, "mixed")
+    wait_events(kube_cluster, namespace, "mixed", "Created")
 
     api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "mixed")
     wait_for(lambda: children(kube_cluster, namespace, "mixed") == {}, "garbage collection of every child", 60)
@@ -387,8 +399,7 @@ def test_lost_inference_pod_degrades_then_recovers(
     )
     assert job["status"]["phase"] == "Running"
     assert condition(job, "Degraded")["status"] == "False"
-    reasons = events(kube_cluster, namespace, "flaky")
-    assert {"InferenceReplicaLost", "Degraded", "Recovered"} <= set(reasons)
+    wait_events(kube_cluster, namespace, "flaky", "InferenceReplicaLost", "Degraded", "Recovered")
 
 
 def running_pods(kube_cluster: Any, ns: str, name: str) -> list[str]:
@@ -438,15 +449,14 @@ def test_trainer_failure_restarts_the_whole_gang_then_fails_past_backoff_limit(
     fresh = new_gang(kube_cluster, kubelet, namespace, "crashy", first_job, 2)
     assert not {p.metadata.uid for p in fresh} & {p.metadata.uid for p in gang}, "every rank is new"
     wait_phase(api, namespace, "crashy", "Running")
-    assert "TrainerRestarting" in events(kube_cluster, namespace, "crashy")
+    wait_events(kube_cluster, namespace, "crashy", "TrainerRestarting")
 
     kubelet.fail(fresh[0], code=137)
     job = wait_phase(api, namespace, "crashy", "Failed")
     failed = condition(job, "Failed")
     assert failed["status"] == "True" and failed["reason"] == "BackoffLimitExceeded"
     assert job["status"]["completionTime"] and job["status"]["restarts"]["trainer"] == 1
-    # The operator writes the status first and posts its Events after it: the Event may trail the phase.
-    wait_for(lambda: "BackoffLimitExceeded" in events(kube_cluster, namespace, "crashy") or None, "BackoffLimitExceeded Event", 30)
+    wait_events(kube_cluster, namespace, "crashy", "BackoffLimitExceeded")
     # Finished jobs release their GPUs but keep the checkpoint volume.
     wait_for(lambda: not running_pods(kube_cluster, namespace, "crashy"), "pods scaled away", 60)
     assert children(kube_cluster, namespace, "crashy") == expected_children("crashy")
@@ -472,7 +482,7 @@ def test_node_shutdown_and_sigterm_restart_the_gang_without_counting_and_never_c
     restarts = job["status"]["restarts"]
     assert restarts["interrupted"] == 2 and restarts["trainer"] == 0, restarts
     assert job["status"].get("outcome") is None
-    assert events(kube_cluster, namespace, "drained").count("TrainerInterrupted") == 2
+    assert wait_events(kube_cluster, namespace, "drained", "TrainerInterrupted", count=2).count("TrainerInterrupted") == 2
 
 
 def test_leader_exit_zero_completes_the_job(
@@ -536,7 +546,7 @@ def test_a_refused_child_becomes_a_condition_and_observed_generation_waits(
     message = condition(job, "ChildrenApplied")["message"]
     assert "Job refused-trainer" in message and "tolerations[0]" in message, message
     assert job["metadata"]["generation"] == 2 and job["status"]["observedGeneration"] == 1
-    assert "ApplyFailed" in events(kube_cluster, namespace, "refused")
+    wait_events(kube_cluster, namespace, "refused", "ApplyFailed")
 
 
 def test_status_writers_never_clobber_each_other(
@@ -609,7 +619,7 @@ def test_suspend_scales_to_zero_and_resume_comes_back(
     api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "pause", {"spec": {"suspend": False}})
     job = wait_phase(api, namespace, "pause", "Running")
     assert condition(job, "Suspended")["status"] == "False" and job["status"]["startTime"]
-    assert {"Suspended", "Resumed"} <= set(events(kube_cluster, namespace, "pause"))
+    wait_events(kube_cluster, namespace, "pause", "Suspended", "Resumed")
 
 
 def test_operator_killed_mid_reconcile_converges_without_duplicates(

@@ -105,4 +105,4 @@ def test_leader_killed_mid_reconcile_standby_takes_over_without_duplicates(
             return err.status == 404
         return False
 
-    base.wait_for(gone, "RLJob deleted (no stuck finalizer)", timeout=60)
+    base.wait_for(gone, "RLJob deleted (no stuck finalizer)", timeout=120)

@@ -271,6 +271,8 @@ def reconcile(kube: Kube, namespace: str, name: str) -> None:
             body = kube.get_rljob(namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 return
+            # Names the generation being applied: the trace of a reconcile in progress (fault tests kill here).
+            log.info("%s/%s: applying generation %s", namespace, name, body["metadata"].get("generation"))
             try:
                 spec = parse_spec(body)
             except InvalidSpec as err:

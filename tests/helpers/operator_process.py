@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,6 +69,32 @@ class OperatorProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_size(self) -> int:
+        """Bytes logged so far: a mark to wait for lines logged after it (the log survives restarts)."""
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def wait_log(self, pattern: str, since: int, timeout: float = 300.0, interval: float = 0.02) -> str:
+        """The first log line after byte `since` matching the regex `pattern`, as soon as it is written.
+
+        Polls the file from `since` on (a short interval: a fault test kills on this line, mid-operation).
+        """
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        pos = since
+        while True:
+            with self.log_path.open("rb") as log:
+                log.seek(pos)
+                chunk = log.read()
+            # Only whole lines: a line being written is read again, complete, on the next poll.
+            whole = chunk[: chunk.rfind(b"\n") + 1]
+            pos += len(whole)
+            for line in whole.decode(errors="replace").splitlines():
+                if regex.search(line):
+                    return line
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no operator log line matching {pattern!r} after {timeout:.0f} s:\n{self.log_tail()}")
+            time.sleep(interval)
 
     def log_tail(self, lines: int = 80) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])

@@ -9,7 +9,8 @@
 The job starts far above the truncation band (a 2-token segment cap). Phases:
 1. Recommend: status.recommendedKnobs and Events only; the runtime keeps the spec's cap.
 2. Apply: the autotuner raises the cap until the truncation rate is inside the band, within a bounded
-   number of rounds, and the runtime's rljob_knob shows each new value in force.
+   number of adjustments, and the runtime's rljob_knob shows each new value in force. (Not a bound on
+   rounds: an adjustment waits a wall-clock cooldown, so a faster machine runs more rounds per adjustment.)
 3. Prometheus stopped: the job keeps running on the last knobs, AutotuneActive=False says why;
    Prometheus started again: the condition recovers and decisions resume.
 """
@@ -39,10 +40,10 @@ from tests.integration.test_operator import (  # noqa: F401 (crd, api, kubelet a
     api,
     condition,
     crd,
-    events,
     get,
     kubelet,
     operator,
+    wait_events,
     wait_for,
 )
 from tests.helpers.trainer_pods import TRAINER_NODE_SELECTOR
@@ -58,7 +59,6 @@ BAND = (0.15, 0.25)
 # a 16-sample batch is noisy (0.0-0.5 round to round), so a few corrections near the band are normal.
 # An oscillating or diverging loop needs far more (it never stays in the band at all).
 MAX_ADJUSTMENTS = 16
-MAX_ROUNDS = 300
 
 
 def job_spec(prom_url: str, mode: str) -> dict[str, Any]:
@@ -196,12 +196,12 @@ def test_autotune_loop_recommend_apply_and_prometheus_outage(
     rec = job["status"]["recommendedKnobs"]["truncation"]
     assert rec["value"] > START_CAP and rec["unit"] == "tokens" and "rljob_truncation_rate" in rec["query"]
     assert (job["status"].get("effectiveKnobs", {}).get("truncation") or {}).get("source", "spec") == "spec"
-    wait_for(lambda: "KnobsRecommended" in events(kube_cluster, namespace, NAME), "KnobsRecommended Event", timeout=60)
+    wait_events(kube_cluster, namespace, NAME, "KnobsRecommended")
     steps_then = value(prom, "rljob_steps_total") or 0
     wait_for(lambda: (value(prom, "rljob_steps_total") or 0) >= steps_then + 3, "three more rounds", timeout=300, interval=1)
     assert knob(prom, "segment_cap_tokens") == START_CAP, "Recommend mode must not change the runtime's knobs"
 
-    # 2. Apply: the loop moves the truncation rate into the band within a bounded number of rounds.
+    # 2. Apply: the loop moves the truncation rate into the band within a bounded number of adjustments.
     # status.autotune.adjustments counts Recommend mode's unapplied decisions too; the bound is on Apply's.
     recommended = get(api, namespace, NAME)["status"]["autotune"]["adjustments"]
     api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, NAME, {"spec": {"autotune": {"mode": "Apply"}}})
@@ -226,13 +226,14 @@ def test_autotune_loop_recommend_apply_and_prometheus_outage(
     wait_for(in_band, "truncation rate inside the band with the tuned knobs in force", timeout=900, interval=2)
     st = get(api, namespace, NAME)["status"]
     rounds = (value(prom, "rljob_steps_total") or 0) - steps_at_apply
-    # Bounded: at most MAX_ADJUSTMENTS bounded steps. Rounds of this tiny job last ~0.3 s while every
-    # adjustment waits a cooldown (4 s) plus settle rounds, so up to ~25 rounds pass per adjustment.
-    assert st["autotune"]["adjustments"] - recommended <= MAX_ADJUSTMENTS and rounds <= MAX_ROUNDS, (
-        st["autotune"], recommended, rounds)
+    # Bounded: at most MAX_ADJUSTMENTS bounded steps. The rounds they took are reported, not bounded: every
+    # adjustment waits a wall-clock cooldown (4 s) plus settle rounds, and rounds of this tiny job last
+    # ~0.3 s on a quiet machine, so their count per adjustment is the machine's speed.
+    print(f"autotune Apply: {st['autotune']['adjustments'] - recommended} adjustments over {rounds} rounds")
+    assert st["autotune"]["adjustments"] - recommended <= MAX_ADJUSTMENTS, (st["autotune"], recommended, rounds)
     assert st["effectiveKnobs"]["truncation"]["value"] > START_CAP
     assert knob(prom, "segment_cap_tokens") == st["effectiveKnobs"]["truncation"]["value"]
-    assert "KnobsAdjusted" in events(kube_cluster, namespace, NAME)
+    wait_events(kube_cluster, namespace, NAME, "KnobsAdjusted")
     assert "rljob_autotune_adjustments_total" in operator.metrics()
 
     # 3. Prometheus outage: knobs kept, condition says why, job keeps running.
@@ -251,4 +252,4 @@ def test_autotune_loop_recommend_apply_and_prometheus_outage(
     recovered = wait_for(lambda: (c := condition(get(api, namespace, NAME), "AutotuneActive")) and c["status"] == "True" and c,
                          "AutotuneActive True again", timeout=300, interval=1)
     assert recovered["reason"] != "PrometheusUnavailable"
-    assert "AutotuneRecovered" in events(kube_cluster, namespace, NAME)
+    wait_events(kube_cluster, namespace, NAME, "AutotuneRecovered")

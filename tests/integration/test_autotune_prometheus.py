@@ -68,7 +68,7 @@ async def test_client_reads_observation_and_types_failures(
         metrics.record(step(n, 0.6, 8))
     prom = prometheus_factory([target], scrape_interval="1s")
     prom.wait_for_targets_up()
-    wait_until(lambda: prom.query("rljob_truncation_rate") or None, 15, "first truncation sample")
+    wait_until(lambda: prom.query("rljob_truncation_rate") or None, 120, "first truncation sample")
 
     async with PrometheusClient(prom.url, timeout_s=5) as client:
         reading = await read_observation(client, JobQueries("tuned", "ns", {}, window_s=30), step=7)
@@ -100,7 +100,7 @@ async def test_tick_tunes_backs_off_while_prometheus_is_down_and_resumes(
     metrics.record(step(1, 0.7, 8))
     prom = prometheus_factory([target], scrape_interval="1s")
     prom.wait_for_targets_up()
-    wait_until(lambda: prom.query("rljob_truncation_rate") or None, 15, "first truncation sample")
+    wait_until(lambda: prom.query("rljob_truncation_rate") or None, 120, "first truncation sample")
     spec = RLJobSpec.model_validate(
         {
             "model": {"builtin": "tiny-arith"},
@@ -138,7 +138,7 @@ async def test_tick_tunes_backs_off_while_prometheus_is_down_and_resumes(
     prom.start()
     prom.wait_for_targets_up()
     metrics.record(step(2, 0.5, 16))  # the runtime now runs the new cap
-    wait_until(lambda: prom.query('rljob_knob{knob="segment_cap_tokens"} == 16') or None, 15, "new cap scraped")
+    wait_until(lambda: prom.query('rljob_knob{knob="segment_cap_tokens"} == 16') or None, 120, "new cap scraped")
     back = await tick(now + timedelta(seconds=30))
     assert back.decision is not None and back.decision.changed
     assert "AutotuneRecovered" in [e.reason for e in back.events]
@@ -157,7 +157,7 @@ async def test_same_name_in_two_namespaces_is_read_apart(prometheus_factory: Pro
         metrics.record(step(1, rate, 8))
     prom = prometheus_factory(targets, scrape_interval="1s")
     prom.wait_for_targets_up()
-    wait_until(lambda: len(prom.query("rljob_truncation_rate")) == 2 or None, 15, "both runtimes scraped")
+    wait_until(lambda: len(prom.query("rljob_truncation_rate")) == 2 or None, 120, "both runtimes scraped")
     pool = PrometheusPool()
     try:
         client = pool.client(prom.url, timeout_s=5)

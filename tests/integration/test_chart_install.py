@@ -19,7 +19,6 @@ import copy
 import os
 import re
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -141,7 +140,7 @@ def release(kube_cluster: KubeCluster, helm: Path, monitoring_crds: None, tmp_pa
     values.write_text(yaml.safe_dump(INSTALL_VALUES))
     # --take-ownership: other test modules may have applied the CRD with kubectl already.
     rel.run("install", rel.name, str(CHART), "-f", str(values), "--take-ownership", "--wait", "--timeout", "3m")
-    wait_until(lambda: crd_established(kube_cluster, "rljobs.rljob.io"), 30, "RLJob CRD established")
+    wait_until(lambda: crd_established(kube_cluster, "rljobs.rljob.io"), 120, "RLJob CRD established")
     yield rel
     if rel.run("status", rel.name, check=False).returncode == 0:
         rel.run("uninstall", rel.name, "--wait")
@@ -428,9 +427,10 @@ def test_full_lifecycle_under_the_chart_rbac(
     wait_until(lambda: not pods(kube_cluster, namespace, f"rljob.io/job-name={name}"), 90, "pods gone while suspended")
     kube_cluster.kubectl("patch", "rljob", name, "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":false}}')
     wait_job(kube_cluster, namespace, name, is_ready, "Ready after resume", chart_operator)
-    events = {e.reason for e in kube_cluster.core().list_namespaced_event(
-        namespace, field_selector=f"involvedObject.name={name}").items}
-    assert {"Created", "Suspended", "Resumed"} <= events, events
+    # The operator posts its Events after the status write they follow: wait for them, do not read once.
+    wanted = {"Created", "Suspended", "Resumed"}
+    wait_until(lambda: wanted <= {e.reason for e in kube_cluster.core().list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name}").items}, 120, f"Events {sorted(wanted)}")
     delete_and_wait_gone(kube_cluster, namespace, name)
     assert not chart_operator.forbidden_lines(), chart_operator.forbidden_lines()
 
@@ -463,8 +463,12 @@ def test_lifecycle_fails_with_forbidden_when_a_rule_is_removed(
     op.start(wait=False)
     forbidden = re.compile(rf'cannot (get|list|watch|patch|create) resource \\?"{re.escape(rule_removed)}\\?"')
     try:
-        wait_until(lambda: forbidden.search(op.log_text()), 60, f"a Forbidden error on {rule_removed} in the operator log")
-        time.sleep(10)  # give a (wrongly) working operator the time it needs to make the job Ready
+        wait_until(lambda: forbidden.search(op.log_text()), 120, f"a Forbidden error on {rule_removed} in the operator log")
+        # Judge only once the operator has come round again (kopf's retry of the apply handler or of a
+        # watch, or the next status resync meets the same refusal): its pass over the job that met the
+        # first refusal is over, so a (wrongly) working operator would have made the job Ready by now.
+        # (A logged failure and its traceback are one write: the mark is past the first failure.)
+        op.wait_log(forbidden.pattern, since=op.log_size(), timeout=120)
         job = get_job(kube_cluster, namespace, name)
         assert not is_ready(job), job.get("status")
     finally:
@@ -503,7 +507,7 @@ def test_viewer_cannot_create_or_delete_rljobs_and_editor_can(kube_cluster: Kube
                             headers={"Content-Type": "application/merge-patch+json"}).status_code == 403
     # Aggregation: the built-in `view` role now reads RLJobs too (folded in by the controller-manager).
     with kube_cluster.http(bound_token(kube_cluster, namespace, "plain-viewer", "view")) as plain:
-        wait_until(lambda: plain.get(path).status_code == 200, 30, "view aggregates rljob-viewer")
+        wait_until(lambda: plain.get(path).status_code == 200, 120, "view aggregates rljob-viewer")
         assert plain.post(path, json={**example, "metadata": {"name": "nope"}}).status_code == 403
 
 

@@ -149,7 +149,7 @@ def test_pod_requesting_more_gpus_than_any_node_stays_pending(
         return events or None
 
     events = wait_until(
-        failed_scheduling, 30, "a FailedScheduling event for pod too-big"
+        failed_scheduling, 120, "a FailedScheduling event for pod too-big"
     )
     assert "Insufficient nvidia.com/gpu" in events[0].message, events[0].message
     current = core.read_namespaced_pod("too-big", namespace)
@@ -183,7 +183,7 @@ def test_deleting_owner_garbage_collects_children(
             spec=_gpu_pod_spec("nvidia.com/gpu", 1, "nvidia"),
         ),
     )
-    wait_until(lambda: _ready_pod(core, namespace, "child-pod"), 30, "child pod Ready")
+    wait_until(lambda: _ready_pod(core, namespace, "child-pod"), 120, "child pod Ready")
 
     core.delete_namespaced_config_map(
         "owner", namespace, propagation_policy="Background"
@@ -250,7 +250,7 @@ def test_service_account_without_rolebinding_is_forbidden(
         )
         # The same token is allowed once bound: the 403 above came from RBAC, not from a bad token.
         wait_until(
-            lambda: http.get(path).status_code == 200, 10, "RoleBinding to take effect"
+            lambda: http.get(path).status_code == 200, 120, "RoleBinding to take effect"
         )
 
 

@@ -66,10 +66,10 @@ def test_scaling_a_pool_from_2_to_3_touches_neither_trainer_nor_router(
         "patch", "rlj", "grow", "-n", namespace, "--type=json",
         "-p", json.dumps([{"op": "replace", "path": "/spec/rollout/pools/0/replicas", "value": 3}]),
     )
-    wait_for(lambda: get(api, namespace, "grow")["status"]["rollout"]["summary"] == "4/4", "4/4 replicas ready", 60)
+    wait_for(lambda: get(api, namespace, "grow")["status"]["rollout"]["summary"] == "4/4", "4/4 replicas ready", 120)
     new_worker = f"http://grow-infer-nv-2.grow-infer-nv.{namespace}.svc:30000"
     workers = wait_for(lambda: new_worker in _discovered(namespace, "grow") and _discovered(namespace, "grow"),
-                       "the runtime's discovery to see the third nv replica", 60)
+                       "the runtime's discovery to see the third nv replica", 120)
     assert len(workers) == 4
     wait_phase(api, namespace, "grow", "Running")
 
@@ -114,7 +114,7 @@ def test_hardened_pods_with_storage_are_accepted_and_every_pool_has_a_budget(
         found = {stem(p.metadata.name): p for p in pods(kube_cluster, namespace, "rljob.io/job-name=store")}
         return found if set(found) == expected else None
 
-    found = wait_for(created, "every child pod created", 60)
+    found = wait_for(created, "every child pod created", 120)
     for name, pod in found.items():
         ctx = pod.spec.security_context
         assert ctx.run_as_non_root and ctx.fs_group == 1000 and ctx.seccomp_profile.type == "RuntimeDefault", name
@@ -153,7 +153,7 @@ def test_a_hub_dataset_and_overridden_pod_ids_reach_the_admitted_pods(
         found = {p.metadata.labels["rljob.io/role"]: p for p in pods(kube_cluster, namespace, "rljob.io/job-name=hub")}
         return found if {"trainer", "inference", "router"} <= set(found) else None
 
-    found = wait_for(created, "trainer, inference and router pods created", 60)
+    found = wait_for(created, "trainer, inference and router pods created", 120)
     for role, pod in found.items():
         ctx = pod.spec.security_context
         assert (ctx.run_as_user, ctx.run_as_group, ctx.fs_group) == (1000680000, 0, 1000680000), role

@@ -98,7 +98,7 @@ def test_cache_holds_only_managed_objects_and_empties_when_jobs_go(
         pair = (metric(operator, "rljob_operator_cached_objects"), managed_objects(kube_cluster, namespace))
         return pair if pair[0] == pair[1] else None
 
-    cached, managed = base.wait_for(cache_matches, "cache size equal to the managed objects", timeout=60)
+    cached, managed = base.wait_for(cache_matches, "cache size equal to the managed objects", timeout=120)
     assert managed > len(JOBS) * 10, managed  # the jobs' children really are there (and cached)
 
     for job in JOBS:

@@ -181,7 +181,12 @@ async def test_info_loads_metrics_and_pause(served: Served) -> None:
             assert name in metrics
         assert (await http.post("/pause_generation", json={"mode": "in_place"})).status_code == 200
         paused = asyncio.create_task(served.client.generate(greedy("paused", 3)))
-        await asyncio.sleep(0.2)
+
+        async def queued() -> bool:  # the server holds the request (observed, not assumed after a delay)
+            load = (await http.get("/v1/loads", params={"include": "core"})).json()["loads"][0]
+            return bool(load["num_running_reqs"] + load["num_waiting_reqs"] >= 1)
+
+        await wait_until(queued, "the paused server holding the request", interval=0.05)
         assert not paused.done()
         assert (await http.post("/continue_generation")).status_code == 200
         assert (await asyncio.wait_for(paused, 30)).finish_reason == "length"
@@ -373,7 +378,8 @@ async def test_worker_killed_mid_round_is_marked_unhealthy_without_hanging(clust
         victim, survivor = cluster.workers
         os.killpg(cluster.procs[victim].pid, signal.SIGKILL)
         cluster.procs[victim].wait(timeout=10)
-        await asyncio.sleep(0.5)  # let the direct client see its connections drop
+        # The direct client has seen its connections drop (a failed call, then a failed /health probe).
+        await wait_until(lambda: not direct.workers[victim].healthy, "the direct client marking the victim unhealthy")
         for client in clients:
             await client.abort_all()  # must not raise although one worker is gone
         outcomes = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)

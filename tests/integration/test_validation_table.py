@@ -194,7 +194,7 @@ def api(kube_cluster: Any) -> Iterator[k8s.CustomObjectsApi]:
         conds = ext.read_custom_resource_definition("rljobs.rljob.io").status.conditions or []
         return any(c.type == "Established" and c.status == "True" for c in conds)
 
-    wait_until(established, 30, "RLJob CRD established")
+    wait_until(established, 120, "RLJob CRD established")
     yield k8s.CustomObjectsApi(kube_cluster.api)
 
 

@@ -231,9 +231,12 @@ async def test_cancelled_caller_frees_its_slot() -> None:
 
 async def test_pause_holds_steps_until_resume(engine: EmbeddedEngine) -> None:
     engine.pause()
+    steps = (engine.stats.prefill_steps, engine.stats.decode_steps)
     task = asyncio.create_task(engine.generate(greedy("p", PROMPTS[0], 4)))
-    await asyncio.sleep(0.1)
+    # Queued (observed, not assumed after a delay): a paused engine admits nothing from the queue.
+    await wait_until(lambda: engine.current_load().waiting == 1, "the request queued")
     assert not task.done() and (await engine.load()).waiting == 1
+    assert (engine.stats.prefill_steps, engine.stats.decode_steps) == steps
     engine.resume()
     assert (await asyncio.wait_for(task, timeout=30)).finish_reason == "length"
 

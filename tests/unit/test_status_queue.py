@@ -8,6 +8,8 @@ import threading
 from rljob.operator.status_logic import PodObs
 from rljob.operator.status_queue import SeenPod, PendingSyncs, StatusQueue, seen_under
 
+from tests.helpers.waiting import wait_until
+
 
 def pod(uid: str) -> PodObs:
     return PodObs(name=f"p-{uid}", uid=uid, role="trainer", pool=None, ordinal=0, deleting=False)
@@ -38,19 +40,18 @@ def test_a_burst_costs_one_sync_and_a_request_during_a_sync_one_more() -> None:
         calls.append((name, sorted(p.pod.uid for p in trainer)))
         if len(calls) == 1:
             started.set()
-            release.wait(10)
+            assert release.wait(120), "the test never released the first sync"
         return True
 
     async def scenario() -> None:
         queue = StatusQueue(sync, settle_s=0.05, threads=2)
         for i in range(50):  # one job's event burst
             queue.request("ns", "a", trainer_pods=[SeenPod(pod(str(i % 3)), 1)])
-        await asyncio.to_thread(started.wait, 10)
+        assert await asyncio.to_thread(started.wait, 120), "the first sync never started"
         queue.request("ns", "a", trainer_pods=[SeenPod(pod("late"), 1)])  # arrives while the first sync runs
         queue.request("ns", "a")
         release.set()
-        while len(queue):
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: not len(queue), "every sync done")
         await queue.aclose()
 
     asyncio.run(scenario())
@@ -70,11 +71,9 @@ def test_a_failing_sync_does_not_stop_the_job_worker_or_others() -> None:
         queue = StatusQueue(sync, settle_s=0.01, threads=2)
         queue.request("ns", "bad")
         queue.request("ns", "good")
-        while len(queue):
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: not len(queue), "both first syncs done")
         queue.request("ns", "bad")  # the failed job's next event is served again
-        while len(queue):
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: not len(queue), "the failed job's second sync done")
         await queue.aclose()
 
     asyncio.run(scenario())
@@ -87,26 +86,27 @@ def test_a_busy_job_keeps_its_request_and_is_synced_once_free() -> None:
 
     locks = KeyedLocks()
     seen: list[list[str]] = []
+    busy_tries: list[int] = []
 
     def sync(namespace: str, name: str, trainer: list[SeenPod], lost: list[SeenPod]) -> bool:
         with locks.try_hold((namespace, name)) as free:
             if free:
                 seen.append(sorted(p.pod.uid for p in trainer))
+            else:
+                busy_tries.append(len(trainer))
             return free
 
     async def scenario() -> None:
         queue = StatusQueue(sync, settle_s=0.01, threads=1)
         with locks.hold(("ns", "a")):  # the apply of job a
             queue.request("ns", "a", trainer_pods=[SeenPod(pod("exit"), 1)])
-            for _ in range(20):  # several busy tries
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: len(busy_tries) >= 3, "three busy tries")
             assert seen == [] and len(queue) == 1
-        while len(queue):
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: not len(queue), "the sync once the job is free")
         await queue.aclose()
 
     asyncio.run(scenario())
-    assert seen == [["exit"]]
+    assert seen == [["exit"]] and set(busy_tries) == {1}  # every busy try carried the pod
     assert len(locks) == 0
 
 
@@ -141,10 +141,7 @@ def test_a_finished_sync_is_recorded_for_the_resync() -> None:
         assert queue.due(jobs, period_s=60.0) == jobs
         queue.request("ns", "a")
         queue.request("ns", "busy")  # its sync answers busy, again and again: never recorded as done
-        for _ in range(200):
-            await asyncio.sleep(0.01)
-            if len(queue) == 1:  # a's worker ended
-                break
+        await wait_until(lambda: len(queue) == 1, "a's worker ended")
         due = queue.due(jobs, period_s=60.0)
         await queue.aclose()
         return due

@@ -535,7 +535,10 @@ class SGLangProtocolServer:
     # ----------------------------------------------------------------- info and load
 
     async def _model_info(self, _request: web.Request) -> web.Response:
-        config = self.engine.model.config if self._ready else None
+        # SGLang serves HTTP only once its scheduler runs: nothing answers while the model loads, so a
+        # version read then must not look like a serving worker.
+        self._require_ready()
+        config = self.engine.model.config
         return web.json_response(
             {
                 "model_path": self.options.model_path,
@@ -595,6 +598,7 @@ class SGLangProtocolServer:
     # ----------------------------------------------------------------- weights
 
     async def _get_weight_version(self, _request: web.Request) -> web.Response:
+        self._require_ready()
         return web.json_response({"weight_version": self.weight_version})
 
     def _engine_version_for(self, version: str | None) -> int:

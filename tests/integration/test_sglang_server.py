@@ -232,6 +232,7 @@ async def test_health_is_503_while_starting(model_dirs: tuple[Path, Path]) -> No
         async with httpx.AsyncClient(base_url=url) as http:
             assert (await http.get("/health_generate")).status_code == 503
             assert (await http.get("/health")).status_code == 503
+            assert (await http.get("/model_info")).status_code == 503  # SGLang: nothing answers yet
             client = fast_client(url)
             await client.start()  # waits on /health_generate
             assert await client.health()

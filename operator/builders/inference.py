@@ -48,11 +48,24 @@ SCRATCH_ENV = (
     ("TORCHINDUCTOR_CACHE_DIR", f"{SCRATCH_DIR}/cache/inductor"),
 )
 
-# Probe timings (operator_conventions.md §7, after OME): generous, so a saturated server that answers
-# slowly is not restarted; the startup budget covers weight loading.
+# SGLang's /health runs a 1-token generation unless this is false (sglang/srt/environ.py): that takes at
+# least a second, waits while generation is paused or weights update, and answers 503 after 20 s without
+# scheduler output, so a long prefill or a slow sync would fail it. The runtime owns membership (its own
+# version probes); the kubelet only needs "the server is up", so the pools turn the generation off, as
+# slime does, and /health becomes a cheap check that no sync or pause can fail. It is set after the
+# pool's own env: the probes below depend on it (docs/sglang_standin.md).
+HEALTH_ENV = (("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "false"),)
+
+# Probes (docs/sglang_standin.md). Startup: /health_generate, a real 1-token generation, proves the model
+# serves; its timeout exceeds SGLang's own 20 s health window so SGLang, not the kubelet, decides; the
+# startup budget covers weight loading. Readiness (the runtime discovers Ready pods) and liveness: /health,
+# which with HEALTH_ENV never generates, so a paused or syncing worker stays Ready and is never restarted.
+# A hung scheduler is SGLang's own watchdog's job (it exits after --watchdog-timeout, 300 s); liveness
+# restarts a server whose HTTP side stops answering for 5 minutes.
 STARTUP_PERIOD_SECONDS = 10
-READINESS = {"periodSeconds": 30, "timeoutSeconds": 30, "failureThreshold": 3}
-LIVENESS = {"periodSeconds": 60, "timeoutSeconds": 60, "failureThreshold": 5}
+STARTUP_TIMEOUT_SECONDS = 30
+READINESS = {"periodSeconds": 10, "timeoutSeconds": 10, "failureThreshold": 3}
+LIVENESS = {"periodSeconds": 30, "timeoutSeconds": 30, "failureThreshold": 10}
 
 
 def effective_pools(rollout: RolloutSpec) -> list[InferencePoolSpec]:
@@ -118,6 +131,7 @@ def pool_resources(pool: InferencePoolSpec) -> ComputeResources:
 def pool_container(spec: RLJobSpec, pool: InferencePoolSpec) -> dict[str, Any]:
     """The SGLang server container of one pool (a `cpu` pool runs rljob's SGLang-protocol server)."""
     scratch = [EnvVar(name=k, value=v) for k, v in SCRATCH_ENV]
+    health = [EnvVar(name=k, value=v) for k, v in HEALTH_ENV]
     accelerators: dict[str, str] = {}
     if pool.vendor == "cpu":
         image, command, defaults = RUNTIME_IMAGE, CPU_SERVER_COMMAND, scratch
@@ -148,13 +162,14 @@ def pool_container(spec: RLJobSpec, pool: InferencePoolSpec) -> dict[str, Any]:
             *pool.extra_args,
         ],
         "ports": [{"name": "http", "containerPort": SGLANG_PORT, "protocol": "TCP"}],
-        "env": files.env + merge_env(defaults, pool.env),
+        "env": files.env + merge_env(defaults, [*pool.env, *health]),
         "resources": container_resources(pool_resources(pool), accelerators),
         "securityContext": hardened_container_security(),
         "startupProbe": _probe(
-            "/health_generate", periodSeconds=STARTUP_PERIOD_SECONDS, timeoutSeconds=10, failureThreshold=startup_failures
+            "/health_generate", periodSeconds=STARTUP_PERIOD_SECONDS, timeoutSeconds=STARTUP_TIMEOUT_SECONDS,
+            failureThreshold=startup_failures,
         ),
-        "readinessProbe": _probe("/health_generate", **READINESS),
+        "readinessProbe": _probe("/health", **READINESS),
         "livenessProbe": _probe("/health", **LIVENESS),
         "volumeMounts": container_mounts(spec.pods, files.mounts, shm=True),
     }

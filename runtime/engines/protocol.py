@@ -125,7 +125,8 @@ def finish_reason_json(result: GenerateResult, max_new_tokens: int, message: str
         return {"type": "stop", "matched": result.output_ids[-1] if result.output_ids else None}
     if result.finish_reason == "length":
         return {"type": "length", "length": max_new_tokens}
-    return {"type": "abort", "message": message or "Abort request", "status_code": None, "err_type": None}
+    # SGLang's FINISH_ABORT: "Aborted" unless the abort carried a message.
+    return {"type": "abort", "message": message or "Aborted", "status_code": None, "err_type": None}
 
 
 # ----------------------------------------------------------------------------- client-side parsing

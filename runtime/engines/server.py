@@ -4,6 +4,12 @@ operator's probes can all be exercised on CPU.
 Run: ``python -m rljob.runtime.engines.server --model-path DIR --host 127.0.0.1 --port 30000``.
 The HTTP port is bound at once; the model loads in the background and ``/health``,
 ``/health_generate`` and ``/generate`` answer 503 until it is ready, like SGLang while starting.
+
+It stands in for a real SGLang release (``--sglang-version``: 0.5.23 by default, or 0.5.5.post3), and
+reproduces what the runtime depends on the way that release's source does it: ``/health`` semantics,
+requests blocked while generation is paused or weights are updating, the context-length check, duplicate
+request ids, aborts of queued and running requests with their reply shapes, and which version endpoints
+exist. docs/sglang_standin.md cites the SGLang function behind each behaviour.
 Fault switches (``ServerOptions``) reproduce older SGLang behaviours so both client paths stay tested.
 """
 
@@ -11,10 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import logging
+import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -27,14 +37,23 @@ from prometheus_client.registry import Collector
 from pydantic import BaseModel, ValidationError
 
 import rljob.runtime.engines.protocol as proto
+from rljob.runtime.engines.admission import AdmissionGate
 from rljob.runtime.engines.base import EngineError, GenerateRequest, GenerateResult, WeightUpdate
 from rljob.runtime.engines.embedded import EmbeddedEngine, InvalidRequestError
 from rljob.runtime.weights.collective import WeightGroup, join_group, receive_tensors
 
 log = logging.getLogger(__name__)
 
-HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT's default
 SERVER_VERSION = "rljob-cpu-sglang-protocol-0.1"
+SGLangRelease = Literal["0.5.23", "0.5.5.post3"]
+SGLANG_RELEASES: tuple[SGLangRelease, ...] = ("0.5.23", "0.5.5.post3")
+LEGACY_RELEASE: SGLangRelease = "0.5.5.post3"
+HEALTH_POLL_S = 1.0  # SGLang's /health loop sleeps 1 s before each look at the scheduler's last output
+HEALTH_RID_PREFIX = "HEALTH_CHECK"
+# SGLang's environment switches for /health (sglang/srt/environ.py) and their defaults.
+HEALTH_GENERATION_ENV = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
+HEALTH_TIMEOUT_ENV = "SGLANG_HEALTH_CHECK_TIMEOUT"
+DEFAULT_HEALTH_CHECK_TIMEOUT_S = 20.0
 
 
 class Tokenizer(Protocol):
@@ -61,6 +80,37 @@ class ServerOptions:
     # Tensor-parallel ranks: each joins weight-update groups as its own rank (rank_offset + tp_rank) and
     # receives every broadcast, as SGLang's TP workers do. Decoding itself stays on one CPU engine.
     tp_size: int = 1
+    sglang_version: SGLangRelease = "0.5.23"  # the release whose behaviours are reproduced
+    health_endpoint_generation: bool = True  # SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION
+    health_check_timeout_s: float = DEFAULT_HEALTH_CHECK_TIMEOUT_S  # SGLANG_HEALTH_CHECK_TIMEOUT
+
+    @property
+    def legacy(self) -> bool:
+        """True when standing in for 0.5.5.post3 (the pinned image) rather than 0.5.23."""
+        return self.sglang_version == LEGACY_RELEASE
+
+
+def _env_bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    """A boolean environment switch spelled as SGLang's EnvBool accepts it."""
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in ("true", "1", "yes", "y"):
+        return True
+    if value in ("false", "0", "no", "n"):
+        return False
+    raise ValueError(f"{name}={raw!r}: expected true/false (or 1/0, yes/no, y/n)")
+
+
+def health_settings(environ: Mapping[str, str]) -> tuple[bool, float]:
+    """(health endpoint generation on, health check timeout in s) from SGLang's environment variables."""
+    raw_timeout = environ.get(HEALTH_TIMEOUT_ENV)
+    try:
+        timeout = float(int(raw_timeout)) if raw_timeout is not None else DEFAULT_HEALTH_CHECK_TIMEOUT_S
+    except ValueError as exc:
+        raise ValueError(f"{HEALTH_TIMEOUT_ENV}={raw_timeout!r}: expected a whole number of seconds") from exc
+    return _env_bool(environ, HEALTH_GENERATION_ENV, True), timeout
 
 
 class _JsonError(Exception):
@@ -140,6 +190,10 @@ class SGLangProtocolServer:
         self._ready = False
         self._aborts_to_ignore = self.options.ignore_first_aborts
         self._startup: asyncio.Task[None] | None = None
+        self.gate = AdmissionGate()  # SGLang's pause flag and model-update lock
+        self._live_rids: Counter[str] = Counter()  # rids of requests received and not yet answered
+        self._control_replies = 0  # weight updates answered: SGLang counts them as scheduler output
+        self._unhealthy = False  # the last /health generation timed out (SGLang: ServerStatus.UnHealthy)
         self._groups: dict[str, list[WeightGroup]] = {}  # weight-update groups joined, by name: one member per TP rank
         self._runner: web.AppRunner | None = None
         self._registry = CollectorRegistry(auto_describe=False)
@@ -162,21 +216,29 @@ class SGLangProtocolServer:
             ("GET", "/health_generate", self._health_generate),
             ("*", "/flush_cache", self._flush_cache),
             ("GET", "/get_model_info", self._model_info),
-            ("GET", "/model_info", self._model_info),
             ("GET", "/get_server_info", self._server_info),
-            ("GET", "/server_info", self._server_info),
-            ("GET", "/v1/loads", self._loads),
-            ("GET", "/get_load", self._get_load),
-            ("GET", "/get_weight_version", self._get_weight_version),
             ("POST", "/update_weight_version", self._update_weight_version),
-            ("POST", "/update_weights_from_disk", self._update_weights_from_disk),
+            ("POST", "/update_weights_from_disk", self._exclusive(self._update_weights_from_disk)),
             ("POST", "/init_weights_update_group", self._init_weights_update_group),
-            ("POST", "/update_weights_from_distributed", self._update_weights_from_distributed),
+            ("POST", "/update_weights_from_distributed", self._exclusive(self._update_weights_from_distributed)),
             ("POST", "/destroy_weights_update_group", self._destroy_weights_update_group),
             ("POST", "/pause_generation", self._pause),
             ("POST", "/continue_generation", self._continue),
             ("GET", "/metrics", self._metrics),
         ]
+        # The routes only one of the two releases has (sglang/srt/entrypoints/http_server.py, v1_loads.py).
+        if self.options.legacy:
+            routes += [
+                ("GET", "/get_weight_version", self._get_weight_version),
+                ("GET", "/get_load", self._get_load),
+            ]
+        else:
+            routes += [
+                ("GET", "/model_info", self._model_info),
+                ("GET", "/server_info", self._server_info),
+                ("GET", "/v1/loads", self._loads),
+                ("GET", "/ready", self._ready_endpoint),
+            ]
         for method, path, handler in routes:
             app.router.add_route(method, path, handler)
         app.on_startup.append(self._on_startup)
@@ -250,21 +312,64 @@ class SGLangProtocolServer:
             raise _JsonError(400, f"rid has {len(rids)} entries for {n} inputs")
         params = _as_list(body.sampling_params, n)
         want_logprobs = _as_list(body.return_logprob, n)
-        requests = [
-            self._engine_request(rid or uuid.uuid4().hex, ids, sp)
-            for rid, ids, sp in zip(rids, batch_inputs, params, strict=True)
-        ]
         started = time.perf_counter()
-        try:
-            results = await asyncio.gather(*(self.engine.generate(r) for r in requests))
-        except InvalidRequestError as exc:
-            raise _JsonError(400, str(exc)) from exc
+        done = await self._run([rid or uuid.uuid4().hex for rid in rids], batch_inputs, params)
         latency = time.perf_counter() - started
         replies = [
             self._reply(req, res, sp, lp, body.return_text_in_logprobs, latency)
-            for req, res, sp, lp in zip(requests, results, params, want_logprobs, strict=True)
+            for (req, res), sp, lp in zip(done, params, want_logprobs, strict=True)
         ]
         return web.json_response(replies[0] if single else replies)
+
+    async def _run(
+        self, rids: list[str], batch_inputs: list[list[int]], params: list[proto.SamplingParamsBody]
+    ) -> list[tuple[GenerateRequest, GenerateResult]]:
+        """One /generate as SGLang's tokenizer manager handles it: register the rids (0.5.23 refuses a
+        rid already in flight), wait at the admission gate (pause, weight updates), check the context
+        length, then run the requests on the engine while holding the gate's shared side."""
+        with self._registered(rids):
+            async with self.gate.request():
+                for ids, sp in zip(batch_inputs, params, strict=True):
+                    self._check_context(ids, sp.max_new_tokens)
+                requests = [self._engine_request(rid, ids, sp) for rid, ids, sp in zip(rids, batch_inputs, params, strict=True)]
+                try:
+                    results = await asyncio.gather(*(self.engine.generate(r) for r in requests))
+                except InvalidRequestError as exc:
+                    raise _JsonError(400, str(exc)) from exc
+        return list(zip(requests, results, strict=True))
+
+    @contextlib.contextmanager
+    def _registered(self, rids: list[str]) -> Iterator[None]:
+        """Track ``rids`` as live while a request runs (aborts match live rids only)."""
+        if not self.options.legacy:  # 0.5.5.post3 has no such check and runs both copies
+            seen: set[str] = set()
+            for rid in rids:
+                if self._live_rids[rid] or rid in seen:
+                    raise _JsonError(400, f"Duplicate request ID detected: {rid}")
+                seen.add(rid)
+        self._live_rids.update(rids)
+        try:
+            yield
+        finally:
+            self._live_rids.subtract(rids)
+            for rid in rids:
+                if self._live_rids[rid] <= 0:
+                    del self._live_rids[rid]
+
+    def _check_context(self, ids: list[int], max_new_tokens: int) -> None:
+        """SGLang's length check: the prompt alone must be shorter than the context; the prompt plus
+        ``max_new_tokens`` may fill it in 0.5.23 but must stay below it in 0.5.5.post3."""
+        context = self.engine.max_context_len
+        if len(ids) >= context:
+            raise _JsonError(400, f"The input ({len(ids)} tokens) is longer than the model's context length ({context} tokens).")
+        total = len(ids) + max_new_tokens
+        if total >= context if self.options.legacy else total > context:
+            raise _JsonError(
+                400,
+                f"Requested token count exceeds the model's maximum context length of {context} tokens: "
+                f"{len(ids)} input tokens + {max_new_tokens} max_new_tokens = {total}; shorten the prompt or "
+                "lower max_new_tokens.",
+            )
 
     def _inputs_of(self, body: proto.GenerateBody) -> tuple[list[list[int]], bool]:
         if (body.input_ids is None) == (body.text is None):
@@ -315,6 +420,8 @@ class SGLangProtocolServer:
     ) -> dict[str, Any]:
         tok = self.options.tokenizer
         legacy_empty_abort = self.options.legacy_abort_reply and res.finish_reason == "abort" and not res.output_ids
+        if res.finish_reason == "abort" and not res.output_ids and not legacy_empty_abort:
+            return self._queued_abort_reply(req, return_logprob, latency)
         message = "Abort before prefill" if legacy_empty_abort else None
         meta: dict[str, Any] = {
             "id": req.rid,
@@ -336,6 +443,18 @@ class SGLangProtocolServer:
             ]
         return reply
 
+    def _queued_abort_reply(self, req: GenerateRequest, return_logprob: bool, latency: float) -> dict[str, Any]:
+        """A request aborted before it ran (still queued): SGLang answers from the tokenizer manager's
+        abort path, without ``prompt_tokens``; 0.5.5.post3 also without ``weight_version``."""
+        meta: dict[str, Any] = {"id": req.rid, "finish_reason": {"type": "abort", "message": "Abort in waiting queue"}}
+        if not self.options.legacy:
+            meta["weight_version"] = self.weight_version
+            meta["e2e_latency"] = latency
+        if return_logprob:
+            meta["output_token_logprobs"] = []
+        meta["completion_tokens"] = 0
+        return {"text": "", "output_ids": [], "meta_info": meta}
+
     # ----------------------------------------------------------------- abort, health, cache
 
     async def _abort_request(self, request: web.Request) -> web.Response:
@@ -349,30 +468,64 @@ class SGLangProtocolServer:
             return web.Response(status=200)
         if body.abort_all:
             await self.engine.abort_all()
-        else:
-            for rid in body.rid if isinstance(body.rid, list) else [body.rid]:
+            return web.Response(status=200)
+        for rid in body.rid if isinstance(body.rid, list) else [body.rid]:
+            # SGLang forwards an abort only for a rid it holds (exact key); the scheduler then aborts
+            # every request whose rid starts with it. A prefix or unknown rid does nothing.
+            if rid and self._live_rids[rid]:
                 await self.engine.abort(rid)
+            else:
+                log.info("abort_request for rid %r: no such request in flight (aborts match exact rids); ignored", rid)
         return web.Response(status=200)
 
-    async def _health(self, _request: web.Request) -> web.Response:
+    async def _health(self, request: web.Request) -> web.Response:
         self._require_ready()
-        return web.Response(status=200)
+        if not self.options.health_endpoint_generation:
+            return web.Response(status=200)  # SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false: no generation
+        return await self._health_generate(request)
+
+    def _progress(self) -> tuple[int, int, int]:
+        """Changes whenever SGLang's tokenizer manager would receive scheduler output: tokens, finished
+        (or aborted) requests, answered weight updates."""
+        stats = self.engine.stats
+        return stats.generated_tokens, stats.finished.total(), self._control_replies
 
     async def _health_generate(self, _request: web.Request) -> web.Response:
+        """SGLang's health check: submit a 1-token generation like any request (so it waits while paused
+        or while weights update), then look once a second for any scheduler output since the start,
+        this request's or another's; none within the health timeout is a 503."""
         self._require_ready()
         fault = self.options.health_generate_fault
         if fault == "503":
             raise _JsonError(503, "fault switch: health_generate fails")
         if fault == "hang":
             await asyncio.Event().wait()
-        if self.engine.current_load().running:
-            return web.Response(status=200)  # busy: existing traffic proves the scheduler is alive
-        probe = GenerateRequest(rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", input_ids=[0], max_new_tokens=1)
+        before = self._progress()
+        probe = asyncio.create_task(
+            self._run([f"{HEALTH_RID_PREFIX}_{uuid.uuid4().hex}"], [[0]],
+                      [proto.SamplingParamsBody(max_new_tokens=1, temperature=0.0)])
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.health_check_timeout_s
         try:
-            await asyncio.wait_for(self.engine.generate(probe), HEALTH_GENERATE_TIMEOUT_S)
-        except (TimeoutError, EngineError) as exc:
-            raise _JsonError(503, f"health generation failed: {exc!r}") from exc
-        return web.Response(status=200)
+            while loop.time() < deadline:
+                await asyncio.sleep(HEALTH_POLL_S)
+                if self._progress() != before:
+                    self._unhealthy = False
+                    return web.Response(status=200)
+        finally:
+            probe.cancel()
+            await asyncio.gather(probe, return_exceptions=True)
+        self._unhealthy = True
+        log.error("health check failed: no scheduler output for %.0f s (paused=%s, weight update active=%s, "
+                  "waiting=%d)", self.options.health_check_timeout_s, self.gate.paused, self.gate.writer_active,
+                  self.gate.writers_waiting)
+        return web.Response(status=503)
+
+    async def _ready_endpoint(self, _request: web.Request) -> web.Response:
+        """0.5.23's ``/ready``: 503 while starting, paused, or after a failed health check."""
+        ok = self._ready and not self.gate.paused and not self._unhealthy
+        return web.Response(status=200 if ok else 503)
 
     async def _flush_cache(self, _request: web.Request) -> web.Response:
         load = self.engine.current_load()
@@ -386,7 +539,10 @@ class SGLangProtocolServer:
     # ----------------------------------------------------------------- info and load
 
     async def _model_info(self, _request: web.Request) -> web.Response:
-        config = self.engine.model.config if self._ready else None
+        # SGLang serves HTTP only once its scheduler runs: nothing answers while the model loads, so a
+        # version read then must not look like a serving worker.
+        self._require_ready()
+        config = self.engine.model.config
         return web.json_response(
             {
                 "model_path": self.options.model_path,
@@ -448,6 +604,7 @@ class SGLangProtocolServer:
     # ----------------------------------------------------------------- weights
 
     async def _get_weight_version(self, _request: web.Request) -> web.Response:
+        self._require_ready()
         return web.json_response({"weight_version": self.weight_version})
 
     def _engine_version_for(self, version: str | None) -> int:
@@ -557,15 +714,40 @@ class SGLangProtocolServer:
             _close_all(ranks)
         return web.json_response({"success": True, "message": f"{body.group_name} destroyed" if ranks else "no such group"})
 
+    def _exclusive(self, handler: Handler) -> Handler:
+        """A weight update as SGLang runs it: ``abort_all_requests`` first, then the model-update lock's
+        exclusive side (it waits for the requests in flight and holds new ones back); 0.5.23 skips the
+        lock while generation is paused. Its reply counts as scheduler output for /health."""
+
+        async def exclusive(request: web.Request) -> web.StreamResponse:
+            try:
+                wanted = json.loads(await request.read() or b"{}")
+            except ValueError:
+                wanted = {}  # the handler reports the malformed body
+            if isinstance(wanted, dict) and wanted.get("abort_all_requests") is True:
+                await self.engine.abort_all()
+            async with self.gate.update(skip_when_paused=not self.options.legacy):
+                response = await handler(request)
+            self._control_replies += 1
+            return response
+
+        return exclusive
+
     async def _pause(self, request: web.Request) -> web.Response:
         body: proto.PauseBody = await _read_body(request, proto.PauseBody)
-        if body.mode == "abort":
+        mode = "abort" if self.options.legacy else body.mode  # 0.5.5.post3 ignores the body
+        await self.gate.set_paused(True)  # new requests wait at the gate from now on
+        if mode == "abort":
             await self.engine.abort_all()
-        # retract and in_place both keep requests and their KV here: the CPU engine never evicts.
-        self.engine.pause()
-        return web.json_response({"success": True, "message": f"generation paused ({body.mode})"})
+            if not self.options.legacy:  # 0.5.23 re-aborts until no request holds the lock
+                await self.gate.wait_idle()
+        else:
+            # retract and in_place both keep requests and their KV here: the CPU engine never evicts.
+            self.engine.pause()
+        return web.json_response({"success": True, "message": f"generation paused ({mode})"})
 
     async def _continue(self, _request: web.Request) -> web.Response:
+        await self.gate.set_paused(False)
         self.engine.resume()
         return web.json_response({"success": True, "message": "generation continued"})
 
@@ -628,6 +810,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-delay", type=float, default=0.0, help="seconds to keep answering 503 after loading")
     p.add_argument("--enable-metrics", action="store_true", help="accepted for SGLang compatibility; /metrics is always on")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--sglang-version", choices=SGLANG_RELEASES, default=SGLANG_RELEASES[0],
+        help="the SGLang release whose HTTP behaviours to reproduce (docs/sglang_standin.md); /health reads "
+        f"{HEALTH_GENERATION_ENV} and {HEALTH_TIMEOUT_ENV} from the environment, as SGLang does",
+    )
     faults = p.add_argument_group("fault switches (reproduce older SGLang behaviours in tests)")
     faults.add_argument("--fault-legacy-abort-reply", action="store_true",
                         help="replies of requests aborted before prefill carry no output_ids/output_token_logprobs")
@@ -648,6 +835,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not (Path(args.model_path) / "config.json").is_file():
         raise SystemExit(f"--model-path {args.model_path}: no config.json there; pass a save_pretrained() directory")
+    try:
+        health_generation, health_timeout = health_settings(os.environ)
+    except ValueError as exc:
+        parser.error(str(exc))
     tokenizer = _load_tokenizer(args.tokenizer_path)
     engine = EmbeddedEngine(
         args.model_path,
@@ -668,6 +859,9 @@ def main(argv: list[str] | None = None) -> None:
         ignore_first_aborts=args.fault_ignore_first_aborts,
         health_generate_fault=args.fault_health_generate,
         tp_size=args.tp_size,
+        sglang_version=args.sglang_version,
+        health_endpoint_generation=health_generation,
+        health_check_timeout_s=health_timeout,
     )
     server = SGLangProtocolServer(engine, options)
     # A short shutdown grace: pods and tests stop workers often, and callers get aborts, not hangs.

@@ -8,7 +8,7 @@ weight updates. Follows the client rules of reference/sglang_protocol.md §4, §
 Membership (membership.py holds the rules): the client owns the router's worker list; on a cluster the
 router starts empty and has no discovery of its own, so the client is the only one adding workers. A
 worker is in the rotation only while it answers and serves the job's current weight version (its own
-``/get_weight_version``); a new, restarted or behind worker is kept out of the router (and skipped
+``/model_info`` on SGLang 0.5.23, ``/get_weight_version`` on 0.5.5.post3); a new, restarted or behind worker is kept out of the router (and skipped
 for direct generation) and probed again with backoff until a weight sync has brought it up to date.
 The router's own ``GET /workers`` is read back at every reconcile, so a router that restarted empty
 gets the rotation back. A background monitor probes every worker and the router; ``health()`` probes
@@ -19,7 +19,10 @@ Failure policy:
   and 5xx, but not on connection refused (nothing listens: the worker is dead, fail fast);
   ``/generate`` retries only when nothing came back (connection refused/reset, 5xx from the router
   because its worker vanished), and fails at once while the router itself is down;
-- a worker that fails a call and then its ``/health`` probe is marked unhealthy (warning logged) and
+- liveness probes read the version endpoint, never ``/health``: SGLang's ``/health`` may run a
+  generation (1 s or more, blocked while generation is paused or weights update), which would take
+  a busy or syncing worker out of the rotation for nothing;
+- a worker that fails a call and then its liveness probe is marked unhealthy (warning logged) and
   left out of fan-outs until ``health()`` finds it answering again; fan-out never raises because one
   worker is down;
 - a ``/generate`` whose worker died after an ``abort_all`` returns an abort result with no new tokens
@@ -91,7 +94,9 @@ class SGLangClientConfig:
     drain_timeout_s: float = 120.0
     drain_poll_s: float = 0.2
     reabort_interval_s: float = 3.0
-    probe_timeout_s: float = 2.0  # /health probe after a failure
+    probe_timeout_s: float = 2.0  # liveness/version probe (an info endpoint: never blocked by syncs)
+    # start(): one /health_generate; SGLang answers it after >= 1 s, or 503 after its own 20 s window.
+    health_generate_timeout_s: float = 30.0
     probe_interval_s: float = 1.0  # monitor: workers in the rotation and the router
     probe_backoff_s: float = 0.5  # monitor: first re-probe of a worker out of the rotation
     probe_backoff_max_s: float = 8.0
@@ -231,12 +236,12 @@ class SGLangEngine(Engine):
                      worker.url, self.weight_version)
 
     async def _note_failure(self, worker: WorkerState, error: str) -> None:
-        """Count a failure; a worker that also fails its /health probe leaves the rotation."""
+        """Count a failure; a worker that also fails its liveness probe leaves the rotation."""
         worker.failures += 1
         worker.last_error = error
         if not worker.healthy:
             return
-        if await self._probe(worker.url, "/health") or not worker.healthy:
+        if (await self._probe_version(worker))[0] or not worker.healthy:
             return  # alive, or a concurrent failure already took it out of rotation
         worker.healthy = False
         worker.next_probe_at = time.monotonic()  # the monitor re-probes it with backoff from now on
@@ -248,9 +253,9 @@ class SGLangEngine(Engine):
         )
         await self.apply_membership()
 
-    async def _probe(self, base: str, path: str) -> bool:
+    async def _probe(self, base: str, path: str, timeout: float | None = None) -> bool:
         try:
-            resp = await self._http.get(base + path, timeout=self.config.probe_timeout_s)
+            resp = await self._http.get(base + path, timeout=timeout or self.config.probe_timeout_s)
         except httpx.HTTPError:
             return False
         return resp.status_code == 200
@@ -321,10 +326,18 @@ class SGLangEngine(Engine):
                 await asyncio.sleep(2.0)
                 await self.refresh_workers()
         if not self.workers:
-            self.workers = {u: WorkerState(u, served_version=self.weight_version) for u in await self.discover_workers()}
+            urls = await self.discover_workers()
+            while not urls and time.monotonic() < deadline:
+                # The router lists a worker only once its own health check (an SGLang /health, which
+                # may take a generation's time) has passed.
+                await asyncio.sleep(0.5)
+                urls = await self.discover_workers()
+            self.workers = {u: WorkerState(u, served_version=self.weight_version) for u in urls}
         pending = set(self.workers)
         while pending and time.monotonic() < deadline:
-            results = await asyncio.gather(*(self._probe(u, "/health_generate") for u in pending))
+            results = await asyncio.gather(
+                *(self._probe(u, "/health_generate", self.config.health_generate_timeout_s) for u in pending)
+            )
             pending -= {u for u, ok in zip(list(pending), results, strict=True) if ok}
             if pending:
                 await asyncio.sleep(1.0)
@@ -361,14 +374,19 @@ class SGLangEngine(Engine):
     # ----------------------------------------------------------------- membership
 
     async def _probe_version(self, worker: WorkerState) -> tuple[bool, int | None]:
-        """(answers /health, its /get_weight_version as an int or None)."""
-        if not await self._probe(worker.url, "/health"):
-            return False, None
-        try:
-            resp = await self._http.get(worker.url + "/get_weight_version", timeout=self.config.probe_timeout_s)
-            raw = resp.json().get("weight_version") if resp.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
-            return False, None
+        """(answers, its weight version as an int or None): ``/model_info`` (0.5.23), else
+        ``/get_weight_version`` (0.5.5.post3). Any reply below 500 means the server is up."""
+        raw = None
+        for path in ("/model_info", "/get_weight_version"):
+            try:
+                resp = await self._http.get(worker.url + path, timeout=self.config.probe_timeout_s)
+                if resp.status_code >= 500:
+                    return False, None
+                raw = resp.json().get("weight_version") if resp.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                return False, None
+            if resp.status_code != 404:
+                break
         try:
             return True, int(raw) if raw is not None else None
         except (TypeError, ValueError):
@@ -608,7 +626,8 @@ class SGLangEngine(Engine):
     # ----------------------------------------------------------------- abort and drain
 
     async def abort(self, rid_prefix: str) -> None:
-        """Abort requests whose rid starts with ``rid_prefix`` on every healthy worker."""
+        """Abort the request whose rid is exactly ``rid_prefix`` on every healthy worker: SGLang ignores
+        an abort whose rid is not a request it holds, so a bare prefix aborts nothing (use abort_all)."""
         await self._fan_out("POST", "/abort_request", {"rid": rid_prefix, "abort_all": False})
 
     async def abort_all(self) -> None:

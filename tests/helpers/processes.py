@@ -33,7 +33,8 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes], log: Path
         if proc.poll() is not None:
             raise RuntimeError(f"{proc.args} exited early:\n{log.read_text()[-3000:]}")
         try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
+            # SGLang's /health_generate answers after >= 1 s (503 after its own 20 s window).
+            if httpx.get(url, timeout=30.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -96,7 +97,9 @@ def start_router(workers: list[str], log: Path, port: int | None = None) -> tupl
     port = port or free_port()
     proc = spawn(
         [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers,
-         "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin", "--log-level", "warn"],
+         "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin", "--log-level", "warn",
+         # Its metrics port defaults to 29000: a second router on the machine would panic on it.
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
         log,
     )
     return f"http://127.0.0.1:{port}", proc

@@ -74,7 +74,7 @@ def test_two_ranks_two_engines_router_distributed_transport_survive_a_kill_of_ra
         assert rec["engines_in_rotation"] == 2 and rec["weight_sync_failures"] == 0, rec
         assert rec["grad_norm"] > 0, "a step without a gradient"
     # The engines' own API: both serve the final version (the restarted group rebuilt the weight group).
-    assert [httpx.get(u + "/get_weight_version", timeout=10).json()["weight_version"] for u in workers] == [str(STEPS)] * 2
+    assert [httpx.get(u + "/model_info", timeout=10).json()["weight_version"] for u in workers] == [str(STEPS)] * 2
     evals = read_jsonl(tmp_path / "out" / "eval.jsonl")
     assert evals[0]["step"] == 0 and evals[-1]["step"] == STEPS
     assert evals[-1]["reward_mean"] > evals[0]["reward_mean"], "the held-out reward did not rise"

@@ -98,7 +98,7 @@ async def test_sglang_run_with_distributed_transport(tmp_path: Path, http_pool, 
 
     def engines_serve(rec: StepRecord) -> None:
         # The engines' own API, not the client's bookkeeping.
-        seen.append((rec.policy_version, [httpx.get(u + "/get_weight_version").json()["weight_version"]
+        seen.append((rec.policy_version, [httpx.get(u + "/model_info").json()["weight_version"]
                                           for u in workers]))
 
     runner.step_listeners.append(engines_serve)

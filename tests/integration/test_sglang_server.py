@@ -7,14 +7,15 @@ processes (``python -m rljob.runtime.engines.server``) and ``python -m sglang_ro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -23,7 +24,7 @@ from rljob.runtime.engines.base import EngineError, GenerateRequest, GenerateRes
 from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.engines.server import ServerOptions, SGLangProtocolServer
 from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
-from tests.helpers.processes import free_port, spawn, start_worker, stop, wait_http
+from tests.helpers.processes import start_router, start_worker, stop, wait_http
 from tests.helpers.tiny_model import save_tiny_model
 from tests.helpers.waiting import wait_until
 
@@ -119,7 +120,7 @@ async def test_resume_over_http_continues_where_it_stopped(served: Served) -> No
     full = await served.client.generate(greedy("full", 80))
     task = asyncio.create_task(served.client.generate(greedy("seg-a1", 80)))
     await wait_until_generating(served.server, tokens=90)
-    await served.client.abort("seg-")
+    await served.client.abort("seg-a1")  # SGLang aborts exact rids only
     part = await task
     assert part.finish_reason == "abort" and 0 < len(part.output_ids) < 80
     rest = await served.client.generate(greedy("seg-a2", 80 - len(part.output_ids), PROMPT + part.output_ids))
@@ -135,7 +136,7 @@ async def test_update_weights_from_disk_changes_outputs_and_version(
     after = await served.client.generate(greedy("v5", 10))
     assert after.weight_version == 5 and after.output_ids != before.output_ids
     async with httpx.AsyncClient(base_url=served.url) as http:
-        assert (await http.get("/get_weight_version")).json() == {"weight_version": "5"}
+        assert (await http.get("/model_info")).json()["weight_version"] == "5"
         assert (await http.get("/get_model_info")).json()["weight_version"] == "5"
     with pytest.raises(EngineError, match="not a directory"):
         await served.client.update_weights(WeightUpdate(version=6, path="/nonexistent/ckpt"))
@@ -205,7 +206,7 @@ async def test_context_overflow_is_an_invalid_request_carrying_the_servers_messa
 
     context = served.server.engine.max_context_len
     finished_before = served.server.engine.stats.finished.total()  # /health_generate probes generate too
-    with pytest.raises(InvalidRequestError, match=rf"HTTP 400\): .*exceed the context length {context}"):
+    with pytest.raises(InvalidRequestError, match=rf"HTTP 400\): .*exceeds the model's maximum context length of {context}"):
         await served.client.generate(greedy("too-long", context))
     assert served.server.engine.stats.finished.total() == finished_before  # refused before any generation
     assert all(w.healthy for w in served.client.workers.values())  # a refusal is not a sick worker
@@ -214,7 +215,7 @@ async def test_context_overflow_is_an_invalid_request_carrying_the_servers_messa
     config = RolloutConfig(batch_size=2, samples_per_prompt=2, max_response_length=context)
     prompts = PromptStream([("12+3=", "15")], CharTokenizer())
     scheduler = RolloutScheduler([served.client], config, make_strategy("sync"), prompts, score=lambda _s: 0.0)
-    with pytest.raises(InvalidRequestError, match="exceed the context length.*maxResponseLength"):
+    with pytest.raises(InvalidRequestError, match="maximum context length.*maxResponseLength"):
         await asyncio.wait_for(scheduler.run_round(0), timeout=60)
 
 
@@ -236,6 +237,7 @@ async def test_health_is_503_while_starting(model_dirs: tuple[Path, Path]) -> No
         async with httpx.AsyncClient(base_url=url) as http:
             assert (await http.get("/health_generate")).status_code == 503
             assert (await http.get("/health")).status_code == 503
+            assert (await http.get("/model_info")).status_code == 503  # SGLang: nothing answers yet
             client = fast_client(url)
             await client.start()  # waits on /health_generate
             assert await client.health()
@@ -289,6 +291,236 @@ def test_cli_help_and_bad_model_path(tmp_path: Path) -> None:
         main(["--model-path", str(tmp_path)])
 
 
+# --------------------------------------------------------------------------- a faithful stand-in
+# Each test states what SGLang's own source does (docs/sglang_standin.md cites the functions) and checks
+# the CPU server does the same over real HTTP, for 0.5.23 and, where they differ, 0.5.5.post3.
+
+LEGACY = "0.5.5.post3"
+
+
+@contextlib.asynccontextmanager
+async def standin(model_dir: Path, max_batch_size: int = 4, **options: Any) -> AsyncIterator[tuple[SGLangProtocolServer, httpx.AsyncClient]]:
+    """An in-process server with ``options`` and a raw HTTP client on it."""
+    server = SGLangProtocolServer(EmbeddedEngine(model_dir, max_batch_size=max_batch_size),
+                                  ServerOptions(model_path=str(model_dir), **options))
+    url = await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+            yield server, http
+    finally:
+        await server.stop()
+
+
+def gen_body(rid: str, max_new_tokens: int, prompt: list[int] = PROMPT) -> dict[str, Any]:
+    return {"input_ids": prompt, "rid": rid, "return_logprob": True,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}
+
+
+def post_generate(http: httpx.AsyncClient, body: dict[str, Any]) -> asyncio.Task[httpx.Response]:
+    return asyncio.create_task(http.post("/generate", json=body))
+
+
+def test_health_settings_read_sglangs_environment() -> None:
+    from rljob.runtime.engines.server import health_settings
+
+    assert health_settings({}) == (True, 20.0)  # SGLang's defaults
+    assert health_settings({"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false", "SGLANG_HEALTH_CHECK_TIMEOUT": "45"}) == (False, 45.0)
+    assert health_settings({"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"})[0] is False
+    with pytest.raises(ValueError, match="SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"):
+        health_settings({"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "maybe"})
+
+
+@pytest.mark.parametrize("generation", [True, False])
+async def test_health_runs_a_generation_unless_switched_off(model_dirs: tuple[Path, Path], generation: bool) -> None:
+    """/health and /health_generate are one handler: a 1-token generation, except that /health answers
+    at once when SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is false."""
+    async with standin(model_dirs[0], health_endpoint_generation=generation) as (server, http):
+        stats = server.engine.stats
+        before = stats.finished.total()
+        assert (await http.get("/health")).status_code == 200
+        assert (stats.finished.total() > before) is generation
+        before = stats.finished.total()
+        assert (await http.get("/health_generate")).status_code == 200
+        assert stats.finished.total() > before  # /health_generate always generates
+
+
+async def test_health_waits_while_paused_and_fails_without_scheduler_output(model_dirs: tuple[Path, Path]) -> None:
+    """The health generation waits at the pause gate like any request; with no scheduler output for
+    SGLANG_HEALTH_CHECK_TIMEOUT it answers 503 (and 0.5.23's /ready follows); once generation continues
+    it passes again."""
+    async with standin(model_dirs[0], health_check_timeout_s=600.0) as (server, http):
+        assert (await http.post("/pause_generation", json={"mode": "in_place"})).status_code == 200
+        waiting = asyncio.create_task(http.get("/health"))
+        await wait_until(lambda: server.gate.blocked == 1, "the health generation to wait at the pause gate")
+        assert not waiting.done()
+        assert (await http.post("/continue_generation")).status_code == 200
+        assert (await waiting).status_code == 200
+
+        server.options.health_check_timeout_s = 2.0
+        assert (await http.post("/pause_generation", json={"mode": "in_place"})).status_code == 200
+        assert (await http.get("/health_generate")).status_code == 503
+        assert (await http.get("/ready")).status_code == 503
+        assert (await http.post("/continue_generation")).status_code == 200
+        assert (await http.get("/ready")).status_code == 503  # unhealthy until a health check passes
+        assert (await http.get("/health_generate")).status_code == 200
+        assert (await http.get("/ready")).status_code == 200
+
+
+async def test_a_busy_server_passes_health_on_other_requests_output(model_dirs: tuple[Path, Path]) -> None:
+    """Any scheduler output after the check started counts, so a server busy with long requests is
+    healthy even when its queue is full and the health request itself cannot run."""
+    async with standin(model_dirs[0], max_batch_size=1) as (server, http):
+        long = post_generate(http, gen_body("long", 400))
+        await wait_until_generating(server)
+        assert (await http.get("/health")).status_code == 200
+        assert server.engine.current_load().running == 1  # the long request was not disturbed
+        assert (await http.post("/abort_request", json={"rid": "long"})).status_code == 200
+        assert (await long).json()["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+async def test_weight_updates_wait_for_requests_and_hold_new_ones(model_dirs: tuple[Path, Path]) -> None:
+    """An update takes the model-update lock's exclusive side: it waits for the request in flight, and
+    requests (and the health generation) that come meanwhile wait for it, then run on the new weights."""
+    async with standin(model_dirs[0]) as (server, http):
+        running = post_generate(http, gen_body("old-weights", 400))
+        await wait_until_generating(server)
+        update = asyncio.create_task(http.post("/update_weights_from_disk", json={
+            "model_path": str(model_dirs[1]), "weight_version": "7"}))
+        await wait_until(lambda: server.gate.writers_waiting == 1, "the update to wait for the running request")
+        later = post_generate(http, gen_body("new-weights", 3))
+        health = asyncio.create_task(http.get("/health"))
+        await wait_until(lambda: server.gate.blocked == 2, "the new request and the health check to wait")
+        assert not update.done() and not later.done() and not health.done()
+        assert (await http.post("/abort_request", json={"rid": "old-weights"})).status_code == 200
+        old = (await running).json()["meta_info"]
+        assert old["finish_reason"]["type"] == "abort" and old["weight_version"] == "0"
+        assert (await update).json()["success"] is True
+        assert (await later).json()["meta_info"]["weight_version"] == "7"
+        assert (await health).status_code == 200
+
+
+@pytest.mark.parametrize("version", ["0.5.23", LEGACY])
+async def test_update_while_paused_in_place(model_dirs: tuple[Path, Path], version: str) -> None:
+    """0.5.23 updates at once while paused (whoever paused owns the engine), and an in-place pause keeps
+    the running request, which finishes on the new weights; 0.5.5.post3 ignores the pause body and
+    aborts everything, then updates."""
+    async with standin(model_dirs[0], sglang_version=version) as (server, http):
+        running = post_generate(http, gen_body("kept", 400))
+        await wait_until_generating(server)
+        assert (await http.post("/pause_generation", json={"mode": "in_place"})).status_code == 200
+        reply = await http.post("/update_weights_from_disk", json={"model_path": str(model_dirs[1]), "weight_version": "3"})
+        assert reply.json()["success"] is True
+        if version == LEGACY:  # aborted by the pause; the update waited for it to finish
+            assert server.engine.current_load().running == 0
+        else:  # kept, paused, while the update ran
+            assert server.engine.current_load().running == 1
+        assert (await http.post("/continue_generation")).status_code == 200
+        await http.post("/abort_request", json={"rid": "kept"})
+        meta = (await running).json()["meta_info"]
+        assert meta["finish_reason"]["type"] == "abort"
+        assert meta["weight_version"] == ("0" if version == LEGACY else "3")
+
+
+@pytest.mark.parametrize("version", ["0.5.23", LEGACY])
+async def test_context_length_check(model_dirs: tuple[Path, Path], version: str) -> None:
+    """A prompt as long as the context is refused (>=, not >) with 400 {"error": {"message"}}; prompt plus
+    max_new_tokens may fill the context in 0.5.23 but must stay below it in 0.5.5.post3."""
+    async with standin(model_dirs[0], sglang_version=version) as (server, http):
+        context = server.engine.max_context_len
+        full = await http.post("/generate", json=gen_body("full", 1, [5] * context))
+        assert full.status_code == 400
+        assert "longer than the model's context length" in full.json()["error"]["message"]
+        fills = await http.post("/generate", json=gen_body("fills", 1, [5] * (context - 1)))
+        if version == LEGACY:
+            assert fills.status_code == 400
+            assert "exceeds the model's maximum context length" in fills.json()["error"]["message"]
+        else:
+            assert fills.status_code == 200 and len(fills.json()["output_ids"]) == 1
+        over = await http.post("/generate", json=gen_body("over", 2, [5] * (context - 1)))
+        assert over.status_code == 400 and "maximum context length" in over.json()["error"]["message"]
+
+
+async def test_duplicate_request_ids(model_dirs: tuple[Path, Path]) -> None:
+    """0.5.23 refuses a rid already in flight (or twice in one batch) with 400; the rid is free again once
+    its request has answered. 0.5.5.post3 has no such check and runs both."""
+    async with standin(model_dirs[0]) as (server, http):
+        first = post_generate(http, gen_body("dup", 400))
+        await wait_until_generating(server)
+        again = await http.post("/generate", json=gen_body("dup", 3))
+        assert again.status_code == 400 and again.json()["error"]["message"] == "Duplicate request ID detected: dup"
+        batch = await http.post("/generate", json={"input_ids": [PROMPT, PROMPT], "rid": ["b", "b"]})
+        assert batch.status_code == 400 and "Duplicate request ID detected: b" in batch.json()["error"]["message"]
+        await http.post("/abort_request", json={"rid": "dup"})
+        await first
+        assert (await http.post("/generate", json=gen_body("dup", 3))).status_code == 200
+    async with standin(model_dirs[0], sglang_version=LEGACY) as (server, http):
+        both = [post_generate(http, gen_body("dup", 400)) for _ in range(2)]
+        await wait_until(lambda: server.engine.current_load().running == 2, "both copies to run")
+        await http.post("/abort_request", json={"abort_all": True})
+        assert [(await t).status_code for t in both] == [200, 200]
+
+
+@pytest.mark.parametrize("version", ["0.5.23", LEGACY])
+async def test_abort_replies_of_running_and_queued_requests(model_dirs: tuple[Path, Path], version: str) -> None:
+    """A running request answers with its partial output, log-probs, prompt_tokens and weight_version,
+    finish type abort ("Aborted"); a queued one answers "Abort in waiting queue" without prompt_tokens
+    (and, in 0.5.5.post3, without weight_version)."""
+    async with standin(model_dirs[0], max_batch_size=1, sglang_version=version) as (server, http):
+        running = post_generate(http, gen_body("run", 400))
+        await wait_until_generating(server)
+        queued = post_generate(http, gen_body("queue", 400))
+        await wait_until(lambda: server.engine.current_load().waiting == 1, "the second request to queue")
+        assert (await http.post("/abort_request", json={"abort_all": True})).status_code == 200
+        run, queue = (await running).json(), (await queued).json()
+        meta = run["meta_info"]
+        assert meta["finish_reason"] == {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+        assert 0 < len(run["output_ids"]) == len(meta["output_token_logprobs"]) == meta["completion_tokens"] < 400
+        assert meta["prompt_tokens"] == len(PROMPT) and meta["weight_version"] == "0"
+        qmeta = queue["meta_info"]
+        assert qmeta["finish_reason"] == {"type": "abort", "message": "Abort in waiting queue"}
+        assert queue["output_ids"] == [] and qmeta["completion_tokens"] == 0 and "prompt_tokens" not in qmeta
+        assert ("weight_version" in qmeta) is (version != LEGACY)
+
+
+async def test_abort_by_rid_matches_exact_rids_only(model_dirs: tuple[Path, Path]) -> None:
+    """SGLang forwards an abort only for a rid it holds: a prefix, an unknown rid or an empty rid without
+    abort_all does nothing; the exact rid aborts."""
+    async with standin(model_dirs[0]) as (server, http):
+        task = post_generate(http, gen_body("grp-1", 400))
+        await wait_until_generating(server)
+        for body in ({"rid": "grp-"}, {"rid": "other"}, {"rid": ""}, {}):
+            assert (await http.post("/abort_request", json=body)).status_code == 200
+        tokens = server.engine.stats.generated_tokens
+        await wait_until(lambda: server.engine.stats.generated_tokens >= tokens + 3, "decoding to go on")
+        assert server.engine.current_load().running == 1
+        assert (await http.post("/abort_request", json={"rid": "grp-1"})).status_code == 200
+        assert (await task).json()["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+@pytest.mark.parametrize("version", ["0.5.23", LEGACY])
+async def test_version_endpoints_and_the_client_on_each_release(model_dirs: tuple[Path, Path], version: str) -> None:
+    """0.5.23 removed /get_weight_version (and /get_load): /model_info carries weight_version; 0.5.5.post3
+    has /get_weight_version and /get_model_info but no /model_info, /v1/loads or /ready. The client finds
+    the served version on both and keeps a paused worker in the rotation."""
+    async with standin(model_dirs[0], sglang_version=version, health_check_timeout_s=600.0) as (server, http):
+        paths = ("/get_weight_version", "/get_load", "/model_info", "/server_info", "/v1/loads", "/ready")
+        found = {p for p in paths if (await http.get(p)).status_code == 200}
+        legacy_only = {"/get_weight_version", "/get_load"}
+        assert found == (legacy_only if version == LEGACY else set(paths) - legacy_only)
+        assert (await http.get("/get_model_info")).json()["weight_version"] == "0"
+
+        client = fast_client(str(http.base_url).rstrip("/"))
+        await client.start()
+        try:
+            await client.update_weights(WeightUpdate(version=4, path=str(model_dirs[1])))
+            assert (await client.generate(greedy("after", 3))).weight_version == 4
+            assert (await http.post("/pause_generation", json={"mode": "in_place"})).status_code == 200
+            assert await client.health()  # no /health generation: a paused worker stays in the rotation
+            assert (await http.post("/continue_generation")).status_code == 200
+        finally:
+            await client.close()
+
+
 # --------------------------------------------------------------------------- real router, worker processes
 
 
@@ -310,13 +542,7 @@ def cluster(model_dirs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFact
             workers.append(url)
         for i, url in enumerate(workers):
             wait_http(url + "/health_generate", 180, procs[url], logs / f"worker{i}.log")
-        port = free_port()
-        router = f"http://127.0.0.1:{port}"
-        procs[router] = spawn(
-            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers,
-             "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin", "--log-level", "warn"],
-            logs / "router.log",
-        )
+        router, procs[router] = start_router(workers, logs / "router.log")
         wait_http(router + "/health", 60, procs[router], logs / "router.log")
         yield Cluster(workers, router, procs)
     finally:

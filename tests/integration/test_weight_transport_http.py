@@ -1,7 +1,7 @@
 """Weight transports over real HTTP: two SGLang-protocol worker processes behind the REAL sglang
 router, real gloo broadcasts (distributed) and a real shared folder (disk).
 
-After each sync every worker's own /get_weight_version is the new version and its greedy output is
+After each sync every worker's own /model_info weight_version is the new version and its greedy output is
 the trainer's; a worker SIGKILLed and restarted on its port is kept out of the router until a sync
 (over a rebuilt weight-update group) gives it the current weights.
 """
@@ -79,7 +79,7 @@ def engine_of(pool: Pool) -> SGLangEngine:
 
 async def served_versions(urls: list[str]) -> list[str]:
     async with httpx.AsyncClient() as http:
-        return [(await http.get(u + "/get_weight_version")).json()["weight_version"] for u in urls]
+        return [(await http.get(u + "/model_info")).json()["weight_version"] for u in urls]
 
 
 async def router_workers(router: str) -> set[str]:
@@ -161,7 +161,12 @@ async def test_distributed_sync_reaches_every_worker_and_a_restarted_one_waits_o
         assert report.group_rebuilt, "a restarted member needs a new group"
         assert sorted(report.updated) == sorted(pool.workers)
         assert await served_versions(pool.workers) == ["3", "3"]
-        assert await router_workers(pool.router) == set(pool.workers)
+
+        async def both_in_router() -> bool:
+            return await router_workers(pool.router) == set(pool.workers)
+
+        # The router queues an add and lists the worker once its own /health check passed (a generation).
+        await wait_until(both_in_router, "the caught-up worker back in the router", timeout=60, interval=0.1)
         for url in pool.workers:
             assert await greedy_on(url) == expected, url
     finally:

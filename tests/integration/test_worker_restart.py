@@ -91,7 +91,7 @@ async def test_restarted_worker_serves_no_trained_token_before_it_holds_the_curr
                 wait_http(victim + "/health", 180, pool.procs[victim], pool.logs / "restart.log")
         assert restarted and victim in report.updated, "the restarted worker never came back"
         async with httpx.AsyncClient() as http:
-            assert (await http.get(victim + "/get_weight_version")).json()["weight_version"] == str(version)
+            assert (await http.get(victim + "/model_info")).json()["weight_version"] == str(version)
         assert await router_workers(pool.router) == {victim, survivor}
         # And it serves: one more round over both workers.
         result = await asyncio.wait_for(scheduler.run_round(version), timeout=300)

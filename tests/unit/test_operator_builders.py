@@ -158,11 +158,38 @@ def test_inference_pools_are_vendor_correct() -> None:
     assert nv_pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert nv_c["startupProbe"]["httpGet"]["path"] == "/health_generate"
     assert nv_c["startupProbe"]["periodSeconds"] * nv_c["startupProbe"]["failureThreshold"] >= 900
-    assert nv_c["readinessProbe"]["httpGet"]["path"] == "/health_generate"
+    assert nv_c["readinessProbe"]["httpGet"]["path"] == "/health"
     assert nv_c["livenessProbe"]["httpGet"]["path"] == "/health"
     svc = _by(children, "Service", "demo-infer-nv")["spec"]
     assert svc["clusterIP"] == "None" and svc["selector"] == nv["selector"]["matchLabels"]
     assert nv["serviceName"] == "demo-infer-nv"
+
+
+# SGLang's /health waits up to SGLANG_HEALTH_CHECK_TIMEOUT (default 20 s) for scheduler output
+# (sglang/srt/entrypoints/http_server.py, health_generate); its scheduler watchdog exits after 300 s.
+SGLANG_HEALTH_WINDOW_S = 20
+SGLANG_WATCHDOG_S = 300
+
+
+def test_pool_health_is_cheap_and_survives_syncs_and_long_prefills() -> None:
+    """Every pool turns off /health's generation (even over the pool's own env), so readiness and
+    liveness on /health never wait for a paused or syncing scheduler; startup still generates once."""
+    spec = _spec()
+    spec.rollout.pools[1].env.append(spec.rollout.pools[1].env[0].model_copy(
+        update={"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "true"}))
+    spec.rollout.pools.append(spec.rollout.pools[0].model_validate({"name": "c", "vendor": "cpu"}))
+    children = build_children(JOB, spec, active=True)
+    for pool in ("nv", "mi", "c"):
+        container = _by(children, "StatefulSet", f"demo-infer-{pool}")["spec"]["template"]["spec"]["containers"][0]
+        env = [e for e in container["env"] if e["name"] == "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"]
+        assert env == [{"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "false"}], pool
+        startup, ready, live = container["startupProbe"], container["readinessProbe"], container["livenessProbe"]
+        assert startup["httpGet"]["path"] == "/health_generate"
+        assert startup["timeoutSeconds"] > SGLANG_HEALTH_WINDOW_S  # SGLang's own 503 comes first
+        assert ready["httpGet"]["path"] == live["httpGet"]["path"] == "/health"
+        assert live["periodSeconds"] * live["failureThreshold"] >= SGLANG_WATCHDOG_S
+        assert live["timeoutSeconds"] >= 10 and ready["timeoutSeconds"] >= 5
+        assert ready["periodSeconds"] * ready["failureThreshold"] >= 30
 
 
 def test_trainer_runs_the_rendered_config_with_least_privilege() -> None:

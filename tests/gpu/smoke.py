@@ -96,7 +96,8 @@ def environment(smoke: Smoke) -> str:
         if not torch.cuda.is_available():
             raise RuntimeError("--device cuda but torch.cuda.is_available() is False")
         props = torch.cuda.get_device_properties(0)
-        nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
+        version = torch.cuda.nccl.version()  # a tuple in current torch, an int (2.27.3 -> 22703) in older ones
+        nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
         info += [f"{props.name} ({props.total_memory / 2**30:.0f} GiB)", f"CUDA {torch.version.cuda}", f"NCCL {nccl}"]
         if not torch.cuda.is_bf16_supported():
             raise RuntimeError("this GPU has no bf16")
@@ -177,7 +178,7 @@ def init_trainer(smoke: Smoke) -> str:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     dist = Distributed(DistEnv(0, 1, 0, 1, "127.0.0.1", port), smoke.device)
     device = dist.device(smoke.device)
-    model = AutoModelForCausalLM.from_pretrained(smoke.state["folder"], torch_dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(smoke.state["folder"], dtype=torch.bfloat16)
     spec = AlgorithmSpec(name="grpo", learning_rate=1e-3, off_policy={"mode": "tis"})
     trainer = Trainer(model, spec, micro_batch_size=8, device=device, distributed=dist)
     smoke.state.update(trainer=trainer, dist=dist)
@@ -302,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         if "dist" in smoke.state:
             smoke.state["dist"].close()
     failed = [c for c in smoke.checks if not c.ok]
-    print(f"\nrljob GPU smoke on {args.device} ({datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC}), "
+    print(f"\nrljob GPU smoke on {args.device} ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}), "
           f"{time.perf_counter() - started:.0f} s")
     print(table(smoke.checks))
     print(f"\n{'FAILED: ' + ', '.join(c.name for c in failed) if failed else 'ALL PASSED'}")

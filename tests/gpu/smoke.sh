@@ -40,6 +40,10 @@ mkdir -p "$NS/rljob"
 for top in api common runtime; do ln -s "$REPO/$top" "$NS/rljob/$top"; done
 export PYTHONPATH="$NS:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "smoke: rljob needs Python 3.11 or newer; $PYTHON is $("$PYTHON" -V 2>&1)" >&2
+  exit 2
+fi
 missing=()
 for module in torch "${NEEDED[@]}"; do
   "$PYTHON" -c "import $module" 2>/dev/null || missing+=("$module")

@@ -106,6 +106,8 @@ PvcUri = Annotated[str, StringConstraints(pattern=PVC_URI_PATTERN, max_length=6 
 GPU_VENDORS = ("nvidia", "amd")
 # Vendors of inference pools; `cpu` pools run rljob's SGLang-protocol server. One type for spec and status.
 PoolVendor = Literal["nvidia", "amd", "cpu"]
+# The vendor of the one pool a job without `rollout.pools` gets (operator/builders/inference.py).
+DEFAULT_POOL_VENDOR = "nvidia"
 
 
 class ApiModel(BaseModel):
@@ -1133,6 +1135,32 @@ _LOCAL_PATH_ON_GPU = (
 _GPU_POOLS = "(!has(self.rollout.pools) || size(self.rollout.pools) == 0 || self.rollout.pools.exists(p, p.vendor in {vendors}))".format(
     vendors=list(GPU_VENDORS)
 )
+# The weight-update group of `distributed` is ONE communicator: with NCCL (the default whenever the
+# trainer has GPUs; RCCL on ROCm) every engine rank must run the trainer's vendor and collective
+# library. NVIDIA's NCCL and AMD's RCCL do not talk to each other, and the CPU server joins gloo only.
+_MIXED_VENDOR_NCCL = (
+    "the distributed weight transport over nccl (rollout.weightTransport.mode, .backend) puts every inference pool in one "
+    "communicator with the trainer, so every pool's vendor must be trainer.vendor (NCCL and AMD's RCCL do not "
+    "interoperate; cpu pools join gloo only); set rollout.weightTransport.mode: disk with rollout.weightsVolume "
+    "(a ReadWriteMany claim every pod mounts), or run every pool on the trainer's vendor"
+)
+_DISK_NEEDS_SHARED_FOLDER = (
+    "rollout.weightTransport.mode disk needs a folder the trainer and the inference pods both mount; set "
+    "rollout.weightsVolume (a ReadWriteMany claim), or rollout.weightTransport.diskDir on a volume of pods.volumes"
+)
+_TRAINER_VENDOR = f"({cel_has('self.trainer.vendor')} ? self.trainer.vendor : 'nvidia')"
+_DISTRIBUTED = (
+    f"({cel_has('self.rollout.weightTransport.mode')} ? self.rollout.weightTransport.mode == 'distributed' "
+    f": ({cel_has('self.rollout.engine')} && self.rollout.engine == 'sglang'))"
+)
+_NCCL = (
+    f"({cel_has('self.rollout.weightTransport.backend')} ? self.rollout.weightTransport.backend == 'nccl' "
+    f": {_TRAINER_VENDOR} != 'cpu')"
+)
+_ONE_VENDOR = (
+    f"((!has(self.rollout.pools) || size(self.rollout.pools) == 0) ? {_TRAINER_VENDOR} == '{DEFAULT_POOL_VENDOR}' "
+    f": self.rollout.pools.all(p, p.vendor == {_TRAINER_VENDOR}))"
+)
 CLUSTER_RULES = [
     {"rule": f"!has(self.model.builtin) || !{_GPU_POOLS}", "message": _BUILTIN_ON_GPU, "fieldPath": ".model.builtin"},
     {
@@ -1140,7 +1168,29 @@ CLUSTER_RULES = [
         "message": _LOCAL_PATH_ON_GPU,
         "fieldPath": ".model.path",
     },
+    rule(f"!{_DISTRIBUTED} || !{_NCCL} || {_ONE_VENDOR}", _MIXED_VENDOR_NCCL, ".rollout.weightTransport.mode"),
+    rule(
+        f"!({cel_has('self.rollout.weightTransport.mode')}) || self.rollout.weightTransport.mode != 'disk' "
+        f"|| has(self.rollout.weightsVolume) || ({cel_has('self.rollout.weightTransport.diskDir')}) "
+        f"|| ({cel_has('self.rollout.sglang.weightsDir')})",
+        _DISK_NEEDS_SHARED_FOLDER,
+        ".rollout.weightTransport.mode",
+    ),
 ]
+
+
+def nccl_outsiders(spec: RLJobSpec) -> list[tuple[str, str]]:
+    """(pool name, vendor) of the inference pools that cannot join the trainer's NCCL weight-update group.
+
+    Empty unless the transport is `distributed` over NCCL (the backend's default whenever the trainer
+    runs on GPUs, as `runtime/weights/factory.py` picks it).
+    """
+    rollout = spec.rollout
+    backend = rollout.weight_transport.backend or ("gloo" if spec.trainer.vendor == "cpu" else "nccl")
+    if rollout.transport_mode != "distributed" or backend != "nccl":
+        return []
+    pools = [(p.name, p.vendor) for p in rollout.pools] or [("default", DEFAULT_POOL_VENDOR)]
+    return [(name, vendor) for name, vendor in pools if vendor != spec.trainer.vendor]
 
 
 def cluster_problems(spec: RLJobSpec) -> list[str]:
@@ -1151,6 +1201,17 @@ def cluster_problems(spec: RLJobSpec) -> list[str]:
         problems.append(f"spec.model.builtin: {_BUILTIN_ON_GPU}")
     if gpu_pools and spec.model.path and not spec.model.path.startswith(PVC_URI_PREFIX):
         problems.append(f"spec.model.path: {_LOCAL_PATH_ON_GPU}")
+    outsiders = nccl_outsiders(spec)
+    if outsiders:
+        pools = ", ".join(f"{name} ({vendor})" for name, vendor in outsiders)
+        problems.append(
+            f"spec.rollout.weightTransport.mode: {_MIXED_VENDOR_NCCL} (trainer.vendor {spec.trainer.vendor}; "
+            f"other pools: {pools})"
+        )
+    rollout = spec.rollout
+    shared = rollout.weights_volume or rollout.weight_transport.disk_dir or rollout.sglang.weights_dir
+    if rollout.weight_transport.mode == "disk" and not shared:
+        problems.append(f"spec.rollout.weightTransport.mode: {_DISK_NEEDS_SHARED_FOLDER}")
     return problems
 
 

@@ -4,10 +4,13 @@
 # for trainer.vendor nvidia (operator/builders/vendor.py TRAINER_IMAGES). Build from the repository root:
 #   docker build -f images/runtime-cuda.Dockerfile -t rljob/runtime:0.1.0-cuda .
 # TORCH_INDEX_URL: the CUDA variant of the PyTorch wheel index that exists for TORCH_VERSION.
+# TORCH_VERSION is the torch of the default SGLang image, not the 2.13.0 the tests run on CPU: trainer
+# rank 0 joins the SGLang ranks' NCCL communicator (weight transport `distributed`), which needs the same
+# NCCL build on both sides. images/torch-pairs.toml is the pairing; tests/unit/test_image_pins.py checks it.
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-ARG TORCH_VERSION=2.13.0
+ARG TORCH_VERSION=2.8.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src

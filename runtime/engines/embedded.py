@@ -355,7 +355,9 @@ class EmbeddedEngine(Engine):
             log.info("embedded engine now serves weight version %s", version)
 
     def _copy_named(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.model.named_parameters())
+        # Every name of a tied weight: a sharded trainer's full weights (its state dict) list the output
+        # head of a tied model (lm_head.weight) beside the embedding it shares (Qwen3 up to 4B ties them).
+        params = dict(self.model.named_parameters(remove_duplicate=False))
         unknown = [n for n, _ in tensors if n not in params]
         wrong = [n for n, t in tensors if n in params and params[n].shape != t.shape]
         if unknown or wrong:

@@ -161,6 +161,58 @@ def invalid_doc(path: str, value: Any) -> dict[str, Any]:
     return set_path(base(), path, value)
 
 
+NV_POOL = {"name": "nv", "vendor": "nvidia", "gpusPerReplica": 2, "tensorParallelSize": 2}
+AMD_POOL = {"name": "mi", "vendor": "amd"}
+CPU_POOL = {"name": "cpu", "vendor": "cpu"}
+GPU_TRAINER = {"vendor": "nvidia", "gpusPerReplica": 1}
+
+
+def weight_sync_doc(pools: list[dict[str, Any]], trainer: dict[str, Any], transport: dict[str, Any],
+                    **rollout: Any) -> dict[str, Any]:
+    """The base document with sglang engines, these pools and this trainer and weight transport."""
+    doc = base()
+    doc["spec"]["rollout"] = {"engine": "sglang", "rolloutBatchSize": 4, "pools": pools,
+                              "weightTransport": transport, **rollout}
+    doc["spec"]["trainer"] = trainer
+    return doc
+
+
+# Combinations only a cluster cannot run (CLUSTER_RULES): `rljob run` takes them, the API server and
+# `rljob validate --cluster` refuse them. (case id, document, field named)
+CLUSTER_INVALID: list[tuple[str, dict[str, Any], str]] = [
+    ("nccl-amd-pool-nvidia-trainer", weight_sync_doc([NV_POOL, AMD_POOL], GPU_TRAINER, {}),
+     "rollout.weightTransport.mode"),
+    ("nccl-explicit-cpu-pool", weight_sync_doc([CPU_POOL], GPU_TRAINER, {"mode": "distributed", "backend": "nccl"}),
+     "rollout.weightTransport.mode"),
+    ("nccl-default-pool-amd-trainer", weight_sync_doc([], {"vendor": "amd", "gpusPerReplica": 1}, {}),
+     "rollout.weightTransport.mode"),
+    ("disk-without-shared-folder", weight_sync_doc([NV_POOL, AMD_POOL], GPU_TRAINER, {"mode": "disk"}),
+     "rollout.weightTransport.mode"),
+]
+# ...and what they accept: a transport every pool can take.
+CLUSTER_VALID: list[tuple[str, dict[str, Any]]] = [
+    ("disk-mixed-vendors", weight_sync_doc([NV_POOL, AMD_POOL], GPU_TRAINER, {"mode": "disk"},
+                                           weightsVolume={"claim": "pvc://weights"})),
+    ("gloo-mixed-vendors", weight_sync_doc([NV_POOL, AMD_POOL, CPU_POOL], GPU_TRAINER, {"backend": "gloo"})),
+    ("nccl-one-vendor", weight_sync_doc([NV_POOL], GPU_TRAINER, {"mode": "distributed", "backend": "nccl"})),
+    ("nccl-amd-only", weight_sync_doc([AMD_POOL], {"vendor": "amd", "gpusPerReplica": 1}, {})),
+    ("cpu-trainer-gloo-by-default", weight_sync_doc([NV_POOL, AMD_POOL], {"vendor": "cpu", "gpusPerReplica": 0}, {})),
+]
+
+
+@pytest.mark.parametrize(("case", "doc", "field"), CLUSTER_INVALID, ids=[c[0] for c in CLUSTER_INVALID])
+def test_validate_cluster_refuses_a_transport_some_pool_cannot_take(case: str, doc: dict[str, Any], field: str) -> None:
+    spec = parse_rljob(copy.deepcopy(doc), "job.yaml").spec  # a laptop run accepts it
+    problems = cluster_problems(spec)
+    assert [p.split(":")[0] for p in problems] == [f"spec.{field}"], (case, problems)
+    assert "; set rollout." in problems[0], problems  # and says what to do
+
+
+@pytest.mark.parametrize(("case", "doc"), CLUSTER_VALID, ids=[c[0] for c in CLUSTER_VALID])
+def test_validate_cluster_accepts_a_transport_every_pool_can_take(case: str, doc: dict[str, Any]) -> None:
+    assert cluster_problems(parse_rljob(copy.deepcopy(doc), "job.yaml").spec) == [], case
+
+
 @pytest.mark.parametrize(("case", "path", "value", "fields"), INVALID, ids=[c[0] for c in INVALID])
 def test_pydantic_rejects_naming_the_field(case: str, path: str, value: Any, fields: tuple[str, ...]) -> None:
     with pytest.raises(RLJobConfigError) as info:
@@ -276,3 +328,19 @@ def test_api_server_keeps_checkpoint_location_immutable(
         GROUP, VERSION, table_namespace, PLURAL, doc["metadata"]["name"], {"spec": {"checkpoint": {"everySteps": 7}}}
     )
     assert changed["spec"]["checkpoint"]["everySteps"] == 7
+
+
+@pytest.mark.cluster
+def test_api_server_applies_the_weight_transport_cluster_rules(api: k8s.CustomObjectsApi, table_namespace: str) -> None:
+    """The CRD's CEL twin of `cluster_problems`' transport rules: the same documents refused (naming the
+    field) and accepted."""
+    for case, doc, field in CLUSTER_INVALID:
+        doc = copy.deepcopy(doc)
+        doc["metadata"]["name"] = case[:40].rstrip("-")
+        with pytest.raises(ApiException) as info:
+            create(api, table_namespace, doc)
+        assert info.value.status == 422 and field in info.value.body, (case, info.value.body)
+    for case, doc in CLUSTER_VALID:
+        doc = copy.deepcopy(doc)
+        doc["metadata"]["name"] = case[:40].rstrip("-")
+        create(api, table_namespace, doc)

@@ -104,6 +104,29 @@ async def test_tensor_transport_moves_weights_and_version(tmp_path: Path):
             await e.close()
 
 
+async def test_tensor_transport_takes_both_names_of_a_tied_weight(tmp_path: Path):
+    """A sharded trainer's full weights (its state dict, FSDP2Backend.iter_full_weights) name a tied output
+    head beside its embedding; the embedded engine refused `lm_head.weight` of tiny-qwen3 (found by
+    tests/gpu/smoke.py)."""
+    from rljob.runtime.models.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path / "qwen3")
+    trainer = AutoModelForCausalLM.from_pretrained(path)
+    assert trainer.config.tie_word_embeddings and "lm_head.weight" not in dict(trainer.named_parameters())
+    engine = EmbeddedEngine(path, max_batch_size=2)
+    await engine.start()
+    try:
+        with torch.no_grad():
+            trainer.get_input_embeddings().weight.mul_(0.5)
+        state = [(n, t.detach()) for n, t in trainer.state_dict().items()]
+        assert "lm_head.weight" in dict(state)
+        report = await TensorTransport([engine]).sync(3, lambda: [state])
+        assert report.ok and engine.served_version() == 3, report.failed
+        assert torch.equal(engine.model.get_output_embeddings().weight, trainer.get_input_embeddings().weight)
+    finally:
+        await engine.close()
+
+
 def test_ledger_helper_finds_a_missing_group():
     rec = StepRecord(step=1, policy_version=1, strategy="april", time=0.0, new_groups=5, buffer_groups_before=2,
                      trained_groups=4, buffered_groups=2, dropped_groups=1, tokens_generated=100,

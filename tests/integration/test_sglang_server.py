@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from rljob.runtime.engines.base import EngineError, GenerateRequest, GenerateRes
 from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.engines.server import ServerOptions, SGLangProtocolServer
 from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
-from tests.helpers.processes import free_port, spawn, start_worker, stop, wait_http
+from tests.helpers.processes import start_router, start_worker, stop, wait_http
 from tests.helpers.tiny_model import save_tiny_model
 from tests.helpers.waiting import wait_until
 
@@ -305,13 +304,7 @@ def cluster(model_dirs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFact
             workers.append(url)
         for i, url in enumerate(workers):
             wait_http(url + "/health_generate", 180, procs[url], logs / f"worker{i}.log")
-        port = free_port()
-        router = f"http://127.0.0.1:{port}"
-        procs[router] = spawn(
-            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers,
-             "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin", "--log-level", "warn"],
-            logs / "router.log",
-        )
+        router, procs[router] = start_router(workers, logs / "router.log")
         wait_http(router + "/health", 60, procs[router], logs / "router.log")
         yield Cluster(workers, router, procs)
     finally:

@@ -9,8 +9,9 @@ Membership (membership.py holds the rules): the client owns the router's worker 
 router starts empty and has no discovery of its own, so the client is the only one adding workers. A
 worker is in the rotation only while it answers and serves the job's current weight version (as the
 worker itself reports it: ``/model_info`` on current SGLang, ``/get_weight_version`` on 0.5.5.post3;
-each worker's endpoints are detected once, protocol.detect_worker_api); a new, restarted or behind worker is kept out of the router (and skipped
-for direct generation) and probed again with backoff until a weight sync has brought it up to date.
+each worker's endpoints are detected once, protocol.detect_worker_api); a new, restarted or behind
+worker is kept out of the router (and skipped for direct generation) and probed again with backoff
+until a weight sync has brought it up to date.
 The router's own ``GET /workers`` is read back at every reconcile, so a router that restarted empty
 gets the rotation back. A background monitor probes every worker and the router; ``health()`` probes
 at once.

@@ -11,18 +11,16 @@ Without network and without a cached copy the tests fail with the command to run
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from rljob.operator.builders.vendor import SGLANG_PREVIOUS_VERSION, SGLANG_ROUTER_VERSION, SGLANG_VERSION
 
@@ -46,17 +44,6 @@ def cache_root() -> Path:
     return Path(os.environ.get("RLJOB_CACHE") or Path.home() / ".cache" / "rljob") / "wheels"
 
 
-@contextlib.contextmanager
-def _locked(root: Path) -> Iterator[None]:
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".download.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def release_dir(package: str, version: str) -> Path:
     """The unpacked wheel of ``package==version`` (its top-level packages are directories in it).
 
@@ -67,7 +54,8 @@ def release_dir(package: str, version: str) -> Path:
     target = root / f"{package}-{version}"
     if (target / ".complete").exists():
         return target
-    with _locked(root):
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(root / ".download.lock"):
         if (target / ".complete").exists():  # another process finished it while we waited
             return target
         with tempfile.TemporaryDirectory(dir=root) as tmp:

@@ -717,7 +717,11 @@ class RouterSpec(ApiModel):
     image: ImageRef | None = Field(
         default=None, description="Router image; default: the rljob router image (images/router.Dockerfile)."
     )
-    policy: Literal["cache_aware", "round_robin", "random", "power_of_two", "consistent_hashing"] = "cache_aware"
+    # Exactly sglang-router 0.3.2's `--policy` choices but `manual` (it needs a routing key per request,
+    # which the runtime does not send); tests/unit/test_sglang_contract.py parses each with the router.
+    policy: Literal["cache_aware", "round_robin", "random", "power_of_two"] = Field(
+        default="cache_aware", description="sglang-router load-balancing policy (its --policy)."
+    )
     resources: ComputeResources = Field(default_factory=_router_resources, description="CPU and memory of the router.")
 
 

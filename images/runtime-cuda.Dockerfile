@@ -10,8 +10,8 @@
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-ARG TORCH_VERSION=2.8.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+ARG TORCH_VERSION=2.14.1
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # The build fails when the index served a CPU-only wheel: a GPU trainer must never get one.

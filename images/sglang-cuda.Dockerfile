@@ -2,9 +2,9 @@
 # SGLang inference server for NVIDIA GPUs (CUDA), hardened for RLJob inference pools: non-root user,
 # writable caches under its home, health check on /health_generate. The operator's default pool image
 # is the upstream tag below; set spec.rollout.pools[].image to this image to use it instead.
-#   docker build -f images/sglang-cuda.Dockerfile -t rljob/sglang:v0.5.5.post3-cuda .
+#   docker build -f images/sglang-cuda.Dockerfile -t rljob/sglang:v0.5.23-cuda .
 # Keep SGLANG_IMAGE in step with SGLANG_VERSION in operator/builders/vendor.py.
-ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.5.post3
+ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23
 FROM ${SGLANG_IMAGE}
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="rljob-sglang-cuda" \

@@ -2,10 +2,10 @@
 # SGLang inference server for AMD Instinct MI300-series GPUs (ROCm 7.0), hardened for RLJob inference
 # pools: non-root user in the video and render groups (GPU device access), writable caches, health check
 # on /health_generate. The operator's default AMD pool image is the upstream tag below.
-#   docker build -f images/sglang-rocm.Dockerfile -t rljob/sglang:v0.5.5.post3-rocm700-mi30x .
+#   docker build -f images/sglang-rocm.Dockerfile -t rljob/sglang:v0.5.23-rocm720-mi30x .
 # On Kubernetes the device files' group ids are the node's: add them as pod supplementalGroups if they differ.
 # Keep SGLANG_IMAGE in step with SGLANG_VERSION in operator/builders/vendor.py.
-ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.5.post3-rocm700-mi30x
+ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23-rocm720-mi30x
 FROM ${SGLANG_IMAGE}
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="rljob-sglang-rocm" \

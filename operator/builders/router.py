@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rljob.api.spec import RLJobSpec
@@ -21,6 +22,12 @@ def router_url(job: JobRef) -> str:
     return f"http://{router_name(job)}.{job.namespace}.svc:{SGLANG_PORT}"
 
 
+# The router may give up on a /generate only after the runtime has: the runtime's read timeout
+# (requestTimeoutSeconds) fires first, aborts the request on its worker and retries it under a new rid.
+# A router that cut it first would answer 504 while the worker kept generating it.
+ROUTER_TIMEOUT_MARGIN_S = 60
+
+
 def router_args(spec: RLJobSpec) -> list[str]:
     """sglang-router flags: the router starts with no workers and has no discovery of its own.
 
@@ -28,7 +35,15 @@ def router_args(spec: RLJobSpec) -> list[str]:
     worker API only once that worker serves the current weight version (docs/weight_sync.md), so a new
     or restarted replica never serves its start-up weights through the router. Scaling a pool leaves
     these arguments, and so the router pod, as they are.
+
+    The runtime owns membership, so the router's own judgement is switched off (as slime does): its
+    health checks (every 60 s, 5 s timeout, 3 failures: SGLang's /health is a generation that blocks
+    for a whole weight sync), its circuit breaker, and its retries (a retry resends the same rid, which
+    current SGLang refuses as a duplicate; the runtime retries under a new rid instead). Its request
+    timeout outlasts the runtime's. tests/unit/test_sglang_contract.py parses these with the released
+    router's own argument parser.
     """
+    timeout = math.ceil(spec.rollout.sglang.request_timeout_seconds) + ROUTER_TIMEOUT_MARGIN_S
     return [
         "--host",
         "0.0.0.0",
@@ -38,6 +53,11 @@ def router_args(spec: RLJobSpec) -> list[str]:
         spec.rollout.router.policy,
         "--worker-startup-timeout-secs",
         str(spec.rollout.startup_budget_seconds),
+        "--disable-health-check",
+        "--disable-circuit-breaker",
+        "--disable-retries",
+        "--request-timeout-secs",
+        str(timeout),
     ]
 
 

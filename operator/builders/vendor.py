@@ -12,7 +12,13 @@ from rljob.api.spec import EnvVar, Toleration
 
 Vendor = Literal["nvidia", "amd"]
 
-SGLANG_VERSION = "v0.5.5.post3"
+# The SGLang release of the default inference images: the newest release. The previous pin,
+# v0.5.5.post3, keeps working (set spec.rollout.pools[].image); the client detects each worker's
+# release (docs/sglang_releases.md), and tests/unit/test_sglang_contract.py checks both.
+SGLANG_VERSION = "v0.5.23"
+SGLANG_PREVIOUS_VERSION = "v0.5.5.post3"
+# Upstream ROCm tag suffix for MI300-series GPUs (ROCm 7.2 images since v0.5.10; v0.5.5.post3 had rocm700).
+SGLANG_ROCM_SUFFIX = "rocm720-mi30x"
 # sglang-router release the router image (images/router.Dockerfile) installs.
 SGLANG_ROUTER_VERSION = "0.3.2"
 RLJOB_VERSION = "0.1.0"
@@ -63,7 +69,7 @@ PROFILES: dict[str, VendorProfile] = {
     ),
     "amd": VendorProfile(
         resource_name="amd.com/gpu",
-        sglang_image=f"lmsysorg/sglang:{SGLANG_VERSION}-rocm700-mi30x",
+        sglang_image=f"lmsysorg/sglang:{SGLANG_VERSION}-{SGLANG_ROCM_SUFFIX}",
         node_label="amd.com/gpu.product-name",
         # Recommended for SGLang on MI300-class GPUs (avoids scratch reclaim stalls).
         env=(("HSA_NO_SCRATCH_RECLAIM", "1"), ("RLJOB_GPU_VENDOR", "amd")),

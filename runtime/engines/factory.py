@@ -41,5 +41,6 @@ def build_engines(
         discover=PodWorkerDiscovery(s.discovery) if s.discovery is not None else None,
         retries=s.max_retries,
         drain_timeout_s=s.drain_timeout_seconds,
+        generate_timeout_s=s.request_timeout_seconds,
     )
     return [SGLangEngine(config)]

@@ -3,7 +3,7 @@
 Pure decisions (no I/O): the SGLang client feeds in what its probes saw and applies the plan with
 the router's worker API. Rules (docs/weight_sync.md):
 - a worker is in the rotation only while it answers and serves exactly the job's current weight
-  version (its own ``/get_weight_version`` is the truth): a new, restarted or behind worker is out;
+  version (its own report of it is the truth): a new, restarted or behind worker is out;
 - the router holds exactly the workers in the rotation, judged against the list the router itself
   reports (``GET /workers``), never against what the runtime last told it: a router that restarted
   empty gets the whole rotation back, and a worker the runtime no longer knows (its pod is gone) is
@@ -29,7 +29,7 @@ class WorkerView:
 
     url: str
     reachable: bool = True  # last probe or call got an answer
-    served_version: int | None = None  # its /get_weight_version; None: not known yet
+    served_version: int | None = None  # the weight version it reports; None: not known yet
     probe_failures: int = 0  # consecutive probes without an answer or at a wrong version
     next_probe_at: float = 0.0  # monotonic time of its next probe
 

@@ -1,16 +1,21 @@
-"""The SGLang HTTP contract as data: request bodies (pydantic) and pure encode/parse functions.
+"""The SGLang HTTP contract as data: request bodies (pydantic), the calls the client makes, and pure
+encode/parse functions.
 
-Shared by the SGLang-protocol server (encodes replies) and the SGLang client (parses replies from real
-SGLang of several versions as well as from the project's server). No I/O here.
+Shared by the SGLang-protocol server (parses requests, encodes replies) and the SGLang client (builds
+every request it sends here, and parses replies from real SGLang of several versions as well as from the
+project's server). The contract tests (tests/unit/test_sglang_contract.py) check every call built here
+against the released SGLang and sglang-router source, so a request that a supported release would refuse
+or ignore fails a test. No I/O here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rljob.runtime.engines.base import EngineLoad, FinishReason, GenerateResult
+from rljob.runtime.engines.base import EngineLoad, FinishReason, GenerateRequest, GenerateResult
 
 
 class SamplingParamsBody(BaseModel):
@@ -117,6 +122,156 @@ class PauseBody(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+# ----------------------------------------------------------------------------- client-side requests
+
+# Worker endpoints every supported release serves the same way.
+HEALTH = "/health"  # liveness (a 1-token generation unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false)
+HEALTH_GENERATE = "/health_generate"  # start-up: 503 until the model is loaded
+WEIGHT_VERSION_KEY = "weight_version"  # in the reply of WorkerApi.weight_version_path
+SERVER_INFO_KEYS = ("version", "tp_size", "dp_size")  # read from WorkerApi.server_info_path
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP request the client sends: method, path (with query) and JSON body (None: no body)."""
+
+    method: str
+    path: str
+    body: dict[str, Any] | None = None
+
+
+def _wire(body: BaseModel) -> dict[str, Any]:
+    """A request body as sent: only the fields the caller set (so SGLang's own defaults apply to the rest)."""
+    return body.model_dump(mode="json", exclude_unset=True, exclude_none=True)
+
+
+def attempt_rid(rid: str, attempt: int) -> str:
+    """The rid of HTTP attempt ``attempt`` (0-based) of one request.
+
+    SGLang 0.5.23 answers a rid it has already seen with 400 "Duplicate request ID detected", and
+    0.5.5.post3 runs both copies: a retry after a lost connection must never reuse the rid of an attempt
+    the server may have received. The scheduler's rids are already unique per sample attempt
+    (``r{round}-g{group}-s{sample}-a{attempt}``), so a suffixed rid never equals another request's.
+    """
+    return rid if attempt == 0 else f"{rid}-h{attempt}"
+
+
+def generate_call(request: GenerateRequest, rid: str) -> Call:
+    """``POST /generate`` of one request, token in, token out.
+
+    The same body goes to the router and to a worker directly. ``spaces_between_special_tokens`` is
+    never sent: sglang-router 0.3.2 re-encodes the sampling parameters through its own type, which drops
+    it, so sending it directly would make the two paths detokenize differently. The runtime reads token
+    ids, never the text, so SGLang's default (true) changes nothing it uses.
+    """
+    sampling = SamplingParamsBody(
+        max_new_tokens=request.max_new_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        top_k=request.top_k,
+        stop_token_ids=request.stop_token_ids,
+        skip_special_tokens=False,  # text keeps special tokens, so it matches the ids
+        no_stop_trim=True,  # the stop token stays in output_ids
+        **({"stop": request.stop} if request.stop else {}),
+    )
+    return Call("POST", "/generate", _wire(GenerateBody(input_ids=request.input_ids, sampling_params=sampling,
+                                                        return_logprob=True, rid=rid)))
+
+
+def abort_call(rid: str = "", abort_all: bool = False) -> Call:
+    """``POST /abort_request``: an exact rid (SGLang ignores prefixes), or everything with ``abort_all``.
+
+    ``rid`` is always sent, also with ``abort_all``: old servers answer 422 without it."""
+    return Call("POST", "/abort_request", _wire(AbortBody(rid=rid, abort_all=abort_all)))
+
+
+def update_weights_from_disk_call(path: str, version: int) -> Call:
+    """``POST /update_weights_from_disk`` of a checkpoint folder, stamping ``version`` on success.
+
+    ``abort_all_requests`` is false: in-flight requests finish on the old weights (their replies carry
+    the version they were served at). ``flush_cache`` is not a field in 0.5.5.post3 (it always flushes),
+    so it is left to the release's default."""
+    return Call("POST", "/update_weights_from_disk",
+                _wire(UpdateWeightsFromDiskBody(model_path=path, weight_version=str(version), abort_all_requests=False)))
+
+
+def init_weights_update_group_call(
+    master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+) -> Call:
+    """``POST /init_weights_update_group``: join the trainer's weight-update group (docs/weight_sync.md)."""
+    return Call("POST", "/init_weights_update_group", _wire(InitWeightsUpdateGroupBody(
+        master_address=master_address, master_port=master_port, rank_offset=rank_offset, world_size=world_size,
+        group_name=group_name, backend=backend)))
+
+
+def update_weights_from_distributed_call(
+    names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str, version: int | None
+) -> Call:
+    """``POST /update_weights_from_distributed`` of one bucket; ``version`` on the last bucket only (it
+    flushes the cache and stamps the version)."""
+    last = version is not None
+    return Call("POST", "/update_weights_from_distributed", _wire(UpdateWeightsFromDistributedBody(
+        names=names, dtypes=dtypes, shapes=shapes, group_name=group_name, flush_cache=last, abort_all_requests=False,
+        weight_version=str(version) if last else None)))
+
+
+def destroy_weights_update_group_call(group_name: str) -> Call:
+    """``POST /destroy_weights_update_group``."""
+    return Call("POST", "/destroy_weights_update_group", _wire(DestroyWeightsUpdateGroupBody(group_name=group_name)))
+
+
+def pause_generation_call() -> Call:
+    """``POST /pause_generation`` in place (KV cache kept). 0.5.5.post3 ignores the body and aborts every
+    request instead (their partial output comes back as aborted replies and is resumed)."""
+    return Call("POST", "/pause_generation", _wire(PauseBody(mode="in_place")))
+
+
+def continue_generation_call() -> Call:
+    """``POST /continue_generation``."""
+    return Call("POST", "/continue_generation", {})
+
+
+@dataclass(frozen=True)
+class WorkerApi:
+    """The endpoints of one worker's SGLang release, detected once per worker (detect_worker_api) and
+    used for every later probe: 0.5.23 removed ``/get_weight_version`` (``/model_info`` carries the
+    version) and ``/get_load`` (``/v1/loads``); 0.5.5.post3 has no ``/model_info`` and no ``/v1/loads``."""
+
+    release: str | None  # SGLang's version string from server info; None when the server does not say
+    weight_version_path: str
+    server_info_path: str
+    load_path: str
+    tp_size: int = 1
+    dp_size: int = 1
+
+    def calls(self) -> list[Call]:
+        """Every GET this API makes (the contract tests check each against the release)."""
+        return [Call("GET", p) for p in (self.weight_version_path, self.server_info_path, self.load_path)]
+
+
+    def with_server_info(self, info: dict[str, Any]) -> WorkerApi:
+        """This API with the release and parallel sizes a worker's server info reports."""
+        release = info.get("version")
+        return replace(self, release=str(release) if release is not None else None,
+                       tp_size=int(info.get("tp_size") or 1), dp_size=int(info.get("dp_size") or 1))
+
+
+MODEL_INFO = "/model_info"  # detection probe: served by releases that deprecated /get_model_info
+V1_LOADS = "/v1/loads?include=core"  # detection probe: served by releases newer than 0.5.5.post3
+
+
+def detect_worker_api(model_info_status: int, loads_status: int) -> WorkerApi:
+    """Which endpoints a worker has, from the HTTP status of its ``GET /model_info`` and ``GET /v1/loads``
+    probes; the release and sizes come later from its server info (WorkerApi.with_server_info)."""
+    current = model_info_status == 200
+    return WorkerApi(
+        release=None,
+        weight_version_path=MODEL_INFO if current else "/get_weight_version",
+        server_info_path="/server_info" if current else "/get_server_info",
+        load_path=V1_LOADS if loads_status == 200 else "/get_load",
+    )
 
 
 def finish_reason_json(result: GenerateResult, max_new_tokens: int, message: str | None = None) -> dict[str, Any]:

@@ -7,9 +7,11 @@ weight updates. Follows the client rules of reference/sglang_protocol.md §4, §
 
 Membership (membership.py holds the rules): the client owns the router's worker list; on a cluster the
 router starts empty and has no discovery of its own, so the client is the only one adding workers. A
-worker is in the rotation only while it answers and serves the job's current weight version (its own
-``/model_info`` on SGLang 0.5.23, ``/get_weight_version`` on 0.5.5.post3); a new, restarted or behind worker is kept out of the router (and skipped
-for direct generation) and probed again with backoff until a weight sync has brought it up to date.
+worker is in the rotation only while it answers and serves the job's current weight version (as the
+worker itself reports it: ``/model_info`` on current SGLang, ``/get_weight_version`` on 0.5.5.post3;
+each worker's endpoints are detected once, protocol.detect_worker_api); a new, restarted or behind
+worker is kept out of the router (and skipped for direct generation) and probed again with backoff
+until a weight sync has brought it up to date.
 The router's own ``GET /workers`` is read back at every reconcile, so a router that restarted empty
 gets the rotation back. A background monitor probes every worker and the router; ``health()`` probes
 at once.
@@ -28,6 +30,9 @@ Failure policy:
 - a ``/generate`` whose worker died after an ``abort_all`` returns an abort result with no new tokens
   (the sample keeps what it had and resumes later); otherwise it is retried on a healthy worker and,
   when retries run out, raises EngineError naming the URL;
+- every HTTP attempt of a ``/generate`` carries its own rid (protocol.attempt_rid): current SGLang
+  refuses a repeated rid with 400; a ``/generate`` without a reply within ``generate_timeout_s``
+  (``requestTimeoutSeconds``) is aborted where it may still run, then retried;
 - a 4xx reply to ``/generate`` (other than 408/429) is the server refusing the request itself, for
   example prompt + ``max_new_tokens`` beyond the context length: it raises InvalidRequestError with the
   server's message and is never retried, here or by the scheduler.
@@ -41,7 +46,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -67,7 +72,23 @@ from rljob.runtime.engines.membership import (
     retry_call,
     router_plan,
 )
-from rljob.runtime.engines.protocol import error_message, parse_generate_reply, parse_load
+from rljob.runtime.engines.protocol import (
+    HEALTH,
+    HEALTH_GENERATE,
+    MODEL_INFO,
+    V1_LOADS,
+    WEIGHT_VERSION_KEY,
+    Call,
+    WorkerApi,
+    abort_call,
+    attempt_rid,
+    detect_worker_api,
+    error_message,
+    generate_call,
+    parse_generate_reply,
+    parse_load,
+    update_weights_from_disk_call,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +110,9 @@ class SGLangClientConfig:
     backoff_s: float = 0.25  # first retry delay; doubles up to backoff_max_s (with jitter)
     backoff_max_s: float = 4.0
     control_timeout_s: float = 30.0  # loads, aborts, health, info
+    # Read timeout of one /generate (spec.rollout.sglang.requestTimeoutSeconds): a wedged worker can still
+    # answer /health, so only this notices it. The request is then aborted there and retried elsewhere.
+    generate_timeout_s: float = 600.0
     weight_update_timeout_s: float = 900.0
     health_timeout_s: float = 600.0  # start(): how long workers may take to come up
     drain_timeout_s: float = 120.0
@@ -111,6 +135,7 @@ class WorkerState(WorkerView):
     failures: int = 0  # consecutive failed calls
     last_error: str = ""
     in_flight: int = 0
+    api: WorkerApi | None = None  # its release's endpoints; None until detected (again after it was unreachable)
 
     @property
     def healthy(self) -> bool:
@@ -131,12 +156,14 @@ class WorkerSyncResult:
 
 
 class _NoReply(Exception):
-    """A call got no usable reply; ``sent`` says whether the request may have reached the server."""
+    """A call got no usable reply; ``sent`` says whether the request may have reached the server,
+    ``timed_out`` whether it was the read timeout (the server may still be working on it)."""
 
-    def __init__(self, url: str, detail: str, sent: bool) -> None:
+    def __init__(self, url: str, detail: str, sent: bool, timed_out: bool = False) -> None:
         super().__init__(f"{url}: {detail}")
         self.url = url
         self.sent = sent
+        self.timed_out = timed_out
 
 
 def _strip(url: str) -> str:
@@ -198,6 +225,8 @@ class SGLangEngine(Engine):
             resp = await self._http.request(method, url, json=json, timeout=timeout or self.config.control_timeout_s)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise _NoReply(url, f"connection failed ({type(exc).__name__}: {exc})", sent=False) from exc
+        except httpx.ReadTimeout as exc:
+            raise _NoReply(url, f"no reply within the read timeout ({exc})", sent=True, timed_out=True) from exc
         except httpx.TransportError as exc:
             raise _NoReply(url, f"connection lost ({type(exc).__name__}: {exc})", sent=True) from exc
         if resp.status_code >= 500:
@@ -336,7 +365,7 @@ class SGLangEngine(Engine):
         pending = set(self.workers)
         while pending and time.monotonic() < deadline:
             results = await asyncio.gather(
-                *(self._probe(u, "/health_generate", self.config.health_generate_timeout_s) for u in pending)
+                *(self._probe(u, HEALTH_GENERATE, self.config.health_generate_timeout_s) for u in pending)
             )
             pending -= {u for u, ok in zip(list(pending), results, strict=True) if ok}
             if pending:
@@ -350,7 +379,7 @@ class SGLangEngine(Engine):
                 f"({', '.join(self.workers)}): check that the inference pods run and /health_generate answers 200"
             )
         if self.router_url is not None:
-            while not await self._probe(self.router_url, "/health"):
+            while not await self._probe(self.router_url, HEALTH):
                 if time.monotonic() > deadline:
                     raise EngineError(f"the sglang router at {self.router_url} does not answer /health; is it running?")
                 await asyncio.sleep(0.5)
@@ -373,20 +402,50 @@ class SGLangEngine(Engine):
 
     # ----------------------------------------------------------------- membership
 
+    async def _detect_api(self, worker: WorkerState) -> WorkerApi | None:
+        """The endpoints of the worker's release (protocol.detect_worker_api), or None when it does not
+        answer the probes; asked once per worker, and again after the worker was unreachable (a
+        restarted pod may run another image)."""
+        timeout = self.config.probe_timeout_s
+        try:
+            model_info = await self._http.get(worker.url + MODEL_INFO, timeout=timeout)
+            if model_info.status_code not in (200, 404):
+                return None  # loading (503) or failing: the release cannot be told yet
+            loads = await self._http.get(worker.url + V1_LOADS, timeout=timeout)
+            api = detect_worker_api(model_info.status_code, loads.status_code)
+            resp = await self._http.get(worker.url + api.server_info_path, timeout=self.config.control_timeout_s)
+            info = resp.json() if resp.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            return None
+        api = api.with_server_info(info if isinstance(info, dict) else {})
+        log.info("SGLang worker %s: release %s, tp_size %d, dp_size %d; weight version from %s, load from %s",
+                 worker.url, api.release or "unknown", api.tp_size, api.dp_size, api.weight_version_path, api.load_path)
+        return api
+
+    async def _worker_api(self, worker: WorkerState) -> WorkerApi | None:
+        if worker.api is None:
+            worker.api = await self._detect_api(worker)
+        return worker.api
+
     async def _probe_version(self, worker: WorkerState) -> tuple[bool, int | None]:
-        """(answers, its weight version as an int or None): ``/model_info`` (0.5.23), else
-        ``/get_weight_version`` (0.5.5.post3). Any reply below 500 means the server is up."""
-        raw = None
-        for path in ("/model_info", "/get_weight_version"):
-            try:
-                resp = await self._http.get(worker.url + path, timeout=self.config.probe_timeout_s)
-                if resp.status_code >= 500:
-                    return False, None
-                raw = resp.json().get("weight_version") if resp.status_code == 200 else None
-            except (httpx.HTTPError, ValueError):
-                return False, None
-            if resp.status_code != 404:
-                break
+        """(answers, the weight version it serves as an int or None). Whether it answers is read from the
+        version endpoint itself, not ``/health``: SGLang's ``/health`` may run a generation (at least 1 s,
+        blocked while generation is paused or weights update; docs/sglang_standin.md), so it would flap
+        during syncs. Any reply below 500 means the server is up."""
+        api = await self._worker_api(worker)
+        if api is None:
+            return False, None
+        try:
+            resp = await self._http.get(worker.url + api.weight_version_path, timeout=self.config.probe_timeout_s)
+        except httpx.HTTPError:
+            worker.api = None  # unreachable: a restarted pod may run another release
+            return False, None
+        if resp.status_code >= 500:
+            return False, None
+        try:
+            raw = resp.json().get(WEIGHT_VERSION_KEY) if resp.status_code == 200 else None
+        except ValueError:
+            raw = None
         try:
             return True, int(raw) if raw is not None else None
         except (TypeError, ValueError):
@@ -412,7 +471,7 @@ class SGLangEngine(Engine):
     async def _probe_router(self) -> None:
         if self.router_url is None:
             return
-        up = await self._probe(self.router_url, "/health")
+        up = await self._probe(self.router_url, HEALTH)
         if up != self.router_up:
             if up:
                 log.info("the sglang router at %s answers again; its worker list is reconciled with the rotation",
@@ -519,24 +578,6 @@ class SGLangEngine(Engine):
 
     # ----------------------------------------------------------------- generation
 
-    def _generate_body(self, request: GenerateRequest) -> dict[str, Any]:
-        return {
-            "input_ids": request.input_ids,
-            "sampling_params": {
-                "max_new_tokens": request.max_new_tokens,
-                "temperature": request.temperature,
-                "top_p": request.top_p,
-                "top_k": request.top_k,
-                "stop_token_ids": request.stop_token_ids,
-                **({"stop": request.stop} if request.stop else {}),
-                "skip_special_tokens": False,
-                "spaces_between_special_tokens": False,
-                "no_stop_trim": True,
-            },
-            "return_logprob": True,
-            "rid": request.rid,
-        }
-
     def _generate_target(self) -> tuple[str, WorkerState | None]:
         if self.router_url is not None:
             if not self.router_up:
@@ -558,18 +599,20 @@ class SGLangEngine(Engine):
         if request.max_new_tokens <= 0:
             return GenerateResult(request.rid, [], [], "length", submitted_version, len(request.input_ids))
         epoch = self._abort_epoch
-        body = self._generate_body(request)
-        timeout = httpx.Timeout(None, connect=self.config.control_timeout_s)
+        timeout = httpx.Timeout(self.config.generate_timeout_s, connect=self.config.control_timeout_s)
         last_error = ""
         async with self._semaphore:
             for attempt in range(self.config.retries + 1):
                 base, worker = self._generate_target()
+                call = generate_call(request, attempt_rid(request.rid, attempt))
                 if worker is not None:
                     worker.in_flight += 1
                 try:
-                    resp = await self._call("POST", base + "/generate", json=body, timeout=timeout)
+                    resp = await self._call(call.method, base + call.path, json=call.body, timeout=timeout)
                 except _NoReply as exc:
                     last_error = str(exc)
+                    if exc.timed_out:
+                        await self._abort_timed_out(worker, call)
                     if worker is None and not exc.sent:
                         # Nothing listens on the router's port: fail now, the scheduler waits for health().
                         self.router_up = False
@@ -586,11 +629,24 @@ class SGLangEngine(Engine):
                         worker.in_flight -= 1
                 if worker is not None:
                     self._note_success(worker)
-                return self._parse_generate(resp, base, request, submitted_version)
+                return replace(self._parse_generate(resp, base, request, submitted_version), rid=request.rid)
         raise EngineError(
             f"/generate for {request.rid} failed {self.config.retries + 1} times (last: {last_error}); "
             "check the SGLang workers and router, the sample can be resumed from its previous state"
         )
+
+    async def _abort_timed_out(self, worker: WorkerState | None, call: Call) -> None:
+        """Abort a /generate that outlived its read timeout where it may still run (its worker, or every
+        worker behind the router), so the retry under a new rid does not race it."""
+        rid = str((call.body or {}).get("rid", ""))
+        log.warning("generate %s got no reply within %.0f s (requestTimeoutSeconds); aborting it before the retry",
+                    rid, self.config.generate_timeout_s)
+        abort = abort_call(rid)
+        if worker is None:
+            await self._fan_out(abort.method, abort.path, abort.body)
+            return
+        with contextlib.suppress(_NoReply):
+            await self._call(abort.method, worker.url + abort.path, json=abort.body)
 
     async def _after_generate_failure(self, worker: WorkerState | None, error: str) -> None:
         if worker is not None:
@@ -628,7 +684,8 @@ class SGLangEngine(Engine):
     async def abort(self, rid_prefix: str) -> None:
         """Abort the request whose rid is exactly ``rid_prefix`` on every healthy worker: SGLang ignores
         an abort whose rid is not a request it holds, so a bare prefix aborts nothing (use abort_all)."""
-        await self._fan_out("POST", "/abort_request", {"rid": rid_prefix, "abort_all": False})
+        call = abort_call(rid_prefix)
+        await self._fan_out(call.method, call.path, call.body)
 
     async def abort_all(self) -> None:
         """Abort everything on every worker, then poll loads (re-aborting every few seconds) until drained.
@@ -636,8 +693,8 @@ class SGLangEngine(Engine):
         Raises EngineError naming the busy workers if they do not drain within ``drain_timeout_s``.
         """
         self._abort_epoch += 1
-        body = {"rid": "", "abort_all": True}
-        await self._fan_out("POST", "/abort_request", body)
+        call = abort_call(abort_all=True)
+        await self._fan_out(call.method, call.path, call.body)
         deadline = time.monotonic() + self.config.drain_timeout_s
         last_abort = time.monotonic()
         while True:
@@ -654,19 +711,20 @@ class SGLangEngine(Engine):
                 )
             if now - last_abort >= self.config.reabort_interval_s:
                 log.info("re-aborting %d SGLang workers that still report requests", len(busy))
-                await self._fan_out("POST", "/abort_request", body)
+                await self._fan_out(call.method, call.path, call.body)
                 last_abort = now
             await asyncio.sleep(self.config.drain_poll_s)
 
     async def worker_loads(self) -> dict[str, EngineLoad]:
-        """Per healthy worker load from ``/v1/loads?include=core`` (``/get_load`` on old servers)."""
+        """Per healthy worker load from its release's load endpoint (``/v1/loads``, ``/get_load`` on 0.5.5)."""
         workers = self.healthy_workers()
 
         async def one(worker: WorkerState) -> EngineLoad | None:
             try:
-                resp = await self._call_with_retries("GET", worker.url + "/v1/loads?include=core")
-                if resp.status_code == 404:
-                    resp = await self._call_with_retries("GET", worker.url + "/get_load")
+                api = await self._worker_api(worker)
+                if api is None:
+                    raise _NoReply(worker.url, "does not answer its release's probes", sent=False)
+                resp = await self._call_with_retries("GET", worker.url + api.load_path)
                 resp.raise_for_status()
                 load = parse_load(resp.json())
             except (_NoReply, httpx.HTTPStatusError, ValueError) as exc:
@@ -717,10 +775,10 @@ class SGLangEngine(Engine):
     async def update_weights_from_disk(self, path: str, version: int) -> WorkerSyncResult:
         """``/update_weights_from_disk`` on every answering worker (also those out of the rotation:
         this is how they catch up), then membership by the versions the workers report."""
-        body = {"model_path": path, "weight_version": str(version), "flush_cache": True, "abort_all_requests": False}
+        call = update_weights_from_disk_call(path, version)
         await self.refresh_workers()  # a replica added since the last update gets this version too
         async with self.syncing():
-            replies = await self.post_workers([w.url for w in self.healthy_workers()], "/update_weights_from_disk", body)
+            replies = await self.post_workers([w.url for w in self.healthy_workers()], call.path, call.body or {})
             return await self.commit_version(version, replies)
 
     async def post_worker(self, url: str, path: str, body: dict[str, Any], timeout: float | None = None) -> str | None:
@@ -749,15 +807,18 @@ class SGLangEngine(Engine):
         return dict(zip(urls, results, strict=True))
 
     async def server_info(self, url: str) -> dict[str, Any]:
-        """A worker's ``/get_server_info`` (its ServerArgs: ``tp_size``, ``dp_size``, ...); EngineError
+        """A worker's server info (its ServerArgs: ``tp_size``, ``dp_size``, ...) from its release's
+        endpoint (``/server_info``; ``/get_server_info`` on 0.5.5.post3, deprecated later); EngineError
         naming the worker when it does not answer with a JSON object."""
+        api = await self._worker_api(self.workers[url])
+        path = api.server_info_path if api is not None else "/get_server_info"
         try:
-            resp = await self._call_with_retries("GET", url + "/get_server_info")
+            resp = await self._call_with_retries("GET", url + path)
             info = resp.json()
         except (_NoReply, ValueError) as exc:
-            raise EngineError(f"{url}/get_server_info: {exc}") from exc
+            raise EngineError(f"{url}{path}: {exc}") from exc
         if resp.status_code != 200 or not isinstance(info, dict):
-            raise EngineError(f"{url}/get_server_info: HTTP {resp.status_code} {resp.text[:200]}")
+            raise EngineError(f"{url}{path}: HTTP {resp.status_code} {resp.text[:200]}")
         return info
 
     async def commit_version(self, version: int, replies: dict[str, str | None]) -> WorkerSyncResult:

@@ -25,8 +25,17 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rljob.runtime.engines.base import EngineError
+from rljob.runtime.engines.protocol import (
+    Call,
+    continue_generation_call,
+    destroy_weights_update_group_call,
+    init_weights_update_group_call,
+    pause_generation_call,
+    update_weights_from_distributed_call,
+)
 from rljob.runtime.engines.sglang_client import SGLangEngine
 from rljob.runtime.weights.collective import Backend, WeightGroup, create_group, dtype_name, open_store
 from rljob.runtime.weights.group_layout import RankLayout, rank_layout, server_shape
@@ -67,6 +76,11 @@ def departed_members(members: Sequence[str], known: set[str]) -> list[str]:
     """Members of the weight-update group that no engine knows any more (discovery dropped them: their
     pod is gone). One such member makes the group useless: a broadcast completes only with every rank."""
     return [u for u in members if u not in known]
+
+
+def _post(call: Call) -> tuple[str, dict[str, Any]]:
+    """(path, body) of a worker POST built by protocol.py, for SGLangEngine.post_worker(s)."""
+    return call.path, call.body or {}
 
 
 class DistributedTransport(WeightTransport):
@@ -127,10 +141,8 @@ class DistributedTransport(WeightTransport):
         port = store.port
         rank0 = asyncio.create_task(asyncio.to_thread(create_group, store, name, world, self.options.backend, timeout))
         joins = [
-            self._owner(url).post_worker(url, "/init_weights_update_group", {
-                "master_address": host, "master_port": port, "rank_offset": layout.offsets[url], "world_size": world,
-                "group_name": name, "backend": self.options.backend,
-            }, timeout=timeout)
+            self._owner(url).post_worker(url, *_post(init_weights_update_group_call(
+                host, port, layout.offsets[url], world, name, self.options.backend)), timeout=timeout)
             for url in candidates
         ]
         errors = await asyncio.gather(*joins)
@@ -157,7 +169,7 @@ class DistributedTransport(WeightTransport):
             name = self._group.group_name
             for url in self._members:
                 if self._reachable(url):
-                    await self._owner(url).post_worker(url, "/destroy_weights_update_group", {"group_name": name},
+                    await self._owner(url).post_worker(url, *_post(destroy_weights_update_group_call(name)),
                                                        timeout=10)
             self._group.close()
             self._group = None
@@ -212,20 +224,14 @@ class DistributedTransport(WeightTransport):
     async def _push(self, version: int, weights: WeightSource, members: list[str],
                     report: SyncReport) -> dict[str, str | None]:
         replies: dict[str, str | None] = dict.fromkeys(members)
-        await self._all(members, "/pause_generation", {"mode": "in_place"})
+        await self._all(members, *_post(pause_generation_call()))
         buckets = with_last(weights())
         try:
             for bucket, last in buckets:
-                body = {
-                    "names": [n for n, _ in bucket],
-                    "dtypes": [dtype_name(t.dtype) for _, t in bucket],
-                    "shapes": [list(t.shape) for _, t in bucket],
-                    "group_name": self._group.group_name if self._group else "",
-                    "flush_cache": last,
-                    "abort_all_requests": False,
-                    **({"weight_version": str(version)} if last else {}),
-                }
-                posts = self._all(members, "/update_weights_from_distributed", body)
+                call = update_weights_from_distributed_call(
+                    [n for n, _ in bucket], [dtype_name(t.dtype) for _, t in bucket], [list(t.shape) for _, t in bucket],
+                    self._group.group_name if self._group else "", version if last else None)
+                posts = self._all(members, *_post(call))
                 sent = asyncio.to_thread(self._broadcast, bucket)
                 outcome = await asyncio.gather(posts, sent, return_exceptions=True)
                 if isinstance(outcome[1], BaseException):
@@ -244,7 +250,7 @@ class DistributedTransport(WeightTransport):
             drain(buckets)
             await self._destroy()
         finally:
-            await self._all([u for u in members if self._reachable(u)], "/continue_generation", {})
+            await self._all([u for u in members if self._reachable(u)], *_post(continue_generation_call()))
         return replies
 
     async def _all(self, urls: list[str], path: str, body: dict[str, object]) -> dict[str, str | None]:

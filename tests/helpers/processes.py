@@ -12,6 +12,9 @@ from pathlib import Path
 
 import httpx
 
+from rljob.api.spec import RLJobSpec
+from rljob.operator.builders.router import router_args
+
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
@@ -92,14 +95,19 @@ def start_workers(model_dir: Path, logs: Path, count: int, procs: list[subproces
 def start_router(workers: list[str], log: Path, port: int | None = None) -> tuple[str, subprocess.Popen[bytes]]:
     """The real sglang router (``sglang_router.launch_router``) over ``workers``; returns (url, process).
 
-    Its own health checks stay at their defaults: the runtime, not the router, decides membership.
+    It runs with the operator's own flags (operator/builders/router.py: no health checks, no circuit
+    breaker, no retries: the runtime, not the router, decides membership), on loopback, round robin, and
+    with its Prometheus exporter on a free port (its default, 29000, may be taken by another test run).
     """
     port = port or free_port()
+    spec = RLJobSpec.model_validate({"model": {"huggingFace": "x/y"}, "data": {"synthetic": {}},
+                                     "rollout": {"router": {"policy": "round_robin"}}})
+    args = router_args(spec)
+    args[args.index("--host") + 1] = "127.0.0.1"
+    args[args.index("--port") + 1] = str(port)
     proc = spawn(
-        [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers,
-         "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin", "--log-level", "warn",
-         # Its metrics port defaults to 29000: a second router on the machine would panic on it.
-         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+        [sys.executable, "-m", "sglang_router.launch_router", *args, "--worker-urls", *workers,
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warn"],
         log,
     )
     return f"http://127.0.0.1:{port}", proc

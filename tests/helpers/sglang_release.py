@@ -1,73 +1,21 @@
-"""SGLang's own released code, read at test time: the wheel of a release, downloaded once into
-``${RLJOB_CACHE:-~/.cache/rljob}/sglang/`` and never copied into the repository.
-
-``pip download --no-deps`` fetches exactly one wheel (no dependencies, nothing installed); a file
-lock makes concurrent test processes download it once, and a finished wheel is moved into place in
-one rename, so a download cut short never looks cached.
+"""SGLang's own released code, read at test time from the release's wheel (tests/helpers/releases.py
+downloads and unpacks it once into the shared cache); nothing of it is copied into the repository.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
-import fcntl
-import os
-import subprocess
-import sys
-import tempfile
-import zipfile
-from pathlib import Path
 
-# The release the operator's SGLang image pins, and the newest release the project targets.
-PINNED = "0.5.5.post3"
-NEWEST = "0.5.23"
-DOWNLOAD_TIMEOUT_S = 900
+from tests.helpers.releases import SGLANG_RELEASES, release_dir
 
-
-class ReleaseUnavailable(RuntimeError):
-    """The wheel of a release could not be fetched; the message says what pip answered."""
-
-
-def cache_dir() -> Path:
-    """Where SGLang wheels are kept: ``$RLJOB_CACHE/sglang``, else ``~/.cache/rljob/sglang``."""
-    return Path(os.environ.get("RLJOB_CACHE") or Path.home() / ".cache" / "rljob") / "sglang"
-
-
-def _cached(directory: Path, version: str) -> Path | None:
-    wheels = sorted(directory.glob(f"sglang-{version}-*.whl"))
-    return wheels[0] if wheels else None
-
-
-def sglang_wheel(version: str) -> Path:
-    """The wheel of ``sglang==version``, downloaded on first use; ReleaseUnavailable when pip cannot."""
-    directory = cache_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        wheel = _cached(directory, version)
-        if wheel is not None:
-            return wheel
-        with tempfile.TemporaryDirectory(dir=directory) as tmp:
-            proc = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-                 "-q", "-d", tmp, f"sglang=={version}"],
-                capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S, check=False,
-            )
-            fetched = _cached(Path(tmp), version)
-            if proc.returncode != 0 or fetched is None:
-                raise ReleaseUnavailable(
-                    f"pip could not download the wheel of sglang=={version} (exit {proc.returncode}); the test reads "
-                    f"SGLang's own code from it, so it needs PyPI once (cached in {directory}):\n"
-                    f"{(proc.stdout + proc.stderr)[-2000:]}"
-                )
-            fetched.rename(directory / fetched.name)
-        return directory / fetched.name
+# The previous image pin and the default image's release (operator/builders/vendor.py).
+PINNED, NEWEST = SGLANG_RELEASES
 
 
 def read_source(version: str, path: str) -> str:
-    """The text of ``path`` (e.g. ``sglang/srt/utils/common.py``) inside the wheel of ``version``."""
-    with zipfile.ZipFile(sglang_wheel(version)) as wheel:
-        return wheel.read(path).decode()
+    """The text of ``path`` (e.g. ``sglang/srt/utils/common.py``) in the released package of ``version``."""
+    return (release_dir("sglang", version) / path).read_text()
 
 
 def function_source(version: str, path: str, name: str) -> str:

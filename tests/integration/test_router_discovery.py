@@ -111,7 +111,9 @@ def workers(tmp_path: Path) -> Iterator[Workers]:
 
 
 def _start_router(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    proc = spawn([sys.executable, "-m", "sglang_router.launch_router", *args, "--log-level", "info"], log)
+    # Its Prometheus exporter on a free port: the default (29000) may be taken by another test run.
+    proc = spawn([sys.executable, "-m", "sglang_router.launch_router", *args, "--prometheus-port", str(free_port()),
+                  "--log-level", "info"], log)
     # /liveness, as the router pod's readiness probe: /readiness is 503 while the router holds no worker.
     wait_http(f"http://127.0.0.1:{args[args.index('--port') + 1]}/liveness", 60, proc, log)
     return proc

@@ -9,11 +9,19 @@ A checkpoint is a directory `step-XXXXXXXX/`:
                          sampling generators.
     state.pt             rank 0's: step, policy version, data cursor, scheduler (partial-rollout buffer,
                          truncation statistics), the job spec and the world size that wrote it.
+    COMPLETE             the completion marker, written last (see below).
 
-Every rank writes its part into `.tmp-step-XXXXXXXX/`; after all have finished rank 0 renames that
-folder into place, so a crash at any moment of a save leaves the previous checkpoints as they were
-and no half checkpoint a restart would pick up (only `step-*` folders are checkpoints). In a
-multi-rank job the directory must be one shared filesystem (a ReadWriteMany volume on a cluster).
+Every rank writes its part into `.tmp-step-XXXXXXXX/` and fsyncs it; after all have finished rank 0
+writes the marker, fsyncs it and the folder, renames the folder into place and fsyncs the parent.
+Without the fsyncs a node crash can persist the rename but not the data (a `step-*` folder of empty
+or short files); with them, a folder that holds the marker holds everything written before it.
+
+Only `step-*` folders with the marker count as complete. A folder without it is torn, or was written
+before markers existed: those are ignored (with a warning naming them), because nothing else tells a
+whole pre-marker checkpoint from one a crash tore (its files were never fsynced; a torn DCP shard can
+read back as zeros and load without an error). If the newest marked checkpoint fails to load, the one
+before it is loaded: `load` says which folders it skipped and why (LoadedCheckpoint.skipped).
+In a multi-rank job the directory must be one shared filesystem (a ReadWriteMany volume on a cluster).
 """
 
 from __future__ import annotations
@@ -23,14 +31,15 @@ import os
 import random
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 if TYPE_CHECKING:
     from rljob.runtime.training.distributed import Distributed
@@ -41,6 +50,7 @@ _PREFIX = "step-"
 _TMP = ".tmp-"
 LEADER_STATE = "state.pt"
 TRAINER_DIR = "trainer"
+MARKER = "COMPLETE"
 
 
 @contextmanager
@@ -68,6 +78,63 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+@dataclass(frozen=True)
+class SkippedCheckpoint:
+    """A `step-*` folder newer than the checkpoint loaded, and why it was not loaded."""
+
+    path: Path
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path.name} ({self.reason})"
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """Which checkpoints to try, newest first, and the folders passed over without trying."""
+
+    candidates: list[Path]
+    unmarked: list[SkippedCheckpoint]
+
+
+UNMARKED = "no completion marker: torn by a crash, or written before markers existed"
+
+
+def step_of(path: Path) -> int | None:
+    """The step of a `step-XXXXXXXX` folder, None for any other name."""
+    digits = path.name[len(_PREFIX) :]
+    return int(digits) if path.name.startswith(_PREFIX) and digits.isdigit() else None
+
+
+def plan_resume(listing: Iterable[tuple[Path, bool]]) -> ResumePlan:
+    """From (folder, has marker) pairs: the marked checkpoints newest first, and the unmarked folders
+    newer than the newest marked one (older unmarked folders never matter, so they are not reported)."""
+    steps = sorted(((step, path, marked) for path, marked in listing if (step := step_of(path)) is not None),
+                   key=lambda t: t[0], reverse=True)
+    candidates = [path for _, path, marked in steps if marked]
+    newest = step_of(candidates[0]) if candidates else None
+    unmarked = [SkippedCheckpoint(path, UNMARKED) for step, path, marked in steps
+                if not marked and (newest is None or step > newest)]
+    return ResumePlan(candidates, unmarked)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file or a directory (its entries: creations, renames) to stable storage."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file and folder under `root`, and `root` itself (folders after their contents)."""
+    for folder, _dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            _fsync(Path(folder) / name)
+        _fsync(Path(folder))
+
+
 @dataclass
 class LoadedCheckpoint:
     """A checkpoint as one rank sees it after `CheckpointManager.load`."""
@@ -75,6 +142,8 @@ class LoadedCheckpoint:
     path: Path
     leader_state: dict[str, Any] | None  # state.pt, on rank 0 only
     rng: dict[str, Any] | None  # this rank's; None when the saving job had fewer ranks
+    # Newer folders passed over (torn or failing to load), newest first; complete on rank 0 only.
+    skipped: list[SkippedCheckpoint] = field(default_factory=list)
 
 
 class CheckpointManager:
@@ -94,17 +163,20 @@ class CheckpointManager:
         if self.distributed is not None:
             self.distributed.barrier()
 
-    def checkpoints(self) -> list[Path]:
-        """Complete checkpoints, oldest first."""
+    def plan(self) -> ResumePlan:
+        """What `plan_resume` makes of the directory as it is now."""
         if not self.directory.is_dir():
-            return []
-        found = [p for p in self.directory.iterdir() if p.name.startswith(_PREFIX) and (p / LEADER_STATE).is_file()]
-        return sorted(found, key=lambda p: int(p.name[len(_PREFIX) :]))
+            return ResumePlan([], [])
+        return plan_resume((p, (p / MARKER).is_file()) for p in self.directory.iterdir() if p.is_dir())
+
+    def checkpoints(self) -> list[Path]:
+        """Complete (marked) checkpoints, oldest first."""
+        return self.plan().candidates[::-1]
 
     def latest(self) -> Path | None:
         """The newest complete checkpoint, or None."""
-        found = self.checkpoints()
-        return found[-1] if found else None
+        found = self.plan().candidates
+        return found[0] if found else None
 
     def save(
         self, step: int, trainer_state: dict[str, Any], rng: dict[str, Any], leader_state: dict[str, Any] | None = None
@@ -129,35 +201,84 @@ class CheckpointManager:
         if self.rank == 0:
             world = self.distributed.world_size if self.distributed is not None else 1
             torch.save({**leader_state, "world_size": world}, tmp / LEADER_STATE)
+        _fsync_tree(tmp)  # this rank's files (and, harmlessly, the others') reach the disk before the marker
         self._barrier()  # every rank's part is on disk
         if self.rank == 0:
+            (tmp / MARKER).write_text(f"{final.name}\n")
+            _fsync(tmp / MARKER)
+            _fsync(tmp)
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            for old in self.checkpoints()[: -self.keep]:
-                shutil.rmtree(old, ignore_errors=True)
+            _fsync(self.directory)  # the rename itself
+            self._prune(step)
             log.info("checkpoint written: %s", final)
         self._barrier()  # nobody reads or prunes while rank 0 renames
         return final
 
-    def load(self, trainer_state: dict[str, Any], path: Path | None = None) -> LoadedCheckpoint | None:
-        """Load the given checkpoint, or the newest one (collective; rank 0 decides which), filling
-        `trainer_state` (this rank's Trainer.checkpoint_state()) in place; None when there is none."""
-        if self.rank == 0:
-            path = path or self.latest()
-        if self.distributed is not None:
-            path = self.distributed.broadcast(path)
-        if path is None:
-            return None
-        with _single_process_quiet(self.distributed is None):
-            dcp.load(trainer_state, checkpoint_id=path / TRAINER_DIR, no_dist=self.distributed is None)
-        rng_file = path / "rng" / f"rank-{self.rank:05d}.pt"
-        rng = torch.load(rng_file, weights_only=False) if rng_file.is_file() else None
+    def _prune(self, newest: int) -> None:
+        """Keep the newest `keep` complete checkpoints; remove older ones and the unmarked folders older
+        than `newest` (torn by an earlier crash, or pre-marker folders a complete checkpoint has superseded)."""
+        for old in self.checkpoints()[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        for path in self.directory.iterdir():
+            step = step_of(path)
+            if step is not None and step < newest and not (path / MARKER).is_file():
+                shutil.rmtree(path, ignore_errors=True)
+
+    def load(self, trainer_state: dict[str, Any]) -> LoadedCheckpoint | None:
+        """Load the newest complete checkpoint that loads on every rank (collective; rank 0 decides
+        which to try), filling `trainer_state` (this rank's Trainer.checkpoint_state()) in place; None
+        when there is none. Torn folders and checkpoints that fail to load are skipped with a warning,
+        and listed in the result's `skipped`."""
+        plan = self.plan() if self.rank == 0 else ResumePlan([], [])
+        skipped = list(plan.unmarked)
+        for torn in skipped:
+            log.warning("checkpoint %s skipped: %s", torn.path, torn.reason)
+        candidates = iter(plan.candidates)
+        while True:
+            path = next(candidates, None) if self.rank == 0 else None
+            if self.distributed is not None:
+                path = self.distributed.broadcast(path)
+            if path is None:
+                return None
+            loaded, error = self._try_load(trainer_state, path)
+            errors = [error] if self.distributed is None else self._gather_errors(error)
+            failed = [e for e in errors if e is not None]
+            if not failed:
+                assert loaded is not None
+                loaded.skipped = skipped
+                return loaded
+            skipped.append(SkippedCheckpoint(path, f"failed to load: {failed[0]}"))
+            log.warning("checkpoint %s skipped: %s; trying the one before it", path, skipped[-1].reason)
+
+    def _gather_errors(self, error: str | None) -> list[str | None]:
+        """Every rank's load error (None: loaded), on every rank: a checkpoint counts only if all loaded it."""
+        import torch.distributed as dist
+
+        assert self.distributed is not None
+        errors: list[str | None] = [None] * self.distributed.world_size
+        dist.all_gather_object(errors, error, group=self.distributed.control)
+        return errors
+
+    def _try_load(self, trainer_state: dict[str, Any], path: Path) -> tuple[LoadedCheckpoint | None, str | None]:
+        """This rank's part of loading `path`: the checkpoint, or why it failed (a torn or corrupt file)."""
+        try:
+            # DCP first: it is collective, so every rank must reach it whatever its own files hold.
+            with _single_process_quiet(self.distributed is None):
+                dcp.load(trainer_state, checkpoint_id=path / TRAINER_DIR, no_dist=self.distributed is None)
+            leader = self.read_leader_state(path) if self.rank == 0 else None
+            rng_file = path / "rng" / f"rank-{self.rank:05d}.pt"
+            rng = torch.load(rng_file, weights_only=False) if rng_file.is_file() else None
+        # DCP's CheckpointException derives from BaseException, not Exception.
+        except (Exception, CheckpointException) as err:  # noqa: BLE001 - any failure to read means: try the one before
+            # DCP's message carries every rank's traceback; its last line names the actual failure.
+            lines = str(err).strip().splitlines()
+            return None, f"{type(err).__name__}: {lines[-1] if lines else ''}"[:300]
         if rng is None:
             log.warning("%s has no RNG state for rank %d (saved by fewer ranks): its RNG starts from the seed",
                         path, self.rank)
-        leader = self.read_leader_state(path) if self.rank == 0 else None
-        return LoadedCheckpoint(path, leader, rng)
+        return LoadedCheckpoint(path, leader, rng), None
 
     @staticmethod
     def read_leader_state(path: Path) -> dict[str, Any]:

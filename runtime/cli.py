@@ -182,6 +182,8 @@ async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | 
     await runner.setup(on_status=lambda msg: console.print(f"[bold]{msg}[/] …"))
     if runner.resumed_from:
         console.print(f"resumed from [bold]{runner.resumed_from}[/] at step {runner.step}")
+    for skipped in runner.skipped_checkpoints:
+        console.print(f"[yellow]skipped the newer checkpoint {skipped}[/]")
     if runner.metrics_port:
         console.print(f"metrics on http://{job.spec.metrics.host}:{runner.metrics_port}/metrics")
 

@@ -173,6 +173,9 @@ class RuntimeMetrics:
         self.dropped = counter("dropped_groups", "Groups dropped by dynamic sampling.")
         self.wasted = counter("wasted_tokens", "Tokens of dropped groups.")
         self.engine_errors = counter("engine_errors", "Generate calls that failed on an engine.")
+        self.checkpoints_skipped = counter(
+            "checkpoints_skipped", "Newer checkpoints a resume passed over: torn (no completion marker) or unloadable."
+        )
         self.sync_failures = counter("weight_sync_failures", "Weight updates that failed on an engine.")
         self.in_rotation = measured("engines_in_rotation", "Engine ranks serving the current policy version.")
         self.new_groups = counter("new_groups", "Groups started from fresh prompts.")

@@ -65,7 +65,9 @@ class Order:
     version: int = 0  # train: the policy version the groups were generated against
     step: int = 0  # checkpoint: the step being saved
     groups: list[Group] = field(default_factory=list)  # train: this rank's share
-    path: str | None = None  # resume: the checkpoint every rank loads (None: start fresh)
+    # resume: the checkpoint directory, whose newest loadable complete checkpoint every rank loads
+    # together (CheckpointManager.load); None: start fresh.
+    path: str | None = None
 
 
 def group_tokens(group: Group) -> int:
@@ -289,6 +291,8 @@ class JobRunner:
         self.metrics = RuntimeMetrics(job.metadata.name, jsonl, namespace=metrics_namespace(job, os.environ))
         self.metrics_port: int | None = None
         self.resumed_from: str | None = None
+        # Newer checkpoint folders the resume passed over (torn or unloadable), as "name (reason)".
+        self.skipped_checkpoints: list[str] = []
         self.knob_sources: list[KnobSource] = []
         # Called with every finished step (the local autotuner observes the runtime's own metrics).
         self.step_listeners: list[Callable[[StepRecord], None]] = []
@@ -355,16 +359,18 @@ class JobRunner:
             recover=self._catch_up,
         )
         resume = spec.checkpoint.resume if self.options.resume is None else self.options.resume
-        path = self.checkpoints.latest() if resume else None
-        self._order(Order("resume", path=str(path) if path is not None else None))
-        if path is not None:
-            on_status("resuming from the last checkpoint")
+        self._order(Order("resume", path=str(self.checkpoints.directory) if resume else None))
+        if resume:
+            on_status("looking for a checkpoint to resume from")
             template = self.trainer.checkpoint_state()
-            loaded = self.checkpoints.load(template, path)
-            assert loaded is not None and loaded.leader_state is not None
-            self.trainer.load_checkpoint_state(template)
-            self._restore(loaded)
-            self.resumed_from = str(path)
+            loaded = self.checkpoints.load(template)
+            if loaded is not None:
+                assert loaded.leader_state is not None
+                self.trainer.load_checkpoint_state(template)
+                self._restore(loaded)
+                self.resumed_from = str(loaded.path)
+                self.skipped_checkpoints = [str(s) for s in loaded.skipped]
+                self.metrics.checkpoints_skipped.inc(len(loaded.skipped))
         # Resumed or not, the engines get the weights this run starts from: live workers may serve another
         # version (a gang restart before the first checkpoint, or resume: false, while they serve k > 0),
         # and a worker at another version is never in the rotation, so the first round would wait for ever.
@@ -629,11 +635,11 @@ class TrainingRank:
             if order.kind == "resume":
                 if order.path is not None:
                     template = self.trainer.checkpoint_state()
-                    loaded = self.checkpoints.load(template, Path(order.path))
-                    assert loaded is not None
-                    self.trainer.load_checkpoint_state(template)
-                    if loaded.rng is not None:
-                        set_rng_state(loaded.rng)
+                    loaded = self.checkpoints.load(template)  # collective: rank 0 picks, all must load it
+                    if loaded is not None:
+                        self.trainer.load_checkpoint_state(template)
+                        if loaded.rng is not None:
+                            set_rng_state(loaded.rng)
                 self._join_weight_sync()  # every start syncs, resumed or not
             elif order.kind == "sync":
                 self._join_weight_sync()

@@ -111,6 +111,37 @@ async def test_restart_resumes_buffer_without_loss_or_duplication(tmp_path: Path
                     assert tuple(sample.versions[: len(versions)]) == versions
 
 
+async def test_a_torn_newest_checkpoint_resumes_from_the_one_before(tmp_path: Path, model_dir: Path):
+    """A node crash tore the newest checkpoint (its state.pt cut short): the restart loads the one before,
+    says so in the log, the runner and the metrics, and trains on; it no longer crashes on every restart."""
+    job = parse_rljob(job_doc(model_dir, tmp_path / "ckpt", steps=4, every=1))
+    first = JobRunner(job, RunOptions(output_dir=tmp_path / "out"))
+    await first.setup()
+    for _ in range(3):
+        await first.run_step()
+    await first.close()
+    ckpt = tmp_path / "ckpt"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000002", "step-00000003"]  # keep=2
+    state = ckpt / "step-00000003" / "state.pt"
+    state.write_bytes(state.read_bytes()[:100])
+
+    second = JobRunner(job, RunOptions(output_dir=tmp_path / "out"))
+    await second.setup()
+    assert second.step == 2 and second.version == 2
+    assert second.resumed_from and second.resumed_from.endswith("step-00000002")
+    assert len(second.skipped_checkpoints) == 1, second.skipped_checkpoints
+    assert second.skipped_checkpoints[0].startswith("step-00000003 (failed to load")
+    assert second.metrics.registry.get_sample_value("rljob_checkpoints_skipped_total") == 1.0
+    await second.run_step()  # step 3 again, its checkpoint written over the torn one
+    await second.run_step()
+    await second.close()
+    assert second.step == 4
+    third = JobRunner(job, RunOptions(output_dir=tmp_path / "out"))
+    await third.setup()
+    assert third.resumed_from and third.resumed_from.endswith("step-00000004") and third.skipped_checkpoints == []
+    await third.close()
+
+
 async def test_metrics_jsonl_and_prometheus(tmp_path: Path, model_dir: Path):
     import httpx
 

@@ -1,15 +1,25 @@
-"""Checkpoint writes are atomic: a save that dies half-way leaves the previous checkpoint whole."""
+"""Checkpoint writes are atomic: a save that dies half-way leaves the previous checkpoint whole, and a
+torn newest checkpoint (no completion marker, or a file that fails to load) falls back to the one before."""
 
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 
 import pytest
 import torch
 
 from rljob.api.spec import AlgorithmSpec
-from rljob.runtime.checkpoint import CheckpointManager, rng_state
+from rljob.runtime.checkpoint import (
+    LEADER_STATE,
+    MARKER,
+    UNMARKED,
+    CheckpointManager,
+    ResumePlan,
+    plan_resume,
+    rng_state,
+)
 from rljob.runtime.trainer import Trainer
 from tests.helpers.tiny_model import build_tiny_model
 
@@ -83,3 +93,71 @@ def test_bf16_and_fp32_checkpoints_share_one_layout(tmp_path: Path, saved: torch
             assert torch.equal(got["optim"]["state"][name][key], value), (name, key)
     assert int(got["steps_done"]) == 1
     loader.train_step(fixed_batch(3), policy_version=1)  # and it trains on
+
+
+def test_plan_resume_tries_marked_checkpoints_newest_first_and_reports_newer_torn_ones() -> None:
+    def d(step: int) -> Path:
+        return Path(f"/ckpt/step-{step:08d}")
+
+    listing = [(d(1), True), (d(3), True), (d(4), False), (d(2), False), (d(5), False),
+               (Path("/ckpt/.tmp-step-00000006"), False), (Path("/ckpt/step-notanumber"), True)]
+    plan = plan_resume(listing)
+    assert plan.candidates == [d(3), d(1)]
+    # Only the unmarked folders newer than the newest complete one were passed over; step 2 never mattered.
+    assert [s.path for s in plan.unmarked] == [d(5), d(4)]
+    assert all(s.reason == UNMARKED for s in plan.unmarked)
+    nothing_complete = plan_resume([(d(7), False)])
+    assert nothing_complete.candidates == [] and [s.path for s in nothing_complete.unmarked] == [d(7)]
+    assert plan_resume([]) == ResumePlan([], [])
+
+
+def _two_checkpoints(directory: Path) -> tuple[CheckpointManager, Trainer]:
+    """Checkpoints of steps 1 (the one to fall back to) and 2 (the one the tests tear)."""
+    manager = CheckpointManager(directory, keep=2)
+    good = _trainer(seed=0)
+    manager.save(1, good.checkpoint_state(), rng_state(), {"step": 1})
+    manager.save(2, _trainer(seed=1).checkpoint_state(), rng_state(), {"step": 2})
+    assert [p.name for p in manager.checkpoints()] == ["step-00000001", "step-00000002"]
+    assert all((p / MARKER).is_file() for p in manager.checkpoints())
+    return manager, good
+
+
+def _assert_loads_step_1(manager: CheckpointManager, good: Trainer, reason: str,
+                         caplog: pytest.LogCaptureFixture) -> None:
+    restored = _trainer(seed=2)
+    template = restored.checkpoint_state()
+    with caplog.at_level(logging.WARNING, logger="rljob.runtime.checkpoint"):
+        loaded = manager.load(template)
+    assert loaded is not None and loaded.path.name == "step-00000001"
+    assert loaded.leader_state == {"step": 1, "world_size": 1}
+    assert [s.path.name for s in loaded.skipped] == ["step-00000002"] and reason in loaded.skipped[0].reason
+    assert any("step-00000002" in r.getMessage() and reason in r.getMessage() for r in caplog.records), caplog.text
+    restored.load_checkpoint_state(template)
+    for (name, a), b in zip(good.model.state_dict().items(), restored.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_a_newest_checkpoint_without_its_marker_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    manager, good = _two_checkpoints(tmp_path)
+    (tmp_path / "step-00000002" / MARKER).unlink()  # the crash came before the marker reached the disk
+    assert [p.name for p in manager.checkpoints()] == ["step-00000001"]
+    _assert_loads_step_1(manager, good, "no completion marker", caplog)
+    # The next save supersedes the torn folder, and prunes it with the other old ones.
+    manager.save(3, good.checkpoint_state(), rng_state(), {"step": 3})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001", "step-00000003"]
+
+
+@pytest.mark.parametrize("part", [LEADER_STATE, "trainer/.metadata"])
+def test_a_newest_checkpoint_that_fails_to_load_is_skipped(tmp_path: Path, part: str,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    manager, good = _two_checkpoints(tmp_path)
+    torn = tmp_path / "step-00000002" / part
+    torn.write_bytes(torn.read_bytes()[: torn.stat().st_size // 2])  # marked, yet its file is cut in half
+    _assert_loads_step_1(manager, good, "failed to load", caplog)
+
+
+def test_no_loadable_checkpoint_means_a_fresh_start(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, _trainer(seed=0).checkpoint_state(), rng_state(), {"step": 1})
+    (tmp_path / "step-00000001" / MARKER).unlink()
+    assert manager.load(_trainer(seed=1).checkpoint_state()) is None

@@ -59,15 +59,7 @@ class LeaseApi(Kube):
         self.renewed_after_failure = threading.Event()
         self._lock = threading.Lock()
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        query: dict[str, str] | None = None,
-        content_type: str = "application/json",
-        timeout: float = 30.0,
-    ) -> dict[str, Any]:
+    def request(self, method: str, path: str, body: Any = None, *, timeout: float = 30.0, **_: Any) -> dict[str, Any]:
         self.timeouts.append(timeout)
         if self.fail is not None:
             try:

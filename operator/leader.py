@@ -210,7 +210,9 @@ class LeaderElector:
             time.sleep(self.retry_s)
         return False
 
-    def keep_renewing(self, on_lost: Callable[[], None], stop: threading.Event) -> tuple[threading.Thread, threading.Thread]:
+    def keep_renewing(
+        self, on_lost: Callable[[], None], stop: threading.Event
+    ) -> tuple[threading.Thread, threading.Thread]:
         """Renew in a daemon thread; a watchdog thread calls `on_lost` once the renew deadline passes.
 
         Returns (renewer, watchdog). The watchdog only reads the clock and the last renewal time, so

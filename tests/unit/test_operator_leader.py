@@ -118,7 +118,9 @@ def test_timing_derives_the_deadline_and_a_request_timeout_well_inside_the_lease
     ("lease_s", "deadline_s", "renew_s", "field"),
     [(15, 15, 5, "lease_s"), (15, 20, 5, "lease_s"), (15, 10, 10, "renew_deadline_s"), (15, 10, 0, "renew_s")],
 )
-def test_inconsistent_timing_is_refused_naming_the_field(lease_s: float, deadline_s: float, renew_s: float, field: str) -> None:
+def test_inconsistent_timing_is_refused_naming_the_field(
+    lease_s: float, deadline_s: float, renew_s: float, field: str
+) -> None:
     with pytest.raises(ValueError, match=field):
         LeaseTiming(lease_s=lease_s, renew_deadline_s=deadline_s, renew_s=renew_s)
 
@@ -144,7 +146,9 @@ RENEW_ERRORS: list[BaseException] = [
 
 
 @pytest.mark.parametrize("error", RENEW_ERRORS, ids=lambda e: type(e).__name__)
-def test_a_renew_error_of_any_type_is_logged_and_retried(error: BaseException, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_renew_error_of_any_type_is_logged_and_retried(
+    error: BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
     """Before the fix only KubeError was caught: anything else ended the renew thread silently."""
     api, clock = LeaseApi(), FakeClock()
     leader = elector(api, clock)

@@ -101,8 +101,13 @@ class Kube:
         body: Any = None,
         query: dict[str, str] | None = None,
         content_type: str = "application/json",
+        timeout: float = 30.0,
     ) -> dict[str, Any]:
-        """One REST call; returns the decoded JSON answer or raises KubeError."""
+        """One REST call; returns the decoded JSON answer or raises KubeError.
+
+        `timeout` (seconds) bounds connecting and each read; a caller on a deadline (leader
+        election) passes one well inside it.
+        """
         if self.on_request is not None:
             self.on_request(method)
         headers = {"Accept": "application/json", "Content-Type": content_type}
@@ -114,7 +119,7 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self.api.call_api(method, url, header_params=headers, body=payload, _request_timeout=30)
+        response = self.api.call_api(method, url, header_params=headers, body=payload, _request_timeout=timeout)
         data = response.read()
         text = data.decode() if isinstance(data, bytes) else (data or "")
         try:

@@ -73,19 +73,27 @@ def standby_liveness(url: str) -> ThreadingHTTPServer | None:
 def lead_or_wait(args: argparse.Namespace, identity: str) -> LeaderElector:
     """With --leader-elect: block until this replica holds the Lease, then keep renewing it.
 
-    Returns the elector (to release the Lease at shutdown). A replica that loses the Lease exits with
-    status 1 at once, so two replicas never reconcile together.
+    Returns the elector (to release the Lease at shutdown). A leader that has not renewed within the
+    renew deadline exits with status 1 at once, before any standby may take the Lease, so two replicas
+    never reconcile together. Exiting, not stepping down in process: kopf runs handlers on many
+    threads (children applied concurrently) with no way to stop them between two writes, and
+    `os._exit` ends them all at once; the Deployment restarts the pod as a standby.
     """
     from rljob.common.kube import Kube, load_api_client
-    from rljob.operator.leader import LeaderElector
+    from rljob.operator.leader import LeaderElector, LeaseTiming
 
+    try:
+        timing = LeaseTiming.derived(
+            lease_s=args.lease_seconds, renew_s=args.renew_seconds, renew_deadline_s=args.renew_deadline_seconds
+        )
+    except ValueError as err:
+        raise SystemExit(f"--lease-seconds/--renew-deadline-seconds/--renew-seconds: {err}") from err
     elector = LeaderElector(
         Kube(load_api_client()),
         namespace=args.leader_election_namespace,
         name=args.leader_election_id,
         identity=identity,
-        lease_s=args.lease_seconds,
-        renew_s=args.renew_seconds,
+        timing=timing,
         retry_s=min(2.0, args.renew_seconds),
     )
     health = standby_liveness(args.liveness)
@@ -95,7 +103,7 @@ def lead_or_wait(args: argparse.Namespace, identity: str) -> LeaderElector:
         health.server_close()
 
     def lost() -> None:
-        log.error("leadership lost: exiting so that only the new leader reconciles")
+        log.error("leadership lost: exiting so that only one replica reconciles")
         os._exit(1)
 
     elector.keep_renewing(lost, threading.Event())
@@ -128,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--leader-election-id", default="rljob-operator", help="name of the Lease")
     parser.add_argument("--lease-seconds", type=int, default=15, help="a leader silent this long is replaced")
     parser.add_argument("--renew-seconds", type=float, default=5.0, help="how often the leader renews the Lease")
+    parser.add_argument(
+        "--renew-deadline-seconds",
+        type=float,
+        default=None,
+        help="a leader that has not renewed for this long exits (default: 2/3 of --lease-seconds)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
 

@@ -229,13 +229,13 @@ def train_step(smoke: Smoke) -> str:
 
 
 def weight_group(smoke: Smoke) -> str:
-    from rljob.runtime.weights.collective import WeightGroup, dtype_name, dtype_of, open_store
+    from rljob.runtime.weights.collective import create_group, dtype_name, dtype_of, open_store
     from rljob.runtime.weights.tensor import TensorTransport
 
     trainer, engine, loop = smoke.state["trainer"], smoke.state["engine"], smoke.state["loop"]
     backend = "nccl" if smoke.device == "cuda" else "gloo"
-    store = open_store("127.0.0.1", 0, 1, True, 60.0)
-    group = WeightGroup(store, "rljob-smoke", 0, 1, backend, 60.0)
+    # Formed as rank 0 forms the real group (SGLang's store layout and torch's group helper), with no engine rank.
+    group = create_group(open_store("127.0.0.1", 0, 1, 60.0), "rljob-smoke", 1, backend, 60.0)
     received: list[list[tuple[str, torch.Tensor]]] = []
     nbytes = 0
     try:

@@ -29,7 +29,9 @@ LEASE = "rljob-operator"
 def replica(namespace: str, identity: str, log_path: Path) -> OperatorProcess:
     return base.namespaced_operator(
         namespace, log_path,
-        "--leader-elect", "--leader-election-namespace", namespace, "--lease-seconds", "4", "--renew-seconds", "1",
+        # A 10 s lease: the leader steps down after a 6.7 s renew deadline with 1.7 s Lease calls, which a loaded
+        # API server answers in time (a 4 s lease meant 0.7 s calls, and a standby that steps down leaves no leader).
+        "--leader-elect", "--leader-election-namespace", namespace, "--lease-seconds", "10", "--renew-seconds", "1",
         env={**os.environ, "POD_ID": identity},
     )
 

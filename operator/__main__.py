@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--leader-election-id", default="rljob-operator", help="name of the Lease")
     parser.add_argument("--lease-seconds", type=int, default=15, help="a leader silent this long is replaced")
-    parser.add_argument("--renew-seconds", type=float, default=5.0, help="how often the leader renews the Lease")
+    parser.add_argument("--renew-seconds", type=float, default=2.0, help="how often the leader renews the Lease")
     parser.add_argument(
         "--renew-deadline-seconds",
         type=float,

@@ -127,7 +127,7 @@ class LeaderElector:
     namespace: str
     name: str
     identity: str
-    timing: LeaseTiming = field(default_factory=lambda: LeaseTiming.derived(lease_s=15, renew_s=5.0))
+    timing: LeaseTiming = field(default_factory=lambda: LeaseTiming.derived(lease_s=15, renew_s=2.0))
     retry_s: float = 2.0
     clock: Callable[[], float] = time.monotonic
     _observed: tuple[LeaseRecord, float] | None = field(default=None, init=False)

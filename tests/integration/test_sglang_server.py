@@ -183,11 +183,9 @@ async def test_info_loads_metrics_and_pause(served: Served) -> None:
         assert (await http.post("/pause_generation", json={"mode": "in_place"})).status_code == 200
         paused = asyncio.create_task(served.client.generate(greedy("paused", 3)))
 
-        async def queued() -> bool:  # the server holds the request (observed, not assumed after a delay)
-            load = (await http.get("/v1/loads", params={"include": "core"})).json()["loads"][0]
-            return bool(load["num_running_reqs"] + load["num_waiting_reqs"] >= 1)
-
-        await wait_until(queued, "the paused server holding the request", interval=0.05)
+        # The server holds the request at its admission gate (observed, not assumed after a delay): as in
+        # SGLang, a paused server keeps it before its scheduler, so /v1/loads does not count it.
+        await wait_until(lambda: served.server.gate.blocked == 1, "the paused server holding the request", interval=0.05)
         assert not paused.done()
         assert (await http.post("/continue_generation")).status_code == 200
         assert (await asyncio.wait_for(paused, 30)).finish_reason == "length"
@@ -373,9 +371,13 @@ async def test_a_busy_server_passes_health_on_other_requests_output(model_dirs: 
         long = post_generate(http, gen_body("long", 400))
         await wait_until_generating(server)
         assert (await http.get("/health")).status_code == 200
-        assert server.engine.current_load().running == 1  # the long request was not disturbed
+        # The long request was not disturbed: it is either still running (our abort ends it) or it ran to
+        # its full length meanwhile; which one depends on the machine's speed, so both are accepted.
         assert (await http.post("/abort_request", json={"rid": "long"})).status_code == 200
-        assert (await long).json()["meta_info"]["finish_reason"]["type"] == "abort"
+        meta = (await long).json()["meta_info"]
+        assert meta["finish_reason"]["type"] in ("abort", "length"), meta
+        if meta["finish_reason"]["type"] == "length":
+            assert meta["completion_tokens"] == 400, meta
 
 
 async def test_weight_updates_wait_for_requests_and_hold_new_ones(model_dirs: tuple[Path, Path]) -> None:

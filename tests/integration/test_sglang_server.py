@@ -546,6 +546,9 @@ def cluster(model_dirs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFact
             wait_http(url + "/health_generate", 180, procs[url], logs / f"worker{i}.log")
         router, procs[router] = start_router(workers, logs / "router.log")
         wait_http(router + "/health", 60, procs[router], logs / "router.log")
+        # The router adds its workers asynchronously: wait until it lists both before any test reads it.
+        asyncio.run(wait_until(lambda: _router_lists(router, set(workers)), "the router listing both workers",
+                               timeout=120, interval=0.2))
         yield Cluster(workers, router, procs)
     finally:
         stop(list(procs.values()))
@@ -554,6 +557,12 @@ def cluster(model_dirs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFact
 async def worker_running(url: str) -> int:
     async with httpx.AsyncClient() as http:
         return int((await http.get(url + "/v1/loads")).json()["loads"][0]["num_running_reqs"])
+
+
+async def _router_lists(router: str, workers: set[str]) -> bool:
+    async with httpx.AsyncClient() as http:
+        listed = (await http.get(router + "/workers", timeout=10)).json()["workers"]
+    return {w["url"].rstrip("/") for w in listed} == workers
 
 
 async def wait_all_workers_running(workers: list[str]) -> None:

@@ -581,6 +581,13 @@ async def test_router_generation_and_abort_fan_out_reach_every_worker(cluster: C
         assert short.finish_reason == "length" and len(short.output_ids) == 5
         tasks = [asyncio.create_task(client.generate(greedy(f"rr-{i}", 400))) for i in range(6)]
         await wait_all_workers_running(cluster.workers)
+
+        async def all_six_held() -> bool:  # none still in the router, where the abort cannot reach it
+            async with httpx.AsyncClient() as http:
+                loads = [(await http.get(w + "/v1/loads", timeout=10)).json()["loads"][0] for w in cluster.workers]
+            return sum(load["num_running_reqs"] + load["num_waiting_reqs"] for load in loads) == 6
+
+        await wait_until(all_six_held, "all six requests on the workers", interval=0.05)
         await client.abort_all()
         results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
         assert all(r.finish_reason == "abort" for r in results)

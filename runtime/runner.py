@@ -573,8 +573,8 @@ class JobRunner:
         In a multi-rank job the full weights are gathered from the FSDP2 shards first, once (every rank
         joins: TrainingRank gathers right after its train step, after a resume order and on a sync order),
         so a retried sync resends them without another collective."""
+        from rljob.runtime.weights.buckets import Bucket, module_buckets, named_buckets
         from rljob.runtime.weights.factory import sync_until_served
-        from rljob.runtime.weights.transport import Bucket, module_buckets, named_buckets
 
         assert self.transport is not None
         t = self.spec.rollout.weight_transport

@@ -23,13 +23,13 @@ import torch
 from torch import nn
 
 from rljob.runtime.models.precision import MasterWeightAdamW, build_optimizer
+from rljob.runtime.weights.buckets import Bucket, named_buckets
 
 if TYPE_CHECKING:
     from rljob.runtime.training.distributed import Distributed
 
 T = TypeVar("T")
 ReduceOp = Literal["sum", "max", "min"]
-NamedTensors = list[tuple[str, torch.Tensor]]
 Optimizer = torch.optim.Optimizer | MasterWeightAdamW
 
 
@@ -54,8 +54,8 @@ class TrainingBackend(Protocol):
         """Collective: clip the gradients to a global L2 norm of `max_norm`; returns the norm before clipping."""
         ...
 
-    def iter_full_weights(self, bucket_bytes: int) -> Iterator[NamedTensors]:
-        """Collective: the full (unsharded) named parameters and buffers, in buckets of about `bucket_bytes`."""
+    def iter_full_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """Collective: the full (unsharded) named parameters and buffers, in buckets of at most `bucket_bytes` of distinct tensors."""
         ...
 
     def checkpoint_state(self) -> dict[str, Any]:
@@ -66,23 +66,6 @@ class TrainingBackend(Protocol):
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         """Install a state that torch.distributed.checkpoint loaded into `checkpoint_state()`'s template."""
         ...
-
-
-def bucketed(named: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[NamedTensors]:
-    """Group (name, tensor) pairs into lists of at least `bucket_bytes` (the last may be smaller);
-    a tensor larger than a bucket is a bucket of its own."""
-    if bucket_bytes < 1:
-        raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
-    bucket: NamedTensors = []
-    size = 0
-    for name, tensor in named:
-        bucket.append((name, tensor))
-        size += tensor.numel() * tensor.element_size()
-        if size >= bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-    if bucket:
-        yield bucket
 
 
 class SingleProcessBackend:
@@ -108,9 +91,9 @@ class SingleProcessBackend:
         """torch's clip_grad_norm_ over the model's parameters."""
         return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
 
-    def iter_full_weights(self, bucket_bytes: int) -> Iterator[NamedTensors]:
-        """The model's state dict (the live tensors, detached), in buckets of about `bucket_bytes`."""
-        return bucketed(((n, t.detach()) for n, t in self.model.state_dict().items()), bucket_bytes)
+    def iter_full_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
+        """The model's state dict (the live tensors, detached), bucketed by weights/buckets.py."""
+        return named_buckets(((n, t.detach()) for n, t in self.model.state_dict().items()), bucket_bytes)
 
     def checkpoint_state(self) -> dict[str, Any]:
         """{"model", "optim"} in torch.distributed.checkpoint's layout (parameter names as keys), the

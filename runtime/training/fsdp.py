@@ -26,8 +26,9 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 
-from rljob.runtime.training.backend import NamedTensors, ReduceOp, bucketed
+from rljob.runtime.training.backend import ReduceOp
 from rljob.runtime.training.distributed import Distributed
+from rljob.runtime.weights.buckets import Bucket, named_buckets
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -97,18 +98,18 @@ class FSDP2Backend:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
-    def iter_full_weights(self, bucket_bytes: int) -> Iterator[NamedTensors]:
+    def iter_full_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
         """Collective: the full, unsharded state of the model on rank 0, `bucket_bytes` at a time.
 
         Every rank must iterate this generator to its end, in step with the others: each parameter
         is all-gathered (`DTensor.full_tensor()`) when reached. Rank 0 receives buckets of
-        (Hugging Face parameter name, full tensor on the CPU, in the training dtype) of at least
-        `bucket_bytes` each (the last may be smaller, a larger tensor comes alone); the other ranks
+        (Hugging Face parameter name, full tensor on the CPU, in the training dtype) of at most
+        `bucket_bytes` each (a larger tensor comes alone; weights/buckets.py); the other ranks
         take part in the gathers and receive no bucket. At most one bucket of full tensors exists at
         a time on rank 0, never the whole model. Tied weights (an output head sharing the embedding)
         are gathered once and listed under each of their names, in the same bucket.
         """
-        return bucketed(self._full_tensors(), bucket_bytes) if self.rank == 0 else self._drain()
+        return named_buckets(self._full_tensors(), bucket_bytes) if self.rank == 0 else self._drain()
 
     def _full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         # Names of one tensor (tied weights share it), in state-dict order.
@@ -128,7 +129,7 @@ class FSDP2Backend:
             for alias in aliases[key]:
                 yield alias, full
 
-    def _drain(self) -> Iterator[NamedTensors]:
+    def _drain(self) -> Iterator[Bucket]:
         # Runs every gather in step with rank 0 and yields nothing.
         for _ in self._full_tensors():
             pass

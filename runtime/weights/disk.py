@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from rljob.runtime.engines.sglang_client import SGLangEngine
-from rljob.runtime.weights.transport import Bucket, SyncReport, WeightSource, WeightTransport, bucket_bytes, drain
+from rljob.runtime.weights.buckets import Bucket, bucket_bytes, drain
+from rljob.runtime.weights.transport import SyncReport, WeightSource, WeightTransport
 
 log = logging.getLogger(__name__)
 

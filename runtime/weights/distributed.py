@@ -39,15 +39,8 @@ from rljob.runtime.engines.protocol import (
 from rljob.runtime.engines.sglang_client import SGLangEngine
 from rljob.runtime.weights.collective import Backend, WeightGroup, create_group, dtype_name, open_store
 from rljob.runtime.weights.group_layout import RankLayout, rank_layout, server_shape
-from rljob.runtime.weights.transport import (
-    Bucket,
-    SyncReport,
-    WeightSource,
-    WeightTransport,
-    bucket_bytes,
-    drain,
-    with_last,
-)
+from rljob.runtime.weights.buckets import Bucket, bucket_bytes, drain, with_last
+from rljob.runtime.weights.transport import SyncReport, WeightSource, WeightTransport
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 from rljob.runtime.engines.base import EngineError
 from rljob.runtime.engines.embedded import EmbeddedEngine
-from rljob.runtime.weights.transport import SyncReport, WeightSource, WeightTransport, bucket_bytes, with_last
+from rljob.runtime.weights.buckets import bucket_bytes, with_last
+from rljob.runtime.weights.transport import SyncReport, WeightSource, WeightTransport
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The one weight-transport interface, its report, and the bucketing of a model's weights.
+"""The one weight-transport interface and its report (the bucketing is weights/buckets.py).
 
 A transport takes the trainer's weights as an iterable of buckets of full named tensors (today's
 single-process trainer: its model's named_parameters; a sharded trainer: full tensors gathered one
@@ -12,14 +12,11 @@ Modes (one module each): ``distributed`` (distributed.py), ``disk`` (disk.py), `
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch
+from rljob.runtime.weights.buckets import Bucket
 
-Bucket = list[tuple[str, "torch.Tensor"]]
 # Called once per sync attempt; yields the buckets in a fixed order. A collective source (every
 # trainer rank takes part in gathering each bucket) must be called on every rank for each attempt.
 WeightSource = Callable[[], Iterable[Bucket]]
@@ -61,47 +58,3 @@ class WeightTransport(abc.ABC):
     async def close(self) -> None:
         """Release groups, sockets and files the transport holds."""
         return None
-
-
-def module_buckets(module: torch.nn.Module, bucket_bytes: int) -> Iterator[Bucket]:
-    """A module's parameters (tied ones once), in order, grouped into buckets of about ``bucket_bytes``."""
-    return named_buckets(((name, param.detach()) for name, param in module.named_parameters()), bucket_bytes)
-
-
-def named_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[Bucket]:
-    """Named tensors, in order, grouped into buckets of about ``bucket_bytes``."""
-    bucket: Bucket = []
-    size = 0
-    for name, tensor in named:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
-
-
-def bucket_bytes(bucket: Bucket) -> int:
-    """Bytes of the tensors of one bucket."""
-    return sum(t.numel() * t.element_size() for _, t in bucket)
-
-
-def with_last(buckets: Iterable[Bucket]) -> Iterator[tuple[Bucket, bool]]:
-    """Each bucket with a flag telling whether it is the last (one bucket of look-ahead)."""
-    it = iter(buckets)
-    try:
-        current = next(it)
-    except StopIteration:
-        return
-    for following in it:
-        yield current, False
-        current = following
-    yield current, True
-
-
-def drain(buckets: Iterable[object]) -> None:
-    """Consume what is left of a bucket iterator (nobody to send it to, or a failed sync)."""
-    for _ in buckets:
-        pass

@@ -26,7 +26,7 @@ from rljob.runtime.rollout.scheduler import RolloutScheduler
 from rljob.runtime.rollout.strategy import AprilStrategy, Strategy
 from rljob.runtime.weights.distributed import DistributedOptions, DistributedTransport
 from rljob.runtime.weights.factory import sync_until_served
-from rljob.runtime.weights.transport import module_buckets
+from rljob.runtime.weights.buckets import module_buckets
 from tests.helpers.processes import start_router, wait_http
 from tests.helpers.waiting import wait_until
 from tests.integration.test_weight_transport_http import Pool, engine_of, perturb, pool, router_workers  # noqa: F401

@@ -1,0 +1,44 @@
+"""The one bucketer (runtime/weights/buckets.py), used by the trainer's backends and the transports."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rljob.runtime.training.backend import SingleProcessBackend
+from rljob.runtime.weights.buckets import bucket_bytes, named_buckets
+
+
+def tensors(*sizes: int) -> list[tuple[str, torch.Tensor]]:
+    """float32 tensors of `sizes` elements, named t0, t1, ..."""
+    return [(f"t{i}", torch.zeros(n)) for i, n in enumerate(sizes)]
+
+
+def test_a_bucket_never_exceeds_the_limit_unless_one_tensor_does():
+    named = tensors(10, 10, 10, 40, 5, 5, 20)  # float32: 4 bytes an element
+    buckets = list(named_buckets(named, 80))
+    assert [[n for n, _ in b] for b in buckets] == [["t0", "t1"], ["t2"], ["t3"], ["t4", "t5"], ["t6"]]
+    assert [n for b in buckets for n, _ in b] == [n for n, _ in named]
+    assert all(bucket_bytes(b) <= 80 or len(b) == 1 for b in buckets)
+
+
+def test_every_name_of_a_tied_tensor_stays_in_its_bucket_and_counts_once():
+    shared = torch.zeros(16)
+    named = [("embed", shared), ("head", shared.detach()), ("norm", torch.zeros(4)), ("last", torch.zeros(16))]
+    buckets = list(named_buckets(named, 80))
+    # embed (64 bytes) + norm (16 bytes) fill the bucket; head is embed's memory and costs nothing.
+    assert [[n for n, _ in b] for b in buckets] == [["embed", "head", "norm"], ["last"]]
+
+
+def test_the_single_process_backend_buckets_a_tied_head_with_its_embedding():
+    embed = torch.nn.Embedding(8, 4)
+    model = torch.nn.ModuleDict({"embed": embed, "head": torch.nn.Linear(4, 8, bias=False)})
+    model["head"].weight = embed.weight
+    backend = SingleProcessBackend(model, learning_rate=1e-3, weight_decay=0.0)
+    buckets = list(backend.iter_full_weights(8 * 4 * 4))
+    assert [[n for n, _ in b] for b in buckets] == [["embed.weight", "head.weight"]]
+
+
+def test_a_bucket_size_below_one_byte_is_refused():
+    with pytest.raises(ValueError, match="bucket_bytes must be >= 1"):
+        list(named_buckets(tensors(1), 0))

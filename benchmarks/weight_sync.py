@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))  # tests.helpers: the same worker launcher the int
 
 from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine  # noqa: E402
 from rljob.runtime.weights.disk import DiskTransport  # noqa: E402
-from rljob.runtime.weights.distributed import DistributedOptions, DistributedTransport  # noqa: E402
+from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport  # noqa: E402
 from rljob.runtime.weights.buckets import module_buckets  # noqa: E402
 from rljob.runtime.weights.transport import WeightTransport  # noqa: E402
 from machine_info import describe, load_average  # noqa: E402  # benchmarks/machine_info.py

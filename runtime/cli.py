@@ -288,7 +288,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from rljob.runtime.models.export import export_checkpoint
+    from rljob.runtime.export import export_checkpoint
 
     result = export_checkpoint(args.checkpoint, args.dir, dtype=args.dtype, force=args.force)
     console.print(

@@ -40,7 +40,7 @@ import rljob.runtime.engines.protocol as proto
 from rljob.runtime.engines.admission import AdmissionGate
 from rljob.runtime.engines.base import EngineError, GenerateRequest, GenerateResult, WeightUpdate
 from rljob.runtime.engines.embedded import EmbeddedEngine, InvalidRequestError
-from rljob.runtime.weights.collective import WeightGroup, join_group, receive_tensors
+from rljob.runtime.weight_group import WeightGroup, join_group, receive_tensors
 
 log = logging.getLogger(__name__)
 

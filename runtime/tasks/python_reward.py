@@ -19,9 +19,11 @@ import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rljob.runtime.tasks.reward import RewardInput
+if TYPE_CHECKING:
+    # reward.py loads this module for `reward.type: python`; the input type is needed for annotations only.
+    from rljob.runtime.tasks.reward import RewardInput
 
 
 class RewardFunctionError(RuntimeError):

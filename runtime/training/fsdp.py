@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -26,9 +26,12 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 
-from rljob.runtime.training.backend import ReduceOp
 from rljob.runtime.training.distributed import Distributed
 from rljob.runtime.weights.buckets import Bucket, named_buckets
+
+if TYPE_CHECKING:
+    # backend.py builds this backend (a lazy import there), so the protocol's types come type-only.
+    from rljob.runtime.training.backend import ReduceOp
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

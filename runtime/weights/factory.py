@@ -36,7 +36,7 @@ def build_transport(
         return DiskTransport(http, folder, t.keep_last, write_config)
     import torch
 
-    from rljob.runtime.weights.distributed import DistributedOptions, DistributedTransport
+    from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport
 
     backend = t.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     return DistributedTransport(http, DistributedOptions(t.master_address, t.master_port, backend, t.timeout_seconds))

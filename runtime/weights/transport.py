@@ -6,7 +6,7 @@ bucket at a time on rank 0) and installs them, with a new version, on every engi
 them. It never decides what the job's policy version is: it reports which engine ranks now serve
 the new version, as the engines themselves tell it (their served ``weight_version`` is the truth).
 
-Modes (one module each): ``distributed`` (distributed.py), ``disk`` (disk.py), ``tensor`` (tensor.py).
+Modes (one module each): ``distributed`` (broadcast.py), ``disk`` (disk.py), ``tensor`` (tensor.py).
 """
 
 from __future__ import annotations

@@ -229,7 +229,7 @@ def train_step(smoke: Smoke) -> str:
 
 
 def weight_group(smoke: Smoke) -> str:
-    from rljob.runtime.weights.collective import create_group, dtype_name, dtype_of, open_store
+    from rljob.runtime.weight_group import create_group, dtype_name, dtype_of, open_store
     from rljob.runtime.weights.tensor import TensorTransport
 
     trainer, engine, loop = smoke.state["trainer"], smoke.state["engine"], smoke.state["loop"]

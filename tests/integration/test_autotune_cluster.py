@@ -152,7 +152,7 @@ def builtin_policy_cached() -> None:
     On a fresh machine the first `rljob run` of the builtin policy trains it first (minutes, far more
     on a loaded machine); that is a cached build step, not part of the autotune loop under test.
     """
-    from rljob.runtime.tasks.policy import builtin_policy
+    from rljob.runtime.tasks.warmup import builtin_policy
 
     builtin_policy(progress=False)
 

@@ -405,7 +405,7 @@ def test_rljob_run_on_two_ranks_survives_a_kill_of_rank_1(tmp_path: Path) -> Non
     assert evals[0]["step"] == 0 and evals[-1]["step"] == 5
     print("held-out reward", [(e["step"], e["reward_mean"]) for e in evals], "losses", losses)
     # The weights moved away from the base model (the policy the held-out reward is measured on).
-    from rljob.runtime.models.export import export_checkpoint
+    from rljob.runtime.export import export_checkpoint
     from transformers import AutoModelForCausalLM
 
     export_checkpoint(tmp_path / "ckpt", tmp_path / "hf")

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from rljob.api import parse_rljob
 from rljob.runtime.metrics import read_jsonl
-from rljob.runtime.models.export import export_checkpoint
+from rljob.runtime.export import export_checkpoint
 from rljob.runtime.rollout.sample import Group
 from rljob.runtime.runner import JobRunner, RunOptions
 

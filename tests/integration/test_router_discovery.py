@@ -36,7 +36,7 @@ from rljob.operator.builders.inference import worker_selector
 from rljob.operator.builders.router import router_args
 from rljob.runtime.engines.discovery import PodWorkerDiscovery
 from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
-from rljob.runtime.weights.distributed import DistributedOptions, DistributedTransport
+from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport
 from rljob.runtime.weights.buckets import module_buckets
 from tests.helpers.processes import free_port, spawn, stop, wait_http
 from tests.helpers.tiny_model import save_tiny_model

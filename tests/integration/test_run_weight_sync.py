@@ -87,7 +87,7 @@ async def test_sglang_run_with_distributed_transport(tmp_path: Path, http_pool, 
                                                      caplog: pytest.LogCaptureFixture):
     model, workers, router = http_pool
     tp_sizes = [httpx.get(u + "/get_server_info").json()["tp_size"] for u in workers]
-    caplog.set_level(logging.INFO, logger="rljob.runtime.weights.distributed")
+    caplog.set_level(logging.INFO, logger="rljob.runtime.weights.broadcast")
     doc = job_doc(model, tmp_path / "ckpt", steps=steps, every=100)
     use_sglang_pool(doc, router, workers)
     job = parse_rljob(doc)

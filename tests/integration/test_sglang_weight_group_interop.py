@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rljob.runtime.weights.collective import create_group, join_group, open_store
+from rljob.runtime.weight_group import create_group, join_group, open_store
 from tests.helpers.sglang_release import NEWEST, PINNED, function_source
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,7 +25,7 @@ from rljob.runtime.engines.base import GenerateRequest
 from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
 from rljob.runtime.weights.disk import DiskTransport
-from rljob.runtime.weights.distributed import DistributedOptions, DistributedTransport
+from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport
 from rljob.runtime.weights.buckets import module_buckets
 from tests.helpers.processes import start_router, start_worker, stop, wait_http
 from tests.helpers.tiny_model import save_tiny_model

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM
 from rljob.runtime.metrics import ledger_imbalance
 from rljob.runtime.rollout.scheduler import RolloutScheduler
 from rljob.runtime.rollout.strategy import AprilStrategy, Strategy
-from rljob.runtime.weights.distributed import DistributedOptions, DistributedTransport
+from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport
 from rljob.runtime.weights.factory import sync_until_served
 from rljob.runtime.weights.buckets import module_buckets
 from tests.helpers.processes import start_router, wait_http

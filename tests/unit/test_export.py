@@ -12,7 +12,7 @@ from rljob.api.spec import AlgorithmSpec, RLJob
 from rljob.runtime.checkpoint import CheckpointManager, rng_state
 from rljob.runtime.cli import main
 from rljob.runtime.models.errors import ExportError
-from rljob.runtime.models.export import export_checkpoint
+from rljob.runtime.export import export_checkpoint
 from rljob.runtime.models.loading import load_causal_lm
 from rljob.runtime.trainer import Trainer
 

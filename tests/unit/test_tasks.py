@@ -235,7 +235,8 @@ def test_load_policy_errors_say_what_to_do(tmp_path: Path, monkeypatch: pytest.M
 def test_builtin_policy_samples_a_mid_reward() -> None:
     """Warms the built-in policy up (or loads it from the cache) and samples it at temperature 1."""
     from rljob.api.spec import ModelSpec
-    from rljob.runtime.tasks.policy import DEFAULT_RECIPE, load_policy, sampled_reward
+    from rljob.runtime.tasks.policy import load_policy
+    from rljob.runtime.tasks.warmup import DEFAULT_RECIPE, sampled_reward
 
     model, tok = load_policy(ModelSpec(builtin="tiny-arith"), progress=False)
     problems = DEFAULT_RECIPE.task(seed=4242).problems(128)

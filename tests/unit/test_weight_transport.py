@@ -14,7 +14,7 @@ from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
 from rljob.runtime.metrics import StepRecord, ledger_imbalance
 from rljob.runtime.weights.disk import snapshots_to_delete, write_snapshot
-from rljob.runtime.weights.distributed import DistributedOptions, DistributedTransport, departed_members
+from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport, departed_members
 from rljob.runtime.weights.buckets import bucket_bytes, module_buckets, with_last
 from rljob.runtime.weights.tensor import TensorTransport
 from tests.helpers.tiny_model import save_tiny_model

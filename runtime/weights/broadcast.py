@@ -5,7 +5,7 @@ Per sync (sglang_protocol.md §8, distributed_training.md):
    (re)build the group when its layout changed, a member was restarted (it no longer serves the
    version this transport last gave it) or the previous sync broke the group:
    ``/init_weights_update_group`` on every worker (``rank_offset`` = 1 + the TP sizes before it,
-   ``world_size`` = 1 + all of them) while rank 0 forms it here (collective.py: SGLang's layout);
+   ``world_size`` = 1 + all of them) while rank 0 forms it here (runtime/weight_group.py: SGLang's layout);
 2. ``/pause_generation`` (in place: the round has already aborted and drained everything);
 3. per bucket, ``/update_weights_from_distributed`` with names, dtypes and shapes to every member
    while rank 0 broadcasts the tensors; the cache is flushed and ``weight_version`` set with the last
@@ -37,7 +37,7 @@ from rljob.runtime.engines.protocol import (
     update_weights_from_distributed_call,
 )
 from rljob.runtime.engines.sglang_client import SGLangEngine
-from rljob.runtime.weights.collective import Backend, WeightGroup, create_group, dtype_name, open_store
+from rljob.runtime.weight_group import Backend, WeightGroup, create_group, dtype_name, open_store
 from rljob.runtime.weights.group_layout import RankLayout, rank_layout, server_shape
 from rljob.runtime.weights.buckets import Bucket, bucket_bytes, drain, with_last
 from rljob.runtime.weights.transport import SyncReport, WeightSource, WeightTransport

@@ -1,18 +1,27 @@
-"""The one engine interface the rollout scheduler talks to.
+"""The one engine interface the rollout scheduler talks to, and what the weight transports drive.
 
 Three implementations: the embedded PyTorch engine (in process), the SGLang HTTP client
 (production, also used against the project's SGLang-protocol server), and the simulator's
 virtual engines. Token ids in, token ids and log-probs out; abort returns partial output.
+
+The weight transports (runtime/weights/) see an engine only through the two protocols at the end
+of this module: `TensorTarget` (an engine in the trainer's process takes buckets of named tensors)
+and `WeightTargets` (an engine served by remote members, SGLang workers, that take control POSTs and
+report the version they serve). The engines never import the transports.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     import torch
+
+    from rljob.runtime.engines.membership import WorkerView
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -133,3 +142,71 @@ class Engine(abc.ABC):
     async def close(self) -> None:
         """Release resources (sessions, threads)."""
         return None
+
+
+# ------------------------------------------------------------------ what the weight transports drive
+
+
+@dataclass
+class MemberSync:
+    """Per member outcome of one weight sync, by the members' own served version."""
+
+    updated: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+class TensorTarget(Protocol):
+    """An engine in the trainer's process: takes the weights bucket by bucket (the ``tensor`` mode)."""
+
+    name: str
+
+    async def load_named_tensors(self, tensors: list[tuple[str, torch.Tensor]], version: int | None) -> None:
+        """Copy one bucket of full named tensors into the served model; ``version`` (with the last
+        bucket) becomes the served version. EngineError when a name or shape does not fit."""
+        ...
+
+    def served_version(self) -> int | None:
+        """The version of the weights it serves."""
+        ...
+
+
+class WeightTargets(Protocol):
+    """An engine served by remote members (SGLang workers, by URL) that a transport updates with
+    control POSTs (the ``distributed`` and ``disk`` modes). The member's own report of the version
+    it serves is the truth: ``commit`` reads it back and moves the engine's rotation."""
+
+    def syncing(self) -> AbstractAsyncContextManager[None]:
+        """Hold the engine's own probing while a sync runs (versions move under it)."""
+        ...
+
+    async def refresh_members(self) -> None:
+        """Adopt the members discovery reports now and probe every one (reachable, served version)."""
+        ...
+
+    def members(self) -> Mapping[str, WorkerView]:
+        """Every member the engine knows, by URL, as last probed."""
+        ...
+
+    async def member_info(self, url: str) -> dict[str, Any]:
+        """A member's server info (``tp_size``, ``dp_size``, ...); EngineError when it does not answer."""
+        ...
+
+    async def post(self, urls: Sequence[str], path: str, body: dict[str, Any],
+                   timeout: float | None = None) -> dict[str, str | None]:
+        """One control POST to each of ``urls`` at once: url -> None (done) or why it failed."""
+        ...
+
+    async def commit(self, version: int, replies: Mapping[str, str | None]) -> MemberSync:
+        """After a sync: make ``version`` current where members serve it, and say which do."""
+        ...
+
+
+async def post_and_commit(targets: WeightTargets, version: int, path: str, body: dict[str, Any]) -> MemberSync:
+    """A sync that is one control POST per member (``/update_weights_from_disk``): every answering
+    member (also those out of the rotation: this is how they catch up) gets it, then ``version``
+    becomes current where the members serve it."""
+    async with targets.syncing():
+        await targets.refresh_members()  # a replica added since the last sync gets this version too
+        ready = [url for url, member in targets.members().items() if member.reachable]
+        replies = await targets.post(ready, path, body)
+        return await targets.commit(version, replies)

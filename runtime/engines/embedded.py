@@ -328,12 +328,14 @@ class EmbeddedEngine(Engine):
     async def update_weights(self, update: WeightUpdate) -> None:
         """Install weights from ``update.tensors``, ``update.module`` (state dict copy) or ``update.path`` between steps.
 
+        The same install as a weight transport's (load_named_tensors, the TensorTarget of
+        engines/base.py): the whole state as one bucket, which must then cover the whole model.
         Running sequences keep their KV cache and continue with the new weights, as SGLang does.
         """
         if update.module is None and update.path is None and update.tensors is None:
             raise EngineError("WeightUpdate needs a module or a path (or gathered tensors)")
         async with self._step_lock:
-            await asyncio.to_thread(self._install_weights, update)
+            await asyncio.to_thread(self._install_update, update)
             self.weight_version = update.version
         log.info("embedded engine now serves weight version %s", update.version)
 
@@ -348,43 +350,45 @@ class EmbeddedEngine(Engine):
         Raises EngineError naming parameters the model does not have or whose shape differs.
         """
         async with self._step_lock:
-            await asyncio.to_thread(self._copy_named, tensors)
+            await asyncio.to_thread(self._copy_named, tensors, "a weight sync", False)
             if version is not None:
                 self.weight_version = version
         if version is not None:
             log.info("embedded engine now serves weight version %s", version)
 
-    def _copy_named(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
-        # Every name of a tied weight: a sharded trainer's full weights (its state dict) list the output
-        # head of a tied model (lm_head.weight) beside the embedding it shares (Qwen3 up to 4B ties them).
-        params = dict(self.model.named_parameters(remove_duplicate=False))
-        unknown = [n for n, _ in tensors if n not in params]
-        wrong = [n for n, t in tensors if n in params and params[n].shape != t.shape]
-        if unknown or wrong:
+    def _copy_named(self, tensors: list[tuple[str, torch.Tensor]], source: str, whole: bool) -> None:
+        """Copy named tensors into the model's parameters and persistent buffers, by name.
+
+        Every name of a tied weight is a target: a sharded trainer's full weights (its state dict) list
+        the output head of a tied model (lm_head.weight) beside the embedding it shares (Qwen3 up to
+        4B ties them). A ``whole`` state must name every target, and may lack or add the tied pair (a
+        checkpoint of a tied model may hold one of the two names); a bucket is a part of the model.
+        """
+        targets = self.model.state_dict(keep_vars=True)
+        tied = {"lm_head.weight", "model.embed_tokens.weight"} if whole else set()
+        given = {n for n, _ in tensors}
+        unknown = sorted(given - set(targets) - tied)
+        missing = sorted(set(targets) - given - tied) if whole else []
+        wrong = [n for n, t in tensors if n in targets and targets[n].shape != t.shape]
+        if unknown or missing or wrong:
             raise EngineError(
-                f"weights do not match the served model (unknown {unknown[:5]}, wrong shape {wrong[:5]})"
+                f"weights from {source} do not match the served model "
+                f"(unknown {unknown[:5]}, missing {missing[:5]}, wrong shape {wrong[:5]})"
             )
         with torch.no_grad():
             for name, tensor in tensors:
-                params[name].copy_(tensor)
+                if name in targets:
+                    targets[name].copy_(tensor)
 
-    def _install_weights(self, update: WeightUpdate) -> None:
+    def _install_update(self, update: WeightUpdate) -> None:
         if update.tensors is not None:
-            state = update.tensors
+            state, source = update.tensors, "gathered tensors"
         elif update.module is not None:
-            state = update.module.state_dict()
+            state, source = update.module.state_dict(), type(update.module).__name__
         else:
             assert update.path is not None
-            state = _load_model(update.path, self._device, self._dtype).state_dict()
-        with torch.no_grad():
-            missing, unexpected = self.model.load_state_dict(state, strict=False)
-        # Tied embeddings may legitimately be absent from one side; anything else is a wrong checkpoint.
-        tied = {"lm_head.weight", "model.embed_tokens.weight"}
-        if set(missing) - tied or set(unexpected) - tied:
-            raise EngineError(
-                f"weights from {update.path or type(update.module if update.tensors is None else update.tensors).__name__} do not match the served model "
-                f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
-            )
+            state, source = _load_model(update.path, self._device, self._dtype).state_dict(), update.path
+        self._copy_named(list(state.items()), source, whole=True)
 
     def sampling_state(self) -> torch.Tensor | None:
         """The sampling generator's state (None before start())."""

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rljob.runtime.engines.base import EngineError
+from rljob.runtime.engines.base import EngineError, WeightTargets
 from rljob.runtime.engines.protocol import (
     Call,
     continue_generation_call,
@@ -36,7 +36,6 @@ from rljob.runtime.engines.protocol import (
     pause_generation_call,
     update_weights_from_distributed_call,
 )
-from rljob.runtime.engines.sglang_client import SGLangEngine
 from rljob.runtime.weight_group import Backend, WeightGroup, create_group, dtype_name, open_store
 from rljob.runtime.weights.group_layout import RankLayout, rank_layout, server_shape
 from rljob.runtime.weights.buckets import Bucket, bucket_bytes, drain, with_last
@@ -72,16 +71,17 @@ def departed_members(members: Sequence[str], known: set[str]) -> list[str]:
 
 
 def _post(call: Call) -> tuple[str, dict[str, Any]]:
-    """(path, body) of a worker POST built by protocol.py, for SGLangEngine.post_worker(s)."""
+    """(path, body) of a worker POST built by protocol.py, for WeightTargets.post."""
     return call.path, call.body or {}
 
 
 class DistributedTransport(WeightTransport):
-    """Trainer rank 0's side of the weight-update group over every worker of ``engines``."""
+    """Trainer rank 0's side of the weight-update group over every member of ``engines`` (the
+    WeightTargets of engines/base.py: SGLang engines, each a set of workers)."""
 
     mode = "distributed"
 
-    def __init__(self, engines: Sequence[SGLangEngine], options: DistributedOptions) -> None:
+    def __init__(self, engines: Sequence[WeightTargets], options: DistributedOptions) -> None:
         self.engines = list(engines)
         self.options = options
         self._group: WeightGroup | None = None
@@ -92,27 +92,27 @@ class DistributedTransport(WeightTransport):
         # Group names are registered process-wide by torch: unique per transport, new per rebuild.
         self._token = uuid.uuid4().hex[:8]
 
-    def _owner(self, url: str) -> SGLangEngine:
+    def _owner(self, url: str) -> WeightTargets:
         for engine in self.engines:
-            if url in engine.workers:
+            if url in engine.members():
                 return engine
         raise KeyError(f"no engine knows SGLang worker {url}")
 
     def _reachable(self, url: str) -> bool:
         """Whether an engine still knows ``url`` and its last call or probe got an answer."""
-        return any(url in e.workers and e.workers[url].reachable for e in self.engines)
+        return any(url in e.members() and e.members()[url].reachable for e in self.engines)
 
     def _needs_rebuild(self, layout: RankLayout) -> bool:
         if self._group is None or layout != self._layout:
             return True
-        return any(self._owner(u).workers[u].served_version != self._given.get(u) for u in layout.offsets)
+        return any(self._owner(u).members()[u].served_version != self._given.get(u) for u in layout.offsets)
 
     async def _layout_of(self, candidates: list[str]) -> tuple[RankLayout, dict[str, str]]:
         """The group's layout over the candidates whose server info places them (TP sizes, in order),
         and why each of the others cannot join."""
         async def shape(url: str) -> int | str:
             try:
-                return server_shape(await self._owner(url).server_info(url)).tp_size
+                return server_shape(await self._owner(url).member_info(url)).tp_size
             except (EngineError, ValueError) as exc:
                 return f"cannot join the weight-update group: {exc}"
 
@@ -134,8 +134,8 @@ class DistributedTransport(WeightTransport):
         port = store.port
         rank0 = asyncio.create_task(asyncio.to_thread(create_group, store, name, world, self.options.backend, timeout))
         joins = [
-            self._owner(url).post_worker(url, *_post(init_weights_update_group_call(
-                host, port, layout.offsets[url], world, name, self.options.backend)), timeout=timeout)
+            self._post_one(url, init_weights_update_group_call(
+                host, port, layout.offsets[url], world, name, self.options.backend), timeout)
             for url in candidates
         ]
         errors = await asyncio.gather(*joins)
@@ -157,13 +157,16 @@ class DistributedTransport(WeightTransport):
                  name, world - 1, len(candidates), host, port, self.options.backend)
         return self._members
 
+    async def _post_one(self, url: str, call: Call, timeout: float) -> str | None:
+        """One control POST to one member: None when done, else why it failed."""
+        return (await self._owner(url).post([url], *_post(call), timeout=timeout))[url]
+
     async def _destroy(self) -> None:
         if self._group is not None:
             name = self._group.group_name
             for url in self._members:
                 if self._reachable(url):
-                    await self._owner(url).post_worker(url, *_post(destroy_weights_update_group_call(name)),
-                                                       timeout=10)
+                    await self._post_one(url, destroy_weights_update_group_call(name), 10)
             self._group.close()
             self._group = None
         self._members = []
@@ -185,15 +188,14 @@ class DistributedTransport(WeightTransport):
         started = time.perf_counter()
         report = SyncReport(version=version, mode=self.mode)
         for engine in self.engines:
-            await engine.refresh_workers()  # replicas added by scaling join the group
-            await engine.probe_all()
-        gone = departed_members(self._members, {u for e in self.engines for u in e.workers})
+            await engine.refresh_members()  # replicas added by scaling join the group
+        gone = departed_members(self._members, {u for e in self.engines for u in e.members()})
         if gone:
             # Pushing to it would fail (found on the real node: a force-deleted engine pod crashed rank 0
             # here, looking up the departed member); the survivors get a new group below.
             log.warning("weight-update group members %s left discovery; the group is dropped", gone)
             await self._destroy()
-        candidates = [w.url for e in self.engines for w in e.healthy_workers()]
+        candidates = [u for e in self.engines for u, member in e.members().items() if member.reachable]
         layout, refused = await self._layout_of(candidates)
         members = self._members
         if layout.offsets and self._needs_rebuild(layout):
@@ -204,13 +206,13 @@ class DistributedTransport(WeightTransport):
         else:
             drain(weights())
         for engine in self.engines:
-            result = await engine.commit_version(version, {u: r for u, r in replies.items() if u in engine.workers})
+            result = await engine.commit(version, {u: r for u, r in replies.items() if u in engine.members()})
             report.updated += result.updated
             for url, reason in result.failed.items():
                 report.failed.setdefault(url, reason)
         for url in self._members:
-            if any(url in e.workers for e in self.engines):
-                self._given[url] = self._owner(url).workers[url].served_version
+            if any(url in e.members() for e in self.engines):
+                self._given[url] = self._owner(url).members()[url].served_version
         report.seconds = time.perf_counter() - started
         return report
 
@@ -249,7 +251,7 @@ class DistributedTransport(WeightTransport):
     async def _all(self, urls: list[str], path: str, body: dict[str, object]) -> dict[str, str | None]:
         # All engines at once: a worker's broadcast completes only when every rank takes part.
         parts = await asyncio.gather(*(
-            engine.post_workers([u for u in urls if u in engine.workers], path, body, timeout=self.options.timeout_s)
+            engine.post([u for u in urls if u in engine.members()], path, body, timeout=self.options.timeout_s)
             for engine in self.engines
         ))
         return {url: reason for part in parts for url, reason in part.items()}

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from rljob.runtime.engines.sglang_client import SGLangEngine
+from rljob.runtime.engines.base import WeightTargets, post_and_commit
+from rljob.runtime.engines.protocol import update_weights_from_disk_call
 from rljob.runtime.weights.buckets import Bucket, bucket_bytes, drain
 from rljob.runtime.weights.transport import SyncReport, WeightSource, WeightTransport
 
@@ -70,7 +71,7 @@ class DiskTransport(WeightTransport):
 
     def __init__(
         self,
-        engines: Sequence[SGLangEngine],
+        engines: Sequence[WeightTargets],
         folder: Path,
         keep_last: int,
         write_config: Callable[[Path], None],
@@ -90,11 +91,12 @@ class DiskTransport(WeightTransport):
         except OSError as exc:
             reason = f"snapshot {path} could not be written ({exc}); check rollout.weightTransport.diskDir"
             log.error("weight sync of version %d: %s", version, reason)
-            report.failed = {w.url: reason for e in self.engines for w in e.workers.values()}
+            report.failed = {url: reason for e in self.engines for url in e.members()}
             report.seconds = time.perf_counter() - started
             return report
         for engine in self.engines:
-            result = await engine.update_weights_from_disk(str(path), version)
+            call = update_weights_from_disk_call(str(path), version)
+            result = await post_and_commit(engine, version, call.path, call.body or {})
             report.updated += result.updated
             report.failed.update(result.failed)
         self._prune()

@@ -1,4 +1,4 @@
-"""``tensor`` mode: engines in the trainer's own process (the embedded engine) copy the tensors."""
+"""``tensor`` mode: engines in the trainer's own process (TensorTarget: the embedded engine) copy the tensors."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from rljob.runtime.engines.base import EngineError
-from rljob.runtime.engines.embedded import EmbeddedEngine
+from rljob.runtime.engines.base import EngineError, TensorTarget
 from rljob.runtime.weights.buckets import bucket_bytes, with_last
 from rljob.runtime.weights.transport import SyncReport, WeightSource, WeightTransport
 
@@ -19,7 +18,7 @@ class TensorTransport(WeightTransport):
 
     mode = "tensor"
 
-    def __init__(self, engines: Sequence[EmbeddedEngine]) -> None:
+    def __init__(self, engines: Sequence[TensorTarget]) -> None:
         self.engines = list(engines)
 
     async def sync(self, version: int, weights: WeightSource) -> SyncReport:
@@ -38,7 +37,7 @@ class TensorTransport(WeightTransport):
                     log.error("weight sync of version %d to %s failed: %s", version, name, exc)
                     report.failed[name] = str(exc)
         report.updated = [
-            n for n, e in zip(names, self.engines, strict=True) if n not in report.failed and e.weight_version == version
+            n for n, e in zip(names, self.engines, strict=True) if n not in report.failed and e.served_version() == version
         ]
         report.seconds = time.perf_counter() - started
         return report

@@ -108,7 +108,7 @@ async def test_the_router_forwards_the_decoding_parameters_and_follows_the_worke
         assert (received["input_ids"], received["rid"], received["return_logprob"]) == ([1, 2, 3], request.rid, True)
 
         worker.version = "5"  # no longer the job's version: the client takes it out (DELETE /workers/{id})
-        await engine.probe_all()
+        await engine.table.probe_all()
         assert await _router_workers(router) == []
     finally:
         await engine.close()

@@ -196,7 +196,7 @@ async def test_disk_sync_loads_the_snapshot_everywhere_and_keeps_the_last_k(pool
             await http.post(pool.workers[1] + "/update_weight_version", json={"new_version": "2",
                                                                                "abort_all_requests": False})
         await engine.health()
-        assert [w.url for w in engine.rotation_workers()] == [pool.workers[0]]
+        assert [w.url for w in engine.table.rotation_workers()] == [pool.workers[0]]
 
         async def out_of_router() -> bool:
             return pool.workers[1] not in await router_workers(pool.router)

@@ -194,6 +194,26 @@ async def test_weight_update_from_module_and_path_changes_outputs_and_version(
         await engine.update_weights(WeightUpdate(version=3))
 
 
+async def test_a_whole_update_and_a_sync_bucket_install_by_one_rule(engine: EmbeddedEngine) -> None:
+    """update_weights is the transports' load_named_tensors over the whole state: it must name every
+    weight, a bucket may name some; an unknown name or a wrong shape is refused either way and the
+    served version stays."""
+    state = build_tiny_model(seed=1).state_dict()
+    name = "model.norm.weight"  # not one of a tied pair, which a whole state may lack
+    tensor = state[name]
+    partial = {n: t for n, t in state.items() if n != name}
+    with pytest.raises(EngineError, match=r"missing \['" + name):
+        await engine.update_weights(WeightUpdate(version=1, tensors=partial))
+    await engine.load_named_tensors(list(partial.items()), None)  # a bucket is a part of the model
+    with pytest.raises(EngineError, match=r"wrong shape \['" + name):
+        await engine.load_named_tensors([(name, tensor[:1])], 1)
+    with pytest.raises(EngineError, match=r"unknown \['no.such.weight"):
+        await engine.update_weights(WeightUpdate(version=1, tensors={**state, "no.such.weight": tensor}))
+    assert engine.served_version() == 0
+    await engine.load_named_tensors([(name, tensor)], 2)
+    assert engine.served_version() == 2
+
+
 async def test_weight_update_waits_for_step_boundary_and_running_requests_continue(
     engine: EmbeddedEngine,
 ) -> None:

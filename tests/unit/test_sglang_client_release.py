@@ -144,7 +144,7 @@ async def test_a_0_5_5_worker_is_used_through_its_own_endpoints() -> None:
         await engine.health()
         load = await engine.load()
         api = engine.workers[url].api
-        in_rotation = [w.url for w in engine.rotation_workers()]
+        in_rotation = [w.url for w in engine.table.rotation_workers()]
     finally:
         await engine.close()
         await runner.cleanup()

@@ -162,8 +162,8 @@ def test_a_failing_discovery_keeps_the_known_workers() -> None:
             return ["http://127.0.0.1:1"]
 
         engine = SGLangEngine(SGLangClientConfig(discover=discover, probe_timeout_s=0.2))
-        await engine.refresh_workers()
-        await engine.refresh_workers()
+        await engine.table.refresh_workers()
+        await engine.table.refresh_workers()
         assert list(engine.workers) == ["http://127.0.0.1:1"] and calls == 2
         await engine.close()
 

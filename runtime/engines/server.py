@@ -10,7 +10,13 @@ reproduces what the runtime depends on the way that release's source does it: ``
 requests blocked while generation is paused or weights are updating, the context-length check, duplicate
 request ids, aborts of queued and running requests with their reply shapes, and which version endpoints
 exist. docs/sglang_standin.md cites the SGLang function behind each behaviour.
-Fault switches (``ServerOptions``) reproduce older SGLang behaviours so both client paths stay tested.
+Older SGLang behaviours the client must tolerate are reproduced by a test-only subclass
+(tests/helpers/server_faults.py); this module has no fault switches. The TP ranks' side of the
+weight-update groups is server_groups.py, the pause flag and model-update lock admission.py.
+
+Why one module of about 800 lines: each handler mirrors one SGLang endpoint and they share one
+state (the engine, the admission gate, the table of live request ids, the served version string);
+split further, every part would reach into the others.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import rljob.runtime.engines.protocol as proto
 from rljob.runtime.engines.admission import AdmissionGate
 from rljob.runtime.engines.base import EngineError, GenerateRequest, GenerateResult, WeightUpdate
 from rljob.runtime.engines.embedded import EmbeddedEngine, InvalidRequestError
-from rljob.runtime.weight_group import WeightGroup, join_group, receive_tensors
+from rljob.runtime.engines.server_groups import GroupError, TPRankGroups
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +72,12 @@ class Tokenizer(Protocol):
 
 @dataclass
 class ServerOptions:
-    """How the server presents itself, plus fault switches for older SGLang behaviours."""
+    """How the server presents itself and which SGLang release it stands in for."""
 
     model_path: str = "in-memory"
     weight_version: str = "0"
     startup_delay_s: float = 0.0  # extra time /health answers 503 after the model has loaded
     tokenizer: Tokenizer | None = None
-    legacy_abort_reply: bool = False  # aborted-before-prefill replies lack output ids/log-probs
-    require_abort_rid: bool = False  # /abort_request without "rid" -> 422 (old versions)
-    ignore_first_aborts: int = 0  # the first N /abort_request calls are acknowledged but do nothing
-    health_generate_fault: Literal["none", "hang", "503"] = "none"
     weight_group_timeout_s: float = 300.0  # joining and each broadcast of a weight-update group
     # Tensor-parallel ranks: each joins weight-update groups as its own rank (rank_offset + tp_rank) and
     # receives every broadcast, as SGLang's TP workers do. Decoding itself stays on one CPU engine.
@@ -113,7 +115,9 @@ def health_settings(environ: Mapping[str, str]) -> tuple[bool, float]:
     return _env_bool(environ, HEALTH_GENERATION_ENV, True), timeout
 
 
-class _JsonError(Exception):
+class JsonError(Exception):
+    """Raised by a handler: answered as SGLang's JSON error body with ``status``."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
@@ -123,7 +127,7 @@ def _json_error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message, "code": status}}, status=status)
 
 
-async def _read_body(request: web.Request, model: type[BaseModel]) -> Any:
+async def read_body(request: web.Request, model: type[BaseModel]) -> Any:
     """Parse the JSON body (empty body = {}) into ``model``; 400 with the field path on error."""
     raw = await request.read()
     try:
@@ -131,7 +135,7 @@ async def _read_body(request: web.Request, model: type[BaseModel]) -> Any:
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "body"
-        raise _JsonError(400, f"invalid {request.path} request: {field}: {first['msg']}") from exc
+        raise JsonError(400, f"invalid {request.path} request: {field}: {first['msg']}") from exc
 
 
 def _as_list(value: Any, n: int) -> list[Any]:
@@ -188,13 +192,12 @@ class SGLangProtocolServer:
         self.options = options or ServerOptions()
         self.weight_version = self.options.weight_version
         self._ready = False
-        self._aborts_to_ignore = self.options.ignore_first_aborts
         self._startup: asyncio.Task[None] | None = None
         self.gate = AdmissionGate()  # SGLang's pause flag and model-update lock
         self._live_rids: Counter[str] = Counter()  # rids of requests received and not yet answered
         self._control_replies = 0  # weight updates answered: SGLang counts them as scheduler output
         self._unhealthy = False  # the last /health generation timed out (SGLang: ServerStatus.UnHealthy)
-        self._groups: dict[str, list[WeightGroup]] = {}  # weight-update groups joined, by name: one member per TP rank
+        self._groups = TPRankGroups(self.options.tp_size, self.options.weight_group_timeout_s)
         self._runner: web.AppRunner | None = None
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(_SGLangMetrics(self))
@@ -249,7 +252,7 @@ class SGLangProtocolServer:
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
-        except _JsonError as exc:
+        except JsonError as exc:
             return _json_error(exc.status, str(exc))
 
     async def _on_startup(self, _app: web.Application) -> None:
@@ -268,9 +271,7 @@ class SGLangProtocolServer:
     async def _on_cleanup(self, _app: web.Application) -> None:
         if self._startup is not None:
             self._startup.cancel()
-        for ranks in self._groups.values():
-            _close_all(ranks)
-        self._groups.clear()
+        self._groups.close()
         self._ready = False
         await self.engine.close()
 
@@ -296,20 +297,20 @@ class SGLangProtocolServer:
 
     def _require_ready(self) -> None:
         if not self._ready:
-            raise _JsonError(503, "server is starting: the model is not loaded yet")
+            raise JsonError(503, "server is starting: the model is not loaded yet")
 
     # ----------------------------------------------------------------- generation
 
     async def _generate(self, request: web.Request) -> web.Response:
         self._require_ready()
-        body: proto.GenerateBody = await _read_body(request, proto.GenerateBody)
+        body: proto.GenerateBody = await read_body(request, proto.GenerateBody)
         if body.stream:
-            raise _JsonError(400, "stream=true is not supported by the CPU SGLang-protocol server; send stream=false")
+            raise JsonError(400, "stream=true is not supported by the CPU SGLang-protocol server; send stream=false")
         batch_inputs, single = self._inputs_of(body)
         n = len(batch_inputs)
         rids = _as_list(body.rid, n) if body.rid is not None else [None] * n
         if len(rids) != n:
-            raise _JsonError(400, f"rid has {len(rids)} entries for {n} inputs")
+            raise JsonError(400, f"rid has {len(rids)} entries for {n} inputs")
         params = _as_list(body.sampling_params, n)
         want_logprobs = _as_list(body.return_logprob, n)
         started = time.perf_counter()
@@ -335,7 +336,7 @@ class SGLangProtocolServer:
                 try:
                     results = await asyncio.gather(*(self.engine.generate(r) for r in requests))
                 except InvalidRequestError as exc:
-                    raise _JsonError(400, str(exc)) from exc
+                    raise JsonError(400, str(exc)) from exc
         return list(zip(requests, results, strict=True))
 
     @contextlib.contextmanager
@@ -345,7 +346,7 @@ class SGLangProtocolServer:
             seen: set[str] = set()
             for rid in rids:
                 if self._live_rids[rid] or rid in seen:
-                    raise _JsonError(400, f"Duplicate request ID detected: {rid}")
+                    raise JsonError(400, f"Duplicate request ID detected: {rid}")
                 seen.add(rid)
         self._live_rids.update(rids)
         try:
@@ -361,10 +362,10 @@ class SGLangProtocolServer:
         ``max_new_tokens`` may fill it in 0.5.23 but must stay below it in 0.5.5.post3."""
         context = self.engine.max_context_len
         if len(ids) >= context:
-            raise _JsonError(400, f"The input ({len(ids)} tokens) is longer than the model's context length ({context} tokens).")
+            raise JsonError(400, f"The input ({len(ids)} tokens) is longer than the model's context length ({context} tokens).")
         total = len(ids) + max_new_tokens
         if total >= context if self.options.legacy else total > context:
-            raise _JsonError(
+            raise JsonError(
                 400,
                 f"Requested token count exceeds the model's maximum context length of {context} tokens: "
                 f"{len(ids)} input tokens + {max_new_tokens} max_new_tokens = {total}; shorten the prompt or "
@@ -373,7 +374,7 @@ class SGLangProtocolServer:
 
     def _inputs_of(self, body: proto.GenerateBody) -> tuple[list[list[int]], bool]:
         if (body.input_ids is None) == (body.text is None):
-            raise _JsonError(400, "give exactly one of input_ids or text")
+            raise JsonError(400, "give exactly one of input_ids or text")
         if body.input_ids is not None:
             ids = body.input_ids
             if ids and isinstance(ids[0], list):
@@ -381,14 +382,14 @@ class SGLangProtocolServer:
             return [list(ids)], True  # type: ignore[arg-type]
         tok = self.options.tokenizer
         if tok is None:
-            raise _JsonError(400, "this server has no tokenizer (start it with --tokenizer-path); send input_ids")
+            raise JsonError(400, "this server has no tokenizer (start it with --tokenizer-path); send input_ids")
         texts = body.text if isinstance(body.text, list) else [body.text]
         return [tok.encode(t) for t in texts if t is not None], not isinstance(body.text, list)
 
     def _engine_request(self, rid: str, ids: list[int], sp: proto.SamplingParamsBody) -> GenerateRequest:
         stops = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop or [])
         if stops and self.options.tokenizer is None:
-            raise _JsonError(400, "stop strings need a tokenizer: start the server with --tokenizer-path, or use stop_token_ids")
+            raise JsonError(400, "stop strings need a tokenizer: start the server with --tokenizer-path, or use stop_token_ids")
         stop_ids = list(sp.stop_token_ids or [])
         if not sp.ignore_eos:
             stop_ids += self._eos_ids()
@@ -419,11 +420,22 @@ class SGLangProtocolServer:
         latency: float,
     ) -> dict[str, Any]:
         tok = self.options.tokenizer
-        legacy_empty_abort = self.options.legacy_abort_reply and res.finish_reason == "abort" and not res.output_ids
-        if res.finish_reason == "abort" and not res.output_ids and not legacy_empty_abort:
+        if res.finish_reason == "abort" and not res.output_ids:
             return self._queued_abort_reply(req, return_logprob, latency)
-        message = "Abort before prefill" if legacy_empty_abort else None
-        meta: dict[str, Any] = {
+        meta = self._meta_info(req, res, latency)
+        reply: dict[str, Any] = {"text": tok.decode(res.output_ids) if tok else "", "meta_info": meta}
+        reply["output_ids"] = res.output_ids
+        if return_logprob:
+            meta["output_token_logprobs"] = [
+                [lp, tid, tok.decode([tid]) if (tok and text_in_logprobs) else None]
+                for lp, tid in zip(res.output_logprobs, res.output_ids, strict=True)
+            ]
+        return reply
+
+    def _meta_info(self, req: GenerateRequest, res: GenerateResult, latency: float,
+                   message: str | None = None) -> dict[str, Any]:
+        """``meta_info`` of a request that ran: ids, finish reason, token counts, version, latency."""
+        return {
             "id": req.rid,
             "finish_reason": proto.finish_reason_json(res, req.max_new_tokens, message),
             "prompt_tokens": len(req.input_ids),
@@ -432,16 +444,6 @@ class SGLangProtocolServer:
             "weight_version": self.weight_version,
             "e2e_latency": latency,
         }
-        reply: dict[str, Any] = {"text": tok.decode(res.output_ids) if tok else "", "meta_info": meta}
-        if legacy_empty_abort:
-            return reply
-        reply["output_ids"] = res.output_ids
-        if return_logprob:
-            meta["output_token_logprobs"] = [
-                [lp, tid, tok.decode([tid]) if (tok and text_in_logprobs) else None]
-                for lp, tid in zip(res.output_logprobs, res.output_ids, strict=True)
-            ]
-        return reply
 
     def _queued_abort_reply(self, req: GenerateRequest, return_logprob: bool, latency: float) -> dict[str, Any]:
         """A request aborted before it ran (still queued): SGLang answers from the tokenizer manager's
@@ -458,14 +460,7 @@ class SGLangProtocolServer:
     # ----------------------------------------------------------------- abort, health, cache
 
     async def _abort_request(self, request: web.Request) -> web.Response:
-        raw = await request.read()
-        body: proto.AbortBody = await _read_body(request, proto.AbortBody)
-        if self.options.require_abort_rid and b'"rid"' not in raw:
-            raise _JsonError(422, "field required: rid")
-        if self._aborts_to_ignore > 0:
-            self._aborts_to_ignore -= 1
-            log.warning("fault switch: ignoring this /abort_request")
-            return web.Response(status=200)
+        body: proto.AbortBody = await read_body(request, proto.AbortBody)
         if body.abort_all:
             await self.engine.abort_all()
             return web.Response(status=200)
@@ -495,11 +490,6 @@ class SGLangProtocolServer:
         or while weights update), then look once a second for any scheduler output since the start,
         this request's or another's; none within the health timeout is a 503."""
         self._require_ready()
-        fault = self.options.health_generate_fault
-        if fault == "503":
-            raise _JsonError(503, "fault switch: health_generate fails")
-        if fault == "hang":
-            await asyncio.Event().wait()
         before = self._progress()
         probe = asyncio.create_task(
             self._run([f"{HEALTH_RID_PREFIX}_{uuid.uuid4().hex}"], [[0]],
@@ -614,7 +604,7 @@ class SGLangProtocolServer:
             return self.engine.weight_version + 1
 
     async def _update_weight_version(self, request: web.Request) -> web.Response:
-        body: proto.UpdateWeightVersionBody = await _read_body(request, proto.UpdateWeightVersionBody)
+        body: proto.UpdateWeightVersionBody = await read_body(request, proto.UpdateWeightVersionBody)
         if body.abort_all_requests:
             await self.engine.abort_all()
         self.weight_version = body.new_version
@@ -624,7 +614,7 @@ class SGLangProtocolServer:
 
     async def _update_weights_from_disk(self, request: web.Request) -> web.Response:
         self._require_ready()
-        body: proto.UpdateWeightsFromDiskBody = await _read_body(request, proto.UpdateWeightsFromDiskBody)
+        body: proto.UpdateWeightsFromDiskBody = await read_body(request, proto.UpdateWeightsFromDiskBody)
         if body.abort_all_requests:
             await self.engine.abort_all()
         if not Path(body.model_path).is_dir():
@@ -650,26 +640,16 @@ class SGLangProtocolServer:
         """Join the trainer's weight-update group with every TP rank, as ranks ``rank_offset + tp_rank``
         (gloo here: CPU tensors). All ranks join at once: the group forms only with every rank in."""
         self._require_ready()
-        body: proto.InitWeightsUpdateGroupBody = await _read_body(request, proto.InitWeightsUpdateGroupBody)
+        body: proto.InitWeightsUpdateGroupBody = await read_body(request, proto.InitWeightsUpdateGroupBody)
         if body.backend != "gloo":
             return web.json_response({"success": False, "message": f"backend {body.backend!r}: this CPU server "
                                       "joins weight-update groups with gloo only"}, status=400)
-        old = self._groups.pop(body.group_name, None)
-        if old is not None:  # rebuilt by the trainer (an engine was replaced or added)
-            _close_all(old)
-        joins = await asyncio.gather(*(
-            asyncio.to_thread(join_group, body.master_address, body.master_port, body.rank_offset + tp_rank,
-                              body.world_size, body.group_name, self.options.weight_group_timeout_s)
-            for tp_rank in range(self.options.tp_size)
-        ), return_exceptions=True)
-        ranks = [j for j in joins if isinstance(j, WeightGroup)]
-        errors = [j for j in joins if not isinstance(j, WeightGroup)]
-        if errors:
-            _close_all(ranks)
-            log.warning("init_weights_update_group %s failed: %s", body.group_name, errors[0])
-            return web.json_response({"success": False, "message": f"could not join {body.group_name}: {errors[0]}"},
-                                     status=400)
-        self._groups[body.group_name] = ranks
+        try:  # a group of the same name is left first: the trainer rebuilt it (an engine was replaced or added)
+            await self._groups.join(body.master_address, body.master_port, body.rank_offset, body.world_size,
+                                    body.group_name)
+        except GroupError as exc:
+            log.warning("init_weights_update_group %s failed: %s", body.group_name, exc)
+            return web.json_response({"success": False, "message": str(exc)}, status=400)
         last = body.rank_offset + self.options.tp_size - 1
         return web.json_response({"success": True, "message": f"joined {body.group_name} as ranks {body.rank_offset}..{last}"})
 
@@ -677,26 +657,19 @@ class SGLangProtocolServer:
         """Receive the listed tensors by broadcast from rank 0 on every TP rank and install them;
         ``weight_version`` when given."""
         self._require_ready()
-        body: proto.UpdateWeightsFromDistributedBody = await _read_body(request, proto.UpdateWeightsFromDistributedBody)
-        ranks = self._groups.get(body.group_name)
-        if ranks is None:
+        body: proto.UpdateWeightsFromDistributedBody = await read_body(request, proto.UpdateWeightsFromDistributedBody)
+        if body.group_name not in self._groups:
             return web.json_response({"success": False, "message": f"no weight-update group {body.group_name}: "
                                       "call /init_weights_update_group first"}, status=400)
         if not len(body.names) == len(body.dtypes) == len(body.shapes):
-            raise _JsonError(400, "names, dtypes and shapes must have the same length")
+            raise JsonError(400, "names, dtypes and shapes must have the same length")
         if body.abort_all_requests:
             await self.engine.abort_all()
-        try:
-            received = await asyncio.gather(*(
-                asyncio.to_thread(receive_tensors, rank, body.names, body.dtypes, body.shapes) for rank in ranks
-            ))
-            tensors = _same_on_every_rank(received)
-        except (RuntimeError, ValueError) as exc:
-            # A broken group stays broken: drop it, the trainer rebuilds it.
-            self._groups.pop(body.group_name, None)
-            _close_all(ranks)
+        try:  # a broken group stays broken: it is dropped, the trainer rebuilds it
+            tensors = await self._groups.receive(body.group_name, body.names, body.dtypes, body.shapes)
+        except GroupError as exc:
             log.warning("update_weights_from_distributed failed: %s", exc)
-            return web.json_response({"success": False, "message": f"broadcast failed: {exc}"}, status=400)
+            return web.json_response({"success": False, "message": str(exc)}, status=400)
         version = self._engine_version_for(body.weight_version) if body.weight_version is not None else None
         try:
             await self.engine.load_named_tensors(tensors, version)
@@ -708,11 +681,9 @@ class SGLangProtocolServer:
                                   "num_paused_requests": 0})
 
     async def _destroy_weights_update_group(self, request: web.Request) -> web.Response:
-        body: proto.DestroyWeightsUpdateGroupBody = await _read_body(request, proto.DestroyWeightsUpdateGroupBody)
-        ranks = self._groups.pop(body.group_name, None)
-        if ranks is not None:
-            _close_all(ranks)
-        return web.json_response({"success": True, "message": f"{body.group_name} destroyed" if ranks else "no such group"})
+        body: proto.DestroyWeightsUpdateGroupBody = await read_body(request, proto.DestroyWeightsUpdateGroupBody)
+        left = self._groups.destroy(body.group_name)
+        return web.json_response({"success": True, "message": f"{body.group_name} destroyed" if left else "no such group"})
 
     def _exclusive(self, handler: Handler) -> Handler:
         """A weight update as SGLang runs it: ``abort_all_requests`` first, then the model-update lock's
@@ -734,7 +705,7 @@ class SGLangProtocolServer:
         return exclusive
 
     async def _pause(self, request: web.Request) -> web.Response:
-        body: proto.PauseBody = await _read_body(request, proto.PauseBody)
+        body: proto.PauseBody = await read_body(request, proto.PauseBody)
         mode = "abort" if self.options.legacy else body.mode  # 0.5.5.post3 ignores the body
         await self.gate.set_paused(True)  # new requests wait at the gate from now on
         if mode == "abort":
@@ -750,22 +721,6 @@ class SGLangProtocolServer:
         await self.gate.set_paused(False)
         self.engine.resume()
         return web.json_response({"success": True, "message": "generation continued"})
-
-
-def _close_all(ranks: list[WeightGroup]) -> None:
-    for rank in ranks:
-        rank.close()
-
-
-def _same_on_every_rank(received: list[list[tuple[str, torch.Tensor]]]) -> list[tuple[str, torch.Tensor]]:
-    """The tensors of TP rank 0, once every rank is seen to hold the same ones (real TP shards each
-    load their slice of the full tensor they receive; here each must have received all of it)."""
-    first = received[0]
-    for tp_rank, tensors in enumerate(received[1:], start=1):
-        for (name, expected), (_, got) in zip(first, tensors, strict=True):
-            if not torch.equal(expected, got):
-                raise ValueError(f"TP rank {tp_rank} received different bytes for {name} than TP rank 0")
-    return first
 
 
 # --------------------------------------------------------------------------------- CLI
@@ -815,14 +770,6 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help="the SGLang release whose HTTP behaviours to reproduce (docs/sglang_standin.md); /health reads "
         f"{HEALTH_GENERATION_ENV} and {HEALTH_TIMEOUT_ENV} from the environment, as SGLang does",
     )
-    faults = p.add_argument_group("fault switches (reproduce older SGLang behaviours in tests)")
-    faults.add_argument("--fault-legacy-abort-reply", action="store_true",
-                        help="replies of requests aborted before prefill carry no output_ids/output_token_logprobs")
-    faults.add_argument("--fault-require-abort-rid", action="store_true", help="/abort_request without rid -> 422")
-    faults.add_argument("--fault-ignore-first-aborts", type=int, default=0, metavar="N",
-                        help="acknowledge but ignore the first N /abort_request calls")
-    faults.add_argument("--fault-health-generate", choices=["none", "hang", "503"], default="none",
-                        help="make /health_generate hang or fail while /health stays up")
     return p
 
 
@@ -854,10 +801,6 @@ def main(argv: list[str] | None = None) -> None:
         weight_version=args.weight_version,
         startup_delay_s=args.startup_delay,
         tokenizer=tokenizer,
-        legacy_abort_reply=args.fault_legacy_abort_reply,
-        require_abort_rid=args.fault_require_abort_rid,
-        ignore_first_aborts=args.fault_ignore_first_aborts,
-        health_generate_fault=args.fault_health_generate,
         tp_size=args.tp_size,
         sglang_version=args.sglang_version,
         health_endpoint_generation=health_generation,

@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -25,6 +25,7 @@ from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.engines.server import ServerOptions, SGLangProtocolServer
 from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
 from tests.helpers.processes import start_router, start_worker, stop, wait_http
+from tests.helpers.server_faults import Faults, FaultyServer
 from tests.helpers.tiny_model import save_tiny_model
 from tests.helpers.waiting import wait_until
 
@@ -246,8 +247,8 @@ async def test_health_is_503_while_starting(model_dirs: tuple[Path, Path]) -> No
 
 
 async def test_old_server_behaviours_are_tolerated(model_dirs: tuple[Path, Path]) -> None:
-    options = ServerOptions(legacy_abort_reply=True, require_abort_rid=True, ignore_first_aborts=1)
-    server = SGLangProtocolServer(EmbeddedEngine(model_dirs[0], max_batch_size=1), options)
+    faults = Faults(legacy_abort_reply=True, require_abort_rid=True, ignore_first_aborts=1)
+    server = FaultyServer(EmbeddedEngine(model_dirs[0], max_batch_size=1), faults=faults)
     url = await server.start()
     client = fast_client(url)
     try:
@@ -260,6 +261,24 @@ async def test_old_server_behaviours_are_tolerated(model_dirs: tuple[Path, Path]
         assert r.finish_reason == "abort" and r.output_ids
         assert q.finish_reason == "abort" and q.output_ids == [] and q.output_logprobs == []
         assert q.weight_version == 0  # missing on the old reply? then the submit-time version
+    finally:
+        await client.close()
+        await server.stop()
+
+
+@pytest.mark.parametrize("fault", ["503", "hang"])
+async def test_a_worker_whose_health_generate_fails_or_hangs_never_starts_the_client(
+    model_dirs: tuple[Path, Path], fault: Literal["503", "hang"]
+) -> None:
+    """A worker whose /health_generate fails (503) or never answers: the client's start() does not
+    take it, and says that no worker became healthy."""
+    server = FaultyServer(EmbeddedEngine(model_dirs[0]), faults=Faults(health_generate=fault))
+    url = await server.start()
+    client = SGLangEngine(SGLangClientConfig(worker_urls=[url], health_timeout_s=3, health_generate_timeout_s=1))
+    try:
+        with pytest.raises(EngineError, match="no SGLang worker became healthy"):
+            await client.start()
+        assert not client.workers[url].healthy
     finally:
         await client.close()
         await server.stop()
@@ -283,8 +302,9 @@ def test_cli_help_and_bad_model_path(tmp_path: Path) -> None:
     from rljob.runtime.engines.server import build_arg_parser, main
 
     text = build_arg_parser().format_help()
-    for flag in ("--model-path", "--host", "--port", "--max-batch-size", "--fault-ignore-first-aborts"):
+    for flag in ("--model-path", "--host", "--port", "--max-batch-size", "--sglang-version"):
         assert flag in text
+    assert "--fault" not in text, "fault switches live in tests/helpers/server_faults.py, not in production"
     with pytest.raises(SystemExit, match="no config.json"):
         main(["--model-path", str(tmp_path)])
 

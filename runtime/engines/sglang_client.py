@@ -393,7 +393,7 @@ class SGLangEngine(Engine):
         call = update_weights_from_disk_call(path, version)
         return await post_and_commit(self, version, call.path, call.body or {})
 
-    async def post_worker(self, url: str, path: str, body: dict[str, Any], timeout: float | None = None) -> str | None:
+    async def _post_worker(self, url: str, path: str, body: dict[str, Any], timeout: float | None = None) -> str | None:
         """One control POST to a worker (weight-update endpoints); None on success, else the reason."""
         worker = self.table.workers[url]
         try:
@@ -414,8 +414,8 @@ class SGLangEngine(Engine):
 
     async def post(self, urls: Sequence[str], path: str, body: dict[str, Any],
                            timeout: float | None = None) -> dict[str, str | None]:
-        """post_worker on each of ``urls`` at once: url -> None (ok) or the reason it failed."""
-        results = await asyncio.gather(*(self.post_worker(u, path, body, timeout) for u in urls))
+        """_post_worker on each of ``urls`` at once: url -> None (ok) or the reason it failed."""
+        results = await asyncio.gather(*(self._post_worker(u, path, body, timeout) for u in urls))
         return dict(zip(urls, results, strict=True))
 
     async def member_info(self, url: str) -> dict[str, Any]:

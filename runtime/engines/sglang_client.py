@@ -413,7 +413,7 @@ class SGLangEngine(Engine):
         return None
 
     async def post(self, urls: Sequence[str], path: str, body: dict[str, Any],
-                           timeout: float | None = None) -> dict[str, str | None]:
+                   timeout: float | None = None) -> dict[str, str | None]:
         """_post_worker on each of ``urls`` at once: url -> None (ok) or the reason it failed."""
         results = await asyncio.gather(*(self._post_worker(u, path, body, timeout) for u in urls))
         return dict(zip(urls, results, strict=True))

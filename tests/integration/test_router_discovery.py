@@ -122,7 +122,7 @@ def _start_router(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 async def test_a_scaled_in_worker_gets_traffic_only_once_it_holds_the_current_weights(
     kube_cluster: Any, namespace: str, workers: Workers, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="rljob.runtime.engines.sglang_client")
+    caplog.set_level(logging.INFO, logger="rljob.runtime.engines.worker_table")  # the router adds are its
     spec = RLJobSpec.model_validate({"model": {"huggingFace": "x/y"}, "data": {"synthetic": {}},
                                      "rollout": {"router": {"policy": "round_robin"}, "startupBudgetSeconds": 60}})
     job = JobRef(name=JOB, namespace=namespace, uid="u")

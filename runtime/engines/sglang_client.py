@@ -135,13 +135,13 @@ class SGLangEngine(Engine):
     async def start(self) -> None:
         """Discover workers if none are configured, then wait until each answers ``/health_generate``."""
         deadline = time.monotonic() + self.config.health_timeout_s
-        if not self.table.workers and self.config.discover is not None:
+        if not self.workers and self.config.discover is not None:
             # The pools may still be loading weights: wait for the first ready worker.
             await self.table.refresh_workers()
-            while not self.table.workers and time.monotonic() < deadline:
+            while not self.workers and time.monotonic() < deadline:
                 await asyncio.sleep(2.0)
                 await self.table.refresh_workers()
-        if not self.table.workers:
+        if not self.workers:
             urls = await self.table.discover_workers()
             while not urls and time.monotonic() < deadline:
                 # The router lists a worker only once its own health check (an SGLang /health, which
@@ -149,7 +149,7 @@ class SGLangEngine(Engine):
                 await asyncio.sleep(0.5)
                 urls = await self.table.discover_workers()
             self.table.workers = {u: WorkerState(u, served_version=self.weight_version) for u in urls}
-        pending = set(self.table.workers)
+        pending = set(self.workers)
         while pending and time.monotonic() < deadline:
             results = await asyncio.gather(
                 *(self._caller.probe(u + HEALTH_GENERATE, self.config.health_generate_timeout_s) for u in pending)
@@ -158,12 +158,12 @@ class SGLangEngine(Engine):
             if pending:
                 await asyncio.sleep(1.0)
         for url in pending:
-            self.table.workers[url].healthy = False
+            self.workers[url].healthy = False
             log.warning("SGLang worker %s did not pass /health_generate within %.0f s", url, self.config.health_timeout_s)
         if not self.table.healthy_workers():
             raise EngineError(
                 f"no SGLang worker became healthy within {self.config.health_timeout_s:.0f} s "
-                f"({', '.join(self.table.workers)}): check that the inference pods run and /health_generate answers 200"
+                f"({', '.join(self.workers)}): check that the inference pods run and /health_generate answers 200"
             )
         if self.table.router_url is not None:
             while not await self._caller.probe(self.table.router_url + HEALTH, self.config.probe_timeout_s):
@@ -182,7 +182,7 @@ class SGLangEngine(Engine):
         """Probe the router and every worker now; True when the router answers and a worker is in the rotation."""
         await self.table.refresh_workers()
         await self.table.probe_all()
-        return engine_healthy(self.table.router_url is not None, self.table.router_up, list(self.table.workers.values()), self.weight_version)
+        return engine_healthy(self.table.router_url is not None, self.table.router_up, list(self.workers.values()), self.weight_version)
 
     async def _fan_out(self, method: str, path: str, json: Any = None) -> dict[str, httpx.Response]:
         """Send one call to every healthy worker at once; failures are logged and noted, never raised."""
@@ -212,7 +212,7 @@ class SGLangEngine(Engine):
         if not current:
             raise EngineError(
                 f"no SGLang worker is in the rotation at weight version {self.weight_version} ("
-                + ", ".join(f"{w.url}: {w.last_error or f'serves {w.served_version}'}" for w in self.table.workers.values())
+                + ", ".join(f"{w.url}: {w.last_error or f'serves {w.served_version}'}" for w in self.workers.values())
                 + "); check the inference pods and the weight sync, then call health() to re-admit them"
             )
         worker = min(current, key=lambda w: w.in_flight)
@@ -395,7 +395,7 @@ class SGLangEngine(Engine):
 
     async def _post_worker(self, url: str, path: str, body: dict[str, Any], timeout: float | None = None) -> str | None:
         """One control POST to a worker (weight-update endpoints); None on success, else the reason."""
-        worker = self.table.workers[url]
+        worker = self.workers[url]
         try:
             resp = await self._caller.call_with_retries("POST", url + path, json=body,
                                                  timeout=timeout or self.config.weight_update_timeout_s)
@@ -422,7 +422,7 @@ class SGLangEngine(Engine):
         """A worker's server info (its ServerArgs: ``tp_size``, ``dp_size``, ...) from its release's
         endpoint (``/server_info``; ``/get_server_info`` on 0.5.5.post3, deprecated later); EngineError
         naming the worker when it does not answer with a JSON object."""
-        api = await self.table.worker_api(self.table.workers[url])
+        api = await self.table.worker_api(self.workers[url])
         path = api.server_info_path if api is not None else "/get_server_info"
         try:
             resp = await self._caller.call_with_retries("GET", url + path)

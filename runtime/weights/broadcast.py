@@ -37,8 +37,8 @@ from rljob.runtime.engines.protocol import (
     update_weights_from_distributed_call,
 )
 from rljob.runtime.weight_group import Backend, WeightGroup, create_group, dtype_name, open_store
-from rljob.runtime.weights.group_layout import RankLayout, rank_layout, server_shape
 from rljob.runtime.weights.buckets import Bucket, bucket_bytes, drain, with_last
+from rljob.runtime.weights.group_layout import RankLayout, rank_layout, server_shape
 from rljob.runtime.weights.transport import SyncReport, WeightSource, WeightTransport
 
 log = logging.getLogger(__name__)

@@ -106,7 +106,7 @@ class EnginePool:
     async def abort_all(self) -> None:
         """Abort every request on every engine; a dead worker must not stop the others' abort."""
         results = await asyncio.gather(*(e.abort_all() for e in self.engines), return_exceptions=True)
-        for engine, res in zip(self.engines, results):
+        for engine, res in zip(self.engines, results, strict=True):
             if isinstance(res, Exception):
                 log.warning("abort on %s failed: %s", engine.name, res)
 

@@ -190,9 +190,10 @@ class RolloutScheduler:
         group, engine_idx = state.tasks.pop(task)
         self.pool.assigned[engine_idx] -= 1
         engine_failed = task.result()  # re-raises programming errors, not engine errors
-        stale = group.finished and self._over_bound(group, state.policy_version)
-        kept = not group.finished or stale or self.scoring.kept(group)
-        outcome = classify(Harvest(finished=group.finished, engine_failed=engine_failed, over_bound=stale, kept=kept),
+        # The bound is asked only of finished groups, the filter (user code) only of those within it.
+        over = group.finished and self._over_bound(group, state.policy_version)
+        kept = not group.finished or over or self.scoring.kept(group)
+        outcome = classify(Harvest(finished=group.finished, engine_failed=engine_failed, over_bound=over, kept=kept),
                            len(state.accepted), self.config.batch_size)
         stats = state.stats
         if outcome is Outcome.RETRY:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from rljob.runtime.rollout.sample import Group
+from rljob.runtime.rollout.staleness import stale_token_count
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -55,7 +56,7 @@ def summarize_batch(groups: list[Group], policy_version: int) -> BatchStats:
     return BatchStats(
         samples=n,
         response_tokens=sum(lengths),
-        off_policy_tokens=sum(1 for s in samples for v in s.versions if v < policy_version),
+        off_policy_tokens=sum(stale_token_count(s.versions, policy_version) for s in samples),
         reward_mean=sum(s.reward or 0.0 for s in samples) / n,
         length_mean=mean,
         length_std=math.sqrt(sum((x - mean) ** 2 for x in lengths) / n),

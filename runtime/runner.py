@@ -38,8 +38,9 @@ from rljob.runtime.engines.base import Engine
 from rljob.runtime.evaluation import EvalPrompt, EvalResult, evaluate_held_out
 from rljob.runtime.knobs import KnobSource, apply_knobs
 from rljob.runtime.metrics import RuntimeMetrics, StepRecord, serve_readiness
-from rljob.runtime.rollout.sample import Group, Sample
+from rljob.runtime.rollout.sample import Group
 from rljob.runtime.rollout.scheduler import RolloutConfig, RolloutScheduler, RoundResult
+from rljob.runtime.rollout.scoring import dynamic_sampling_filter
 from rljob.runtime.rollout.strategy import Strategy, make_strategy
 from rljob.runtime.rollout.truncation import TruncationPolicy
 from rljob.runtime.training.balance import balance_by_tokens
@@ -129,12 +130,6 @@ class RunSummary:
     metrics_port: int | None
     # SIGTERM stopped the run before its last step (checkpointed): not a success.
     interrupted: bool = False
-
-
-def dynamic_sampling_keep(group: Group) -> bool:
-    """DAPO dynamic sampling: a group whose rewards all agree carries no learning signal."""
-    rewards = group.rewards()
-    return max(rewards) != min(rewards)
 
 
 def build_strategy(job: RLJob, name: str | None = None) -> Strategy:
@@ -309,7 +304,7 @@ class JobRunner:
         """Load the policy, the data, the engines and the trainer; resume from a checkpoint."""
         from rljob.runtime.engines.factory import build_engines
         from rljob.runtime.tasks.dataset import PromptStream, held_out_records
-        from rljob.runtime.tasks.reward import RewardInput, build_reward, sample_reward_inputs
+        from rljob.runtime.tasks.reward import GroupReward, RewardInput, build_reward
 
         spec = self.spec
         on_status("loading the policy")
@@ -322,9 +317,6 @@ class JobRunner:
         # Loaded here, before any engine starts: a bad reward.function fails the job at once.
         reward = build_reward(spec.reward, spec.rollout.max_response_length)
         decode = self.tokenizer.decode
-
-        async def score_group(group: Group, samples: list[Sample]) -> list[float]:
-            return await reward.score(sample_reward_inputs(group, samples, decode))
 
         async def score_eval(prompts: Sequence[EvalPrompt], outputs: Sequence[list[int]]) -> list[float]:
             return await reward.score([
@@ -354,8 +346,8 @@ class JobRunner:
             self.prompts,
             None,
             truncation=build_truncation(self.job),
-            group_filter=dynamic_sampling_keep if spec.algorithm.effective_dynamic_sampling else None,
-            scorer=score_group,
+            group_filter=dynamic_sampling_filter if spec.algorithm.effective_dynamic_sampling else None,
+            scorer=GroupReward(reward, decode),
             recover=self._catch_up,
         )
         resume = spec.checkpoint.resume if self.options.resume is None else self.options.resume
@@ -681,10 +673,10 @@ async def compare_strategies(
             rollout_config(runner.job, runner.policy.stop_token_ids),
             build_strategy(runner.job, name),
             PromptStream.from_spec(spec.data, runner.tokenizer),
-            runner.scheduler.score,
+            runner.scheduler.scoring.score,
             truncation=build_truncation(runner.job),
-            group_filter=runner.scheduler.group_filter,
-            scorer=runner.scheduler.scorer,
+            group_filter=runner.scheduler.scoring.keep,
+            scorer=runner.scheduler.scoring.scorer,
         )
     ceiling_engine = build_engines(spec.rollout, model, seed=spec.trainer.seed)[0]
     engines.append(ceiling_engine)

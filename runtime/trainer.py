@@ -48,6 +48,7 @@ from rljob.runtime.algorithms.losses import LossConfig, LossStats, loss_denomina
 from rljob.runtime.algorithms.lr_schedule import lr_multiplier
 from rljob.runtime.models.loading import is_checkpointing
 from rljob.runtime.rollout.sample import Group
+from rljob.runtime.rollout.staleness import stale_flags
 from rljob.runtime.training.backend import TrainingBackend, build_backend
 
 if TYPE_CHECKING:
@@ -246,7 +247,7 @@ class Trainer:
                         input_ids=[*sample.prompt_ids, *sample.response_ids],
                         prompt_length=len(sample.prompt_ids),
                         rollout_logp=list(sample.logprobs),
-                        stale=[v < policy_version for v in sample.versions],
+                        stale=stale_flags(sample.versions, policy_version),
                         advantage=advantage,
                     )
                 )

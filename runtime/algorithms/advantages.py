@@ -4,7 +4,8 @@ Each sample's advantage is its reward relative to the other samples of the same 
 A_i = (r_i - mean(r)) / (std(r) + eps). std is the unbiased (Bessel-corrected) estimate, as in
 the GRPO reference implementations. DAPO's dynamic sampling drops groups whose rewards all agree
 (they carry zero advantage and only dilute the batch); the rollout scheduler applies that filter
-with `dynamic_sampling_keep` while harvesting, so the trainer never sees such groups under DAPO.
+with `dynamic_sampling_keep` while harvesting (through `rollout.scoring.dynamic_sampling_filter`, which the
+simulator uses too), so the trainer never sees such groups under DAPO.
 """
 
 from __future__ import annotations

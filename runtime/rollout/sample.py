@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from rljob.runtime.rollout.staleness import sample_staleness
+
 
 class SampleStatus(str, enum.Enum):
     """Where a sample stands. ABORTED samples are resumed; COMPLETED/TRUNCATED are final."""
@@ -46,13 +48,9 @@ class Sample:
     def response_length(self) -> int:
         return len(self.response_ids)
 
-    def oldest_version(self) -> int | None:
-        return min(self.versions) if self.versions else None
-
     def staleness(self, current_version: int) -> int:
-        """Versions between the current policy and the oldest token (0 when empty)."""
-        oldest = self.oldest_version()
-        return 0 if oldest is None else current_version - oldest
+        """Versions between the current policy and the oldest token, 0 when empty (staleness.py)."""
+        return sample_staleness(self.versions, current_version)
 
     def append(self, ids: list[int], logprobs: list[float], version: int) -> None:
         """Add one segment's tokens, stamped with the version that produced them."""

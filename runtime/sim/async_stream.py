@@ -22,8 +22,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rljob.runtime.engines.base import GenerateRequest
 from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
+from rljob.runtime.rollout.scheduler import new_group
+from rljob.runtime.rollout.staleness import over_bound
+from rljob.runtime.rollout.workflow import Segment, SegmentEnd, SingleTurnWorkflow
 from rljob.runtime.sim.scenario import BoundedStalenessSpec, train_seconds
 
 if TYPE_CHECKING:
@@ -41,128 +43,138 @@ class StreamCounters:
     regenerated_groups: int = 0
 
 
-async def run_stream(sim: _Sim) -> None:
-    """Run `scenario.steps` trained steps of the stream; append one StepRecord per step."""
-    from rljob.runtime.sim.runner import StepRecord, _batch_tokens, _sync_weights
+class _Stream:
+    """The producer, the group tasks and the trainer of one stream run, sharing its admission state."""
 
-    spec = sim.spec
-    assert isinstance(spec, BoundedStalenessSpec)
-    loop = asyncio.get_running_loop()
-    cfg = sim.scheduler.config
-    n, eta, q = cfg.batch_size, spec.eta, sim.q
-    group_filter = sim.scheduler.group_filter
-    cond = asyncio.Condition()
-    ready: deque[Group] = deque()
-    assigned = [0] * len(sim.engines)
-    tasks: set[asyncio.Task[None]] = set()
-    counters = StreamCounters()
-    state = {"version": 0, "viable": 0, "groups": 0}
+    def __init__(self, sim: _Sim) -> None:
+        spec = sim.spec
+        assert isinstance(spec, BoundedStalenessSpec)
+        self.sim = sim
+        self.cfg = sim.scheduler.config
+        self.eta = spec.eta
+        self.scoring = sim.scheduler.scoring  # the runtime's reward and DAPO filter
+        self.workflow = SingleTurnWorkflow()  # the runtime's; an interrupted request resumes from its resume point
+        self.sampling = self.cfg.sampling()
+        self.never_aborting = asyncio.Event()  # the stream never aborts: a weight update interrupts, then it resumes
+        self.cond = asyncio.Condition()
+        self.ready: deque[Group] = deque()
+        self.assigned = [0] * len(sim.engines)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.counters = StreamCounters()
+        self.version = 0
+        self.viable = 0
+        self.groups = 0
 
-    async def run_sample(sample: Sample, engine_idx: int) -> None:
-        engine = sim.engines[engine_idx]
-        while True:
-            budget = cfg.max_response_length - sample.response_length
-            if budget <= 0:
-                sample.status = SampleStatus.TRUNCATED
-                break
+    async def run_sample(self, sample: Sample, group: Group, engine_idx: int) -> None:
+        """Generate `sample` to its end, resuming at once whenever a weight update interrupts it."""
+        status = SampleStatus.TRUNCATED  # unless a stop ends it before the response cap
+        while (budget := self.cfg.max_response_length - sample.response_length) > 0:
             sample.segments += 1
-            result = await engine.generate(GenerateRequest(
-                rid=f"a.{sample.group_id}.s{sample.index}.{sample.segments}.",
-                input_ids=sample.prompt_ids + sample.response_ids, max_new_tokens=budget,
-            ))
-            version = result.weight_version if result.weight_version is not None else state["version"]
-            sample.append(result.output_ids, result.output_logprobs, version)
-            counters.generated += len(result.output_ids)
-            if result.finish_reason == "stop":
-                sample.status = SampleStatus.COMPLETED
+            segment = Segment(engine=self.sim.engines[engine_idx],
+                              rid=f"a.{sample.group_id}.s{sample.index}.{sample.segments}.", max_new_tokens=budget,
+                              policy_version=self.version, sampling=self.sampling, aborting=self.never_aborting)
+            result = await self.workflow.generate(sample, segment)
+            self.counters.generated += result.generated
+            if result.end is SegmentEnd.STOP:
+                status = SampleStatus.COMPLETED
+            if result.end is not SegmentEnd.ABORT:
                 break
-            if result.finish_reason == "length":
-                sample.status = SampleStatus.TRUNCATED
-                break
-            counters.resumed_requests += 1  # interrupted by a weight update: continue at once
-        sample.reward = sim.scheduler.score(sample)
+            self.counters.resumed_requests += 1  # interrupted by a weight update: continue at once
+        sample.status = status
+        await self.scoring.reward(group)  # rewards this sample as it finishes (the finish times are statistics)
 
-    async def run_group(group: Group, engine_idx: int) -> None:
+    async def run_group(self, group: Group, engine_idx: int) -> None:
+        """Generate a group; then it is ready for the trainer, or filtered (its admission slot freed)."""
         try:
-            await asyncio.gather(*(run_sample(s, engine_idx) for s in group.samples))
+            await asyncio.gather(*(self.run_sample(s, group, engine_idx) for s in group.samples))
         finally:
-            assigned[engine_idx] -= 1
-        async with cond:
-            if group_filter is not None and not group_filter(group):
-                counters.dropped_groups += 1
-                counters.wasted += sum(s.response_length for s in group.samples)
-                state["viable"] -= 1  # a rejected group frees its admission slot
+            self.assigned[engine_idx] -= 1
+        async with self.cond:
+            if not self.scoring.kept(group):
+                self.counters.dropped_groups += 1
+                self.counters.wasted += sum(s.response_length for s in group.samples)
+                self.viable -= 1  # a rejected group frees its admission slot
             else:
-                ready.append(group)
-            cond.notify_all()
+                self.ready.append(group)
+            self.cond.notify_all()
 
-    def launch(group: Group) -> None:
-        idx = min(range(len(sim.engines)), key=lambda i: assigned[i])
-        assigned[idx] += 1
-        task = asyncio.ensure_future(run_group(group, idx))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+    def launch(self, group: Group) -> None:
+        """Run `group` on the least-loaded engine."""
+        idx = min(range(len(self.sim.engines)), key=lambda i: self.assigned[i])
+        self.assigned[idx] += 1
+        task = asyncio.ensure_future(self.run_group(group, idx))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
-    def fresh_group() -> Group:
-        prompt = sim.scheduler.prompts.next_prompt()
-        state["groups"] += 1
-        gid = f"g{state['groups']}"
-        samples = [Sample(group_id=gid, index=i, prompt_ids=list(prompt.prompt_ids), answer=prompt.answer)
-                   for i in range(cfg.samples_per_prompt)]
-        return Group(group_id=gid, prompt_text=prompt.text, samples=samples, prompt_index=prompt.index)
-
-    async def producer() -> None:
+    async def producer(self) -> None:
+        """Launch fresh groups while the admission rule allows."""
+        n = self.cfg.batch_size
         while True:
-            async with cond:
-                await cond.wait_for(lambda: state["viable"] < (state["version"] + eta + 1) * n)
-                state["viable"] += 1
-            launch(fresh_group())
+            async with self.cond:
+                await self.cond.wait_for(lambda: self.viable < (self.version + self.eta + 1) * n)
+                self.viable += 1
+            self.groups += 1
+            prompt = self.sim.scheduler.prompts.next_prompt()
+            self.launch(new_group(prompt, f"g{self.groups}", self.cfg.samples_per_prompt))
 
-    async def take_batch(version: int) -> list[Group]:
+    async def take_batch(self, version: int) -> list[Group]:
+        """The first N ready groups within the staleness bound; the others are regenerated."""
         batch: list[Group] = []
-        while len(batch) < n:
-            async with cond:
-                await cond.wait_for(lambda: bool(ready))
-                group = ready.popleft()
-            if max(s.staleness(version) for s in group.samples) > eta:
-                counters.wasted += sum(s.response_length for s in group.samples)
-                counters.regenerated_groups += 1
+        while len(batch) < self.cfg.batch_size:
+            async with self.cond:
+                await self.cond.wait_for(lambda: bool(self.ready))
+                group = self.ready.popleft()
+            if any(over_bound(s.versions, version, self.eta) for s in group.samples):
+                self.counters.wasted += sum(s.response_length for s in group.samples)
+                self.counters.regenerated_groups += 1
                 for s in group.samples:
                     s.reset()
-                launch(group)  # same prompt, regenerated under the current weights
+                self.launch(group)  # same prompt, regenerated under the current weights
                 continue
             batch.append(group)
         return batch
 
-    production = asyncio.ensure_future(producer())
-    last = loop.time()
+    async def train_step(self, step: int, started: float) -> float:
+        """Take a batch, train, sync the weights, record the step; returns when it ended."""
+        from rljob.runtime.sim.runner import StepRecord, _batch_tokens, _sync_weights
+
+        sim, q, version = self.sim, self.sim.q, self.version
+        batch = await self.take_batch(version)
+        train_s = train_seconds(sim.scenario, _batch_tokens(sim, batch), sim.train_gpus)
+        await asyncio.sleep(train_s)
+        sync_s = await _sync_weights(sim, version + 1)
+        async with self.cond:
+            self.version = version + 1
+            self.cond.notify_all()
+        now = asyncio.get_running_loop().time()
+        trained = sum(s.response_length for g in batch for s in g.samples)
+        # Versions never decrease within a sample here (one engine set, one sync at a time): bisect.
+        off = sum(bisect.bisect_left(s.versions, version) for g in batch for s in g.samples)
+        c = self.counters
+        sim.records.append(StepRecord(
+            step=step, round_kind="stream", rollout_s=now - started, train_s=train_s, sync_s=sync_s,
+            step_s=now - started, tokens_generated=c.generated * q, trained_tokens=trained * q,
+            off_policy_tokens=off * q, fork_off_policy_ratio=0.0,
+            resumed_prefix_tokens=0, wasted_tokens=c.wasted * q, buffered_groups=len(self.ready),
+            dropped_groups=c.dropped_groups, trained_groups=len(batch),
+            distinct_prompts=len({g.prompt_index for g in batch}),
+            max_staleness=max(s.staleness(version) for g in batch for s in g.samples),
+        ))
+        sim.stream_resumed += c.resumed_requests
+        self.counters = StreamCounters()
+        return now
+
+
+async def run_stream(sim: _Sim) -> None:
+    """Run `scenario.steps` trained steps of the stream; append one StepRecord per step."""
+    stream = _Stream(sim)
+    production = asyncio.ensure_future(stream.producer())
+    last = asyncio.get_running_loop().time()
     try:
         for step in range(sim.scenario.steps):
-            version = state["version"]
-            batch = await take_batch(version)
-            train_s = train_seconds(sim.scenario, _batch_tokens(sim, batch), sim.train_gpus)
-            await asyncio.sleep(train_s)
-            sync_s = await _sync_weights(sim, version + 1)
-            async with cond:
-                state["version"] = version + 1
-                cond.notify_all()
-            now = loop.time()
-            trained = sum(s.response_length for g in batch for s in g.samples)
-            off = sum(bisect.bisect_left(s.versions, version) for g in batch for s in g.samples)
-            sim.records.append(StepRecord(
-                step=step, round_kind="stream", rollout_s=now - last, train_s=train_s, sync_s=sync_s,
-                step_s=now - last, tokens_generated=counters.generated * q, trained_tokens=trained * q,
-                off_policy_tokens=off * q, fork_off_policy_ratio=0.0,
-                resumed_prefix_tokens=0, wasted_tokens=counters.wasted * q, buffered_groups=len(ready),
-                dropped_groups=counters.dropped_groups, trained_groups=len(batch),
-                distinct_prompts=len({g.prompt_index for g in batch}),
-                max_staleness=max(s.staleness(version) for g in batch for s in g.samples),
-            ))
-            sim.stream_resumed += counters.resumed_requests
-            counters = StreamCounters()
-            last = now
+            last = await stream.train_step(step, last)
     finally:
         production.cancel()
-        for task in list(tasks):
+        for task in list(stream.tasks):
             task.cancel()
-        await asyncio.gather(production, *tasks, return_exceptions=True)
+        await asyncio.gather(production, *stream.tasks, return_exceptions=True)

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
+from rljob.runtime.rollout.sample import Sample, SampleStatus
 from rljob.runtime.sim.length_model import LengthModel
 from rljob.runtime.sim.scenario import RewardLaw
 
@@ -81,8 +81,3 @@ def _uniform(key: str) -> float:
     digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return (int.from_bytes(digest, "little") + 0.5) / 2**64
 
-
-def dapo_filter(group: Group) -> bool:
-    """slime's `check_reward_nonzero_std`: keep a group only if its rewards are not all equal."""
-    rewards = group.rewards()
-    return max(rewards) != min(rewards)

@@ -25,11 +25,12 @@ from statistics import NormalDist
 
 from rljob.runtime.engines.base import WeightUpdate
 from rljob.runtime.rollout.sample import Group, Sample
+from rljob.runtime.rollout.scoring import dynamic_sampling_filter
 from rljob.runtime.rollout.scheduler import PromptSource, RolloutConfig, RolloutScheduler, RoundResult
 from rljob.runtime.rollout.truncation import TruncationPolicy
 from rljob.runtime.sim.engine import ResponseOracle, SimEngine
 from rljob.runtime.sim.length_model import LengthModel, SimPrompt, SimPromptSource
-from rljob.runtime.sim.reward_model import RewardModel, dapo_filter
+from rljob.runtime.sim.reward_model import RewardModel
 from rljob.runtime.sim.scenario import (
     AprilSpec,
     BoundedStalenessSpec,
@@ -269,7 +270,7 @@ def _build(scenario: Scenario, spec: StrategySpec) -> _Sim:
         return rewards.score(sample) if rewards is not None else 0.0
 
     scheduler = RolloutScheduler(engines, config, build_strategy(spec, batch), source, score=score,
-                                 truncation=truncation, group_filter=dapo_filter if rewards else None,
+                                 truncation=truncation, group_filter=dynamic_sampling_filter if rewards else None,
                                  clock=loop.time)
     return _Sim(scenario, spec, engines, scheduler, rollout_gpus, train_gpus, ceiling * n_engines,
                 rewards=rewards, finished=finished)

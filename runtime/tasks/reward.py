@@ -169,6 +169,19 @@ class JobReward:
         ]
 
 
+@dataclass(frozen=True)
+class GroupReward:
+    """The job's reward as the rollout scheduler calls it (a `GroupScorer`): some finished samples of
+    one group, decoded, rewarded at once."""
+
+    reward: JobReward
+    decode: Callable[[list[int]], str]
+
+    async def __call__(self, group: Group, samples: list[Sample]) -> list[float]:
+        """Rewards of `samples` (of `group`), in order."""
+        return await self.reward.score(sample_reward_inputs(group, samples, self.decode))
+
+
 def build_reward(spec: RewardSpec, max_response_length: int | None = None) -> JobReward:
     """The job's reward named by the spec; max_response_length is the overlong penalty's cap."""
     if spec.overlong_punishment is not None:

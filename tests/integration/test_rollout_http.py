@@ -85,7 +85,7 @@ async def test_worker_killed_mid_round_loses_no_sample(workers):
     result = await asyncio.wait_for(scheduler.run_round(1), timeout=120)
     ledger.trained += result.groups
     ledger.generated_tokens += result.stats.tokens_generated
-    assert 1 in scheduler._unhealthy  # noqa: SLF001 - the dead worker's engine is excluded
+    assert 1 in scheduler.pool.unhealthy  # the dead worker's engine is excluded
     assert len(result.groups) == scheduler.config.batch_size
     assert_conserved(scheduler, ledger)
     await asyncio.gather(*(e.close() for e in engines))

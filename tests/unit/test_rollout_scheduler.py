@@ -6,7 +6,7 @@ stop early, a few run to the cap — the long tail APRIL is about.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -14,6 +14,7 @@ from rljob.runtime.engines.base import EngineError, GenerateRequest, GenerateRes
 from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.rollout.sample import Group, SampleStatus
 from rljob.runtime.rollout.scheduler import RolloutConfig, RolloutScheduler
+from rljob.runtime.rollout.scoring import dynamic_sampling_filter
 from rljob.runtime.rollout.strategy import AprilStrategy, Strategy
 from rljob.runtime.rollout.truncation import TruncationPolicy
 from tests.helpers.tiny_model import build_tiny_model
@@ -226,7 +227,7 @@ async def test_segment_cap_never_below_what_the_staleness_bound_allows(engine):
 
 async def test_dynamic_sampling_drops_uniform_groups(engine):
     scheduler = make_scheduler(AprilStrategy(over_sampling=2.0), [engine])
-    scheduler.group_filter = lambda g: max(g.rewards()) != min(g.rewards())
+    scheduler.scoring = replace(scheduler.scoring, keep=dynamic_sampling_filter)  # what DAPO jobs run
     result = await scheduler.run_round(0)
     for g in result.groups:
         assert max(g.rewards()) != min(g.rewards())
@@ -287,7 +288,7 @@ async def test_group_scorer_rewards_whole_groups(engine):
         return [float(s.index) for s in samples]
 
     scheduler = make_scheduler(Strategy(), [engine], batch=3)
-    scheduler.scorer = scorer
+    scheduler.scoring = replace(scheduler.scoring, scorer=scorer)
     result = await scheduler.run_round(0)
     assert sorted(calls) == sorted((g.group_id, 3) for g in result.groups)
     assert all(s.reward == float(s.index) for g in result.groups for s in g.samples)
@@ -306,7 +307,7 @@ async def test_recover_brings_back_an_engine_that_only_serves_older_weights(engi
         return True
 
     scheduler = make_scheduler(Strategy(), [engine], batch=2, staleness=1)
-    scheduler.recover = catch_up
+    scheduler.pool.recover = catch_up
     result = await asyncio.wait_for(scheduler.run_round(3), timeout=60)
     assert calls == [0], "one catch-up, while the engine still served version 0"
     assert result.stats.stale_at_acceptance_samples > 0, "the engine never served the old weights: nothing tested"
@@ -329,7 +330,7 @@ async def test_waiting_for_an_engine_has_a_deadline_that_names_the_setting():
     try:
         scheduler = make_scheduler(Strategy(), [engine], batch=2)
         scheduler.config.engine_wait_timeout_s = 1.0
-        scheduler.recover = nothing_to_catch_up
+        scheduler.pool.recover = nothing_to_catch_up
         with pytest.raises(EngineWaitTimeout, match="rollout.engineWaitTimeoutSeconds"):
             await asyncio.wait_for(scheduler.run_round(0), timeout=60)
         assert recovers, "recover was never asked while no engine could generate"

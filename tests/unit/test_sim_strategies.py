@@ -12,7 +12,7 @@ import pytest
 
 from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
 from rljob.runtime.sim.length_model import LengthModel
-from rljob.runtime.sim.reward_model import RewardModel, dapo_filter
+from rljob.runtime.sim.reward_model import RewardModel
 from rljob.runtime.sim.runner import StrategyResult, simulate_strategy, tail_statistics
 from rljob.runtime.sim.scenario import (
     AprilSpec,
@@ -140,12 +140,3 @@ def test_shorter_samples_are_more_often_correct_and_capped_ones_never():
     assert rewards.score(sample(1, median // 3)) == 1.0  # quantile < 0.6: correct when λ = 1
     assert rewards.score(sample(2, median * 3)) == 0.0
     assert rewards.score(sample(3, 16384, SampleStatus.TRUNCATED)) == 0.0
-
-
-def test_dapo_filter_keeps_only_groups_with_mixed_rewards():
-    def group(rewards: list[float]) -> Group:
-        samples = [Sample(group_id="g", index=i, prompt_ids=[0], answer="", reward=r) for i, r in enumerate(rewards)]
-        return Group(group_id="g", prompt_text="", samples=samples)
-
-    assert dapo_filter(group([1.0, 0.0, 1.0]))
-    assert not dapo_filter(group([1.0, 1.0, 1.0])) and not dapo_filter(group([0.0, 0.0, 0.0]))

@@ -19,6 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from rljob.operator.builders import network
+
 if TYPE_CHECKING:
     from rljob.operator.leader import LeaderElector
 
@@ -142,6 +144,17 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="a leader that has not renewed for this long exits (default: 2/3 of --lease-seconds)",
     )
+    parser.add_argument(
+        "--network-policy",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="give every RLJob NetworkPolicies guarding its pods (default: on; $RLJOB_NETWORK_POLICY)",
+    )
+    parser.add_argument(
+        "--monitoring-namespace",
+        default=None,
+        help="namespace whose pods may scrape the jobs' metrics ports (default: none; $RLJOB_MONITORING_NAMESPACE)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
 
@@ -157,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RLJOB_OPERATOR_METRICS_ADDR"] = args.metrics_addr
     os.environ["RLJOB_WATCH_NAMESPACES"] = ",".join(args.namespace)
     os.environ["RLJOB_APPLY_CONCURRENCY"] = str(args.apply_concurrency)
+    if args.network_policy is not None:
+        os.environ[network.ENV_ENABLED] = str(args.network_policy).lower()
+    if args.monitoring_namespace is not None:
+        os.environ[network.ENV_MONITORING_NAMESPACE] = args.monitoring_namespace
     importlib.import_module("rljob.operator.handlers")
 
     import kopf

@@ -48,6 +48,7 @@ CACHED_KINDS = frozenset(
         ("v1", "Pod"),
         ("v1", "Service"),
         ("policy/v1", "PodDisruptionBudget"),
+        ("networking.k8s.io/v1", "NetworkPolicy"),
         ("v1", "ConfigMap"),
         ("v1", "ServiceAccount"),
         ("v1", "PersistentVolumeClaim"),

@@ -72,6 +72,7 @@ CHILD_KINDS = {
     ("", "v1", "persistentvolumeclaims"): ("v1", "PersistentVolumeClaim"),
     ("rbac.authorization.k8s.io", "v1", "roles"): ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"): ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("networking.k8s.io", "v1", "networkpolicies"): ("networking.k8s.io/v1", "NetworkPolicy"),
 }
 # Kinds whose changes can move a job's status (workloads and their pods).
 STATUS_KINDS = frozenset({"StatefulSet", "Deployment", "Job", "Pod"})

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from rljob.api.load import format_validation_error
 from rljob.api.spec import RLJobSpec
 from rljob.api.status import RLJobStatus, utcnow
-from rljob.operator.builders import JobRef, build_children
+from rljob.operator.builders import JobRef, NetworkPolicySettings, build_children
 from rljob.operator.builders.inference import effective_pools, pool_workload_name
 from rljob.operator.builders.meta import LABEL_JOB, LABEL_POOL, LABEL_ROLE, ROLE_INFERENCE, ROLE_TRAINER, selector_string
 from rljob.operator.builders.router import router_name
@@ -48,6 +48,9 @@ APPLY_CONCURRENCY = max(1, int(os.environ.get("RLJOB_APPLY_CONCURRENCY", "8")))
 _WORKLOAD_KINDS = ("StatefulSet", "Deployment", "Job")
 # Children the operator may prune when a pool disappears from the spec.
 _POOL_KINDS = (("apps/v1", "StatefulSet"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"))
+_NETWORK_POLICY = ("networking.k8s.io/v1", "NetworkPolicy")
+# The chart's networkPolicy values (`python -m rljob.operator --network-policy --monitoring-namespace`).
+NETWORK_POLICY = NetworkPolicySettings.from_env(os.environ)
 
 # Handlers run on a thread pool; one lock per RLJob, dropped when no handler uses it.
 JOB_LOCKS = KeyedLocks()
@@ -148,7 +151,7 @@ def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bo
     trainer Job being recreated); raises ChildApplyError naming the first object the API server refused.
     """
     job = JobRef.from_body(body)
-    children = build_children(job, spec, active=active)
+    children = build_children(job, spec, active=active, network=NETWORK_POLICY)
     waves = [[c for c in children if c["kind"] not in _WORKLOAD_KINDS], [c for c in children if c["kind"] in _WORKLOAD_KINDS]]
     changed: dict[str, list[str]] = {}
     try:
@@ -164,11 +167,19 @@ def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bo
     wanted = {pool_workload_name(job, p) for p in effective_pools(spec.rollout)}
     selector = selector_string({LABEL_JOB: job.name, LABEL_ROLE: ROLE_INFERENCE})
     for api_version, kind in _POOL_KINDS:
-        for obj in kube.list(api_version, kind, job.namespace, selector):
-            name = obj["metadata"]["name"]
-            if name not in wanted and kube.delete(api_version, kind, job.namespace, name):
-                kube.post_event(body, "Normal", "Deleted", f"{kind} {name} deleted (pool removed from spec)")
+        _prune(kube, body, (api_version, kind), selector, wanted, "pool removed from spec")
+    policies = {c["metadata"]["name"] for c in children if (c["apiVersion"], c["kind"]) == _NETWORK_POLICY}
+    _prune(kube, body, _NETWORK_POLICY, selector_string({LABEL_JOB: job.name}), policies, "network policies turned off")
     return changed.get("waiting", [])
+
+
+def _prune(kube: Kube, body: dict[str, Any], kind: tuple[str, str], selector: str, wanted: set[str], why: str) -> None:
+    """Delete the job's children of `kind` matching `selector` that are not `wanted`, with an Event each."""
+    namespace = body["metadata"]["namespace"]
+    for obj in kube.list(kind[0], kind[1], namespace, selector):
+        name = obj["metadata"]["name"]
+        if name not in wanted and kube.delete(kind[0], kind[1], namespace, name):
+            kube.post_event(body, "Normal", "Deleted", f"{kind[1]} {name} deleted ({why})")
 
 
 def apply_result(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool) -> ApplyResult:

@@ -13,6 +13,7 @@ from rljob.operator.builders.inference import (
     pool_statefulset,
 )
 from rljob.operator.builders.meta import JobRef
+from rljob.operator.builders.network import NetworkPolicySettings, network_policies
 from rljob.operator.builders.router import router_deployment, router_service
 from rljob.operator.builders.trainer import (
     checkpoint_pvc,
@@ -24,16 +25,20 @@ from rljob.operator.builders.trainer import (
     trainer_job,
 )
 
-__all__ = ["JobRef", "build_children"]
+__all__ = ["JobRef", "NetworkPolicySettings", "build_children"]
 
 
-def build_children(job: JobRef, spec: RLJobSpec, *, active: bool) -> list[dict[str, Any]]:
+def build_children(
+    job: JobRef, spec: RLJobSpec, *, active: bool, network: NetworkPolicySettings = NetworkPolicySettings()
+) -> list[dict[str, Any]]:
     """Every child object of one RLJob, in apply order (dependencies first).
 
     `active=False` (suspended or finished) keeps every object but scales all workloads to zero,
-    so GPUs are released while the checkpoint PVC and the config survive.
+    so GPUs are released while the checkpoint PVC and the config survive. The NetworkPolicies come
+    first, so no pod of the job ever runs unguarded.
     """
-    children: list[dict[str, Any]] = [config_map(job, spec), service_account(job), role(job), role_binding(job)]
+    children: list[dict[str, Any]] = network_policies(job, spec, network)
+    children += [config_map(job, spec), service_account(job), role(job), role_binding(job)]
     pvc = checkpoint_pvc(job, spec)
     if pvc is not None:
         children.append(pvc)

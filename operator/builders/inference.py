@@ -236,7 +236,10 @@ def pool_service(job: JobRef, pool: InferencePoolSpec) -> dict[str, Any]:
         "metadata": object_meta(job, name, ROLE_INFERENCE, pool.name),
         "spec": {
             "clusterIP": "None",
-            # Workers must be resolvable before they are ready: the router waits for them itself.
+            # Workers must be resolvable before they are ready: the runtime reads readiness from the pod
+            # (discovery.py) and then dials the worker by this name at once; a record published only at
+            # readiness would race the EndpointSlice and DNS (a cached NXDOMAIN outlives the race). Who may
+            # connect to a not-ready worker is the NetworkPolicies' business (network.py), not DNS's.
             "publishNotReadyAddresses": True,
             "selector": selector_labels(job, ROLE_INFERENCE, pool.name),
             "ports": [{"name": "http", "port": SGLANG_PORT, "targetPort": "http", "protocol": "TCP"}],

@@ -232,11 +232,17 @@ def trainer_storage(spec: RLJobSpec) -> PodStorage:
     return model_storage(spec).add(data_storage(spec)).add(weights_storage(spec, writable=True))
 
 
+def uses_weight_group(spec: RLJobSpec) -> bool:
+    """Whether weights travel by the distributed transport (the trainer's default against SGLang): a
+    weight-update group whose engine ranks dial trainer rank 0's store and pair with each other."""
+    return (spec.rollout.weight_transport.mode or "distributed") == "distributed"
+
+
 def weight_sync_ports(spec: RLJobSpec) -> list[int]:
     """The weight-update group's store port on trainer rank 0, when weights travel by the distributed
-    transport (the trainer's default against SGLang) on a fixed port."""
+    transport on a fixed port."""
     transport = spec.rollout.weight_transport
-    if (transport.mode or "distributed") != "distributed" or transport.master_port == 0:
+    if not uses_weight_group(spec) or transport.master_port == 0:
         return []
     return [transport.master_port]
 
@@ -346,7 +352,13 @@ def trainer_job(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str, Any]:
 
 
 def trainer_service(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
-    """Headless Service for rendezvous: it gives every trainer pod a stable DNS name (`<job>-trainer-<index>`)."""
+    """Headless Service for rendezvous: it gives every trainer pod a stable DNS name (`<job>-trainer-<index>`).
+
+    It publishes pods that are not ready, and must: a trainer pod is ready once `rljob run` serves its
+    metrics, which is only after torchrun's rendezvous at index 0's name has gathered every rank, so
+    without the not-ready addresses no rank could resolve index 0 and the gang would never start. Who
+    may connect to those addresses is the NetworkPolicies' business (network.py), not DNS's.
+    """
     return {
         "apiVersion": "v1",
         "kind": "Service",

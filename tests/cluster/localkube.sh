@@ -7,7 +7,7 @@
 #   localkube.sh down | status | env   stop / report / print `export KUBECONFIG=...`
 #   localkube.sh images [NAME ...]     build or reuse the real node's images (tests/cluster/images.py)
 #   localkube.sh node-clean            remove what a killed real node left behind (waits for its lock)
-#   localkube.sh path NAME             path of a binary (localkube, kwok, helm, nodekube, coredns, ...)
+#   localkube.sh path NAME             path of a binary (localkube, kwok, helm, nodekube, coredns, kube-router, ...)
 #   localkube.sh helm|promtool|prometheus   shorthand for `path NAME`
 #
 # Environment: RLJOB_CACHE (binary cache root, default ~/.cache/rljob), LOCALKUBE_DIR (state of
@@ -19,6 +19,10 @@ KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0
 CNI_PLUGINS_VERSION=v1.9.1
 COREDNS_VERSION=v1.15.0
+# The real node's NetworkPolicy implementation: kube-router's firewall (iptables + ipset) only. SIG
+# Network's kube-network-policies needs nftables' `queue` expression, which this machine's kernel
+# lacks (CONFIG_NFT_QUEUE unset, no loadable modules); see docs/development.md, "The real node".
+KUBE_ROUTER_VERSION=v2.1.0
 # The real node (`up --real-node`): one per machine, so its state and lock are machine-wide.
 REAL_NODE_LOCK=/run/rljob-real-node.lock
 REAL_NODE_ROOT=/var/lib/rljob-real-node
@@ -46,6 +50,7 @@ kwok_dir() { echo "$BIN/kwok-$KWOK_VERSION"; }
 helm_dir() { echo "$BIN/helm-$HELM_VERSION"; }
 cni_dir() { echo "$BIN/cni-plugins-$CNI_PLUGINS_VERSION"; }
 coredns_dir() { echo "$BIN/coredns-$COREDNS_VERSION-$(src_hash "$HERE/coredns")"; }
+kube_router_dir() { echo "$BIN/kube-router-$KUBE_ROUTER_VERSION"; }
 pause_dir() { echo "$BIN/pause-$(src_hash "$HERE/pause")"; }
 # The Debian version is only known after download, so the newest extracted one is used.
 deb_dir() { find "$BIN" -maxdepth 1 -type d -name "$1-[0-9]*" 2>/dev/null | sort -V | tail -n 1; }
@@ -61,6 +66,7 @@ path_of() {
     nodekube) echo "$(nodekube_dir)/nodekube" ;;
     cni-plugins) echo "$(cni_dir)" ;; # a folder: bridge, host-local, loopback, portmap
     coredns) echo "$(coredns_dir)/coredns" ;;
+    kube-router) echo "$(kube_router_dir)/kube-router" ;;
     pause) echo "$(pause_dir)/pause" ;;
     containerd) local d; d="$(deb_dir containerd)"; echo "${d:-$BIN/containerd-MISSING}/usr/bin" ;; # a folder
     runc) local d; d="$(deb_dir runc)"; echo "${d:-$BIN/runc-MISSING}/usr/sbin/runc" ;;
@@ -70,7 +76,7 @@ path_of() {
 }
 
 CONTROL_PLANE=(localkube kwokstages kwok helm promtool prometheus)
-REAL_NODE=(nodekube cni-plugins coredns pause containerd runc busybox)
+REAL_NODE=(nodekube cni-plugins coredns kube-router pause containerd runc busybox)
 ALL=("${CONTROL_PLANE[@]}" "${REAL_NODE[@]}")
 
 present() {
@@ -178,6 +184,13 @@ build_coredns() {
   commit_dir "$d"
 }
 
+build_kube_router() {
+  local d tmp; d="$(kube_router_dir)"; tmp="$(install_dir "$d")"
+  GOFLAGS="-p=2" GOBIN="$tmp" go install -trimpath -ldflags "-s -w" \
+    "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
+  commit_dir "$d"
+}
+
 build_pause() {
   local d tmp; d="$(pause_dir)"; tmp="$(install_dir "$d")"
   (cd "$HERE/pause" && go build -trimpath -ldflags "-s -w" -o "$tmp/pause" .)
@@ -186,9 +199,9 @@ build_pause() {
 
 # Host tools from Debian, installed once when missing (needs root and the mirror): GNU time measures
 # the cold build; kube-proxy on the real node programs Services with iptables and flushes UDP
-# conntrack entries. Checked on every build, also when every binary is cached, because a restored
+# conntrack entries; kube-router enforces NetworkPolicies with iptables and ipset. Checked on every build, also when every binary is cached, because a restored
 # cache on a new machine brings no system packages.
-HOST_TOOLS=("/usr/bin/time:time" "iptables:iptables" "iptables-restore:iptables" "conntrack:conntrack")
+HOST_TOOLS=("/usr/bin/time:time" "iptables:iptables" "iptables-restore:iptables" "conntrack:conntrack" "ipset:ipset")
 
 ensure_host_tools() {
   local entry cmd pkg pkgs=()
@@ -234,6 +247,7 @@ cmd_build_missing() {
       nodekube) go_env; build_nodekube ;;
       cni-plugins) go_env; build_cni_plugins ;;
       coredns) go_env; build_coredns ;;
+      kube-router) go_env; build_kube_router ;;
       pause) go_env; build_pause ;;
       containerd | runc) build_deb "$name" ;;
       busybox) build_deb busybox-static ;;
@@ -278,7 +292,8 @@ cmd_up() {
     local name archive ref
     args+=(--real-node --real-node-root "$REAL_NODE_ROOT" --real-node-lock "$REAL_NODE_LOCK"
       --nodekube "$(path_of nodekube)" --containerd-bin-dir "$(path_of containerd)"
-      --runc "$(path_of runc)" --cni-bin-dir "$(path_of cni-plugins)" --coredns "$(path_of coredns)")
+      --runc "$(path_of runc)" --cni-bin-dir "$(path_of cni-plugins)" --coredns "$(path_of coredns)"
+      --kube-router "$(path_of kube-router)")
     while read -r name archive ref; do
       if [[ "$name" == pause ]]; then
         args+=(--pause-image "$ref" --pause-image-archive "$archive")

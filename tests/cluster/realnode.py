@@ -1,7 +1,8 @@
 """The real node of the local cluster: start a control plane with one, load images, run pods.
 
 `start_real_cluster()` runs `localkube.sh up --real-node` (see docs/development.md, "The real node"):
-a kubelet, containerd, kube-proxy and CoreDNS in a network and mount namespace of their own, beside
+a kubelet, containerd, kube-proxy, CoreDNS and kube-router (enforcing NetworkPolicies) in a network
+and mount namespace of their own, beside
 kwok's fake nodes. There is one real node per machine; a second test run on the same machine waits
 for the first one's node to stop (machine-wide lock), it does not break it.
 """
@@ -22,7 +23,7 @@ from tests.cluster import images
 from tests.cluster.binaries import binary_path
 from tests.cluster.kube import STOP_GRACE_REAL_NODE_S, KubeCluster, start_cluster, wait_until
 
-REAL_NODE_BINARIES = ("nodekube", "cni-plugins", "coredns", "pause", "containerd", "runc", "busybox")
+REAL_NODE_BINARIES = ("nodekube", "cni-plugins", "coredns", "kube-router", "pause", "containerd", "runc", "busybox")
 NODE_ROOT = Path("/var/lib/rljob-real-node")
 CGROUP_NAME = "rljob-real-node"
 # Images every real-node test session loads at start (more with RealCluster.load_image).
@@ -38,6 +39,7 @@ class RealCluster:
     cluster: KubeCluster
     node: str
     containerd_socket: Path
+    node_netns: Path  # the node's network namespace (/proc/<pid>/ns/net)
     images: dict[str, str] = field(default_factory=dict)  # image name -> reference in containerd
 
     def ctr(self, *args: str, timeout: float = 600) -> str:
@@ -48,6 +50,13 @@ class RealCluster:
         )
         return out.stdout
 
+    def in_node_network(self, *command: str) -> str:
+        """Run `command` in the node's network namespace and return its output: `iptables-save -t filter`
+        and `ipset save` show what kube-router programmed for the NetworkPolicies."""
+        out = subprocess.run(["nsenter", f"--net={self.node_netns}", "--", *command],
+                             capture_output=True, text=True, timeout=60, check=True)
+        return out.stdout
+
     def load_image(self, name: str) -> str:
         """Build (cached) and import an image from tests/cluster/images.py; return its reference."""
         if name not in self.images:
@@ -56,12 +65,13 @@ class RealCluster:
             self.images[name] = img.ref
         return self.images[name]
 
-    def run_pod(self, namespace: str, name: str, containers: list[dict[str, Any]], **spec: Any) -> None:
+    def run_pod(self, namespace: str, name: str, containers: list[dict[str, Any]],
+                labels: dict[str, str] | None = None, **spec: Any) -> None:
         """Create a bare pod on the real node (no restarts unless `restartPolicy` says otherwise)."""
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name},
+            "metadata": {"name": name, "labels": labels or {}},
             "spec": {"nodeName": self.node, "restartPolicy": "Never", "containers": containers, **spec},
         }
         self.cluster.core().create_namespaced_pod(namespace, body)
@@ -122,6 +132,7 @@ def start_real_cluster(state_dir: Path, image_names: tuple[str, ...] = DEFAULT_I
         cluster=cluster,
         node=cluster.info["realNode"],
         containerd_socket=Path(cluster.info["containerdSocket"]),
+        node_netns=Path(cluster.info["nodeNetns"]),
         images={img.name: img.ref for img in built},
     )
 

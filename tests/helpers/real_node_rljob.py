@@ -23,6 +23,7 @@ from kubernetes import client as k8s
 
 from rljob.operator import crdgen
 from rljob.runtime.tasks.dataset import synthetic_records
+from tests.cluster.kube import wait_until
 from tests.cluster.realnode import RealCluster, mounted_runtime
 from tests.helpers.operator_process import OperatorProcess
 from tests.integration.test_job_pods_real_node import read_only_claim
@@ -85,7 +86,7 @@ def rljob_manifest(runtime: str, router: str, steps: int, trainer_replicas: int 
 class RealNodeJob:
     """One RLJob `e2e` in `namespace`, its volumes ready and the operator running on the host."""
 
-    def __init__(self, rc: RealCluster, namespace: str, tmp_path: Path) -> None:
+    def __init__(self, rc: RealCluster, namespace: str, tmp_path: Path, monitoring_namespace: str | None = None) -> None:
         self.rc, self.namespace = rc, namespace
         self.checkpoints = tmp_path / "ckpt"  # the host folder behind the checkpoint claim
         self.api = k8s.CustomObjectsApi(rc.cluster.api)
@@ -98,10 +99,12 @@ class RealNodeJob:
         read_only_claim(rc, namespace, "data", data_files(tmp_path / "data-volume"))
         checkpoint_volume(rc, namespace, self.checkpoints, f"{NAME}-checkpoints")
         env = {**os.environ, "KUBECONFIG": str(rc.cluster.kubeconfig)}
+        # The namespace the NetworkPolicies let scrape the metrics ports (none: no scraper outside the job).
+        scraper = ["--monitoring-namespace", monitoring_namespace] if monitoring_namespace else []
         self.operator = OperatorProcess(
             lambda liveness, metrics: ["-n", namespace, "--liveness", f"http://127.0.0.1:{liveness}/healthz",
                                        "--metrics-port", str(metrics), "--metrics-addr", "127.0.0.1",
-                                       "--resync-seconds", "2"],
+                                       "--resync-seconds", "2", *scraper],
             tmp_path / "operator.log", env=env,
         )
 
@@ -119,6 +122,16 @@ class RealNodeJob:
         phase = self.status().get("phase")
         return phase if phase in ("Complete", "Failed") else None
 
+    def assert_completes(self, timeout: float = 1500) -> None:
+        """Wait for the job to end; print the diagnostics and fail unless it ended Complete."""
+        try:
+            final = wait_until(self.final_phase, timeout, f"RLJob {NAME} Complete or Failed", interval=5)
+        except TimeoutError:
+            final = None
+        if final != "Complete":
+            self.print_diagnostics()
+        assert final == "Complete"
+
     def delete(self) -> None:
         """Delete the RLJob (its children go with it, by owner references)."""
         self.api.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, NAME)
@@ -126,7 +139,7 @@ class RealNodeJob:
     def children(self) -> list[str]:
         """The job's children still present, as kind/name."""
         return self.rc.cluster.kubectl(
-            "get", "pods,statefulsets,deployments,jobs,services,configmaps,pdb,pvc", "-n", self.namespace,
+            "get", "pods,statefulsets,deployments,jobs,services,configmaps,pdb,pvc,networkpolicies", "-n", self.namespace,
             "-l", f"rljob.io/job-name={NAME}", "-o", "name", check=False).stdout.split()
 
     def print_diagnostics(self) -> None:
@@ -141,9 +154,10 @@ class RealNodeJob:
 
 
 @contextmanager
-def real_node_job(rc: RealCluster, namespace: str, tmp_path: Path) -> Iterator[RealNodeJob]:
+def real_node_job(rc: RealCluster, namespace: str, tmp_path: Path,
+                  monitoring_namespace: str | None = None) -> Iterator[RealNodeJob]:
     """A RealNodeJob with its operator started; the operator is stopped afterwards."""
-    job = RealNodeJob(rc, namespace, tmp_path)
+    job = RealNodeJob(rc, namespace, tmp_path, monitoring_namespace)
     job.operator.start()
     try:
         yield job

@@ -197,6 +197,7 @@ def children(kube_cluster: Any, ns: str, name: str) -> dict[str, list[str]]:
         "PersistentVolumeClaim": core.list_namespaced_persistent_volume_claim(ns, label_selector=selector).items,
         "Role": rbac.list_namespaced_role(ns, label_selector=selector).items,
         "RoleBinding": rbac.list_namespaced_role_binding(ns, label_selector=selector).items,
+        "NetworkPolicy": k8s.NetworkingV1Api(kube_cluster.api).list_namespaced_network_policy(ns, label_selector=selector).items,
     }
     return {kind: sorted(o.metadata.name for o in objs) for kind, objs in listing.items() if objs}
 
@@ -211,6 +212,7 @@ EXPECTED_CHILDREN = {
     "PersistentVolumeClaim": ["{n}-checkpoints"],
     "Role": ["{n}-trainer"],
     "RoleBinding": ["{n}-trainer"],
+    "NetworkPolicy": ["{n}-inference", "{n}-router", "{n}-trainer"],
 }
 
 
@@ -599,6 +601,28 @@ def test_a_finalizer_left_by_an_older_operator_is_removed_and_delete_never_waits
     operator.kill()
     deleted = kube_cluster.kubectl("delete", "rljob", "legacy", "-n", namespace, "--timeout=30s", check=False)
     assert deleted.returncode == 0, deleted.stderr
+
+
+def test_turning_network_policies_off_removes_them(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any,
+    tmp_path: Path,
+) -> None:
+    """The chart's networkPolicy.enabled=false reaches existing jobs: the next reconcile deletes their policies."""
+    volumes("fenced")
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("fenced"))
+    wait_phase(api, namespace, "fenced", "Running")
+    assert children(kube_cluster, namespace, "fenced")["NetworkPolicy"] == expected_children("fenced")["NetworkPolicy"]
+    operator.stop()
+    off = namespaced_operator(namespace, tmp_path / "operator-off.log", "--no-network-policy")
+    off.start()
+    try:
+        wait_for(lambda: "NetworkPolicy" not in children(kube_cluster, namespace, "fenced"), "policies deleted", 120)
+        wait_events(kube_cluster, namespace, "fenced", "Deleted")
+        unfenced = {k: v for k, v in expected_children("fenced").items() if k != "NetworkPolicy"}
+        assert children(kube_cluster, namespace, "fenced") == unfenced, "only the policies go"
+    finally:
+        off.stop()
+        print(f"--- operator log ({off.log_path}) ---\n{off.log_tail(120)}")
 
 
 def test_suspend_scales_to_zero_and_resume_comes_back(

@@ -3,7 +3,7 @@
 Against the local control plane: unrelated workloads (and a look-alike without the managed-by
 label) run next to RLJobs; the operator's watch cache holds exactly the RLJobs and their watched
 children (StatefulSets, Deployments, the trainer Job, Pods, Services, PodDisruptionBudgets, ConfigMaps,
-ServiceAccounts, PersistentVolumeClaims, Roles, RoleBindings):
+ServiceAccounts, PersistentVolumeClaims, Roles, RoleBindings, NetworkPolicies):
 server-side label selectors keep the others from ever reaching it. Deleting the jobs empties the
 cache and drops every per-job lock.
 """
@@ -67,6 +67,7 @@ def managed_objects(kube_cluster: Any, namespace: str) -> int:
         + len(core.list_namespaced_persistent_volume_claim(namespace, label_selector=MANAGED).items)
         + len(rbac.list_namespaced_role(namespace, label_selector=MANAGED).items)
         + len(rbac.list_namespaced_role_binding(namespace, label_selector=MANAGED).items)
+        + len(k8s.NetworkingV1Api(kube_cluster.api).list_namespaced_network_policy(namespace, label_selector=MANAGED).items)
     )
     jobs = k8s.CustomObjectsApi(kube_cluster.api).list_namespaced_custom_object(base.GROUP, base.VERSION, namespace, base.PLURAL)
     return children + len(jobs["items"])

@@ -191,7 +191,8 @@ def test_failures_degrade_or_restart_and_prometheus_scrapes_the_pods(real_cluste
                                                                      tmp_path: Path) -> None:
     rc, ns = real_cluster, real_namespace
     prom = PrometheusPod(rc, ns, rljob_services(JobRef(NAME, ns, ""), {"cpu": "cpu"}))
-    with real_node_job(rc, ns, tmp_path) as job:
+    # The Prometheus pod runs in the job's namespace: the NetworkPolicies let that namespace scrape.
+    with real_node_job(rc, ns, tmp_path, monitoring_namespace=ns) as job:
         try:
             prom.start()
             job.create(STEPS, rollout={"strategy": "sync"})  # every round needs the engine: see the docstring

@@ -30,13 +30,7 @@ def test_cpu_rljob_trains_to_complete_on_the_real_node(real_cluster: RealCluster
     with real_node_job(real_cluster, real_namespace, tmp_path) as job:
         try:
             job.create(STEPS)
-            try:
-                final = wait_until(job.final_phase, 1500, "RLJob e2e Complete or Failed", interval=5)
-            except TimeoutError:
-                final = None
-            if final != "Complete":
-                job.print_diagnostics()
-            assert final == "Complete"
+            job.assert_completes()
             status = job.status()
             assert status["trainer"]["step"] == STEPS and status["trainer"]["policyVersion"] == STEPS
             # The trainer's step records: after every step the engine pod served the new version (the runtime

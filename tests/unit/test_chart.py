@@ -139,6 +139,7 @@ BAD_VALUES: list[tuple[list[str], str]] = [
     (["prometheusRule.severity.RLJobRolloutStalled=page"], "/prometheusRule/severity/RLJobRolloutStalled"),
     (["resources.limits.memory=lots"], "/resources/limits/memory"),
     (["crds.install=yes"], "/crds/install"),
+    (["networkPolicy.monitoringNamespace=Monitoring_NS"], "/networkPolicy/monitoringNamespace"),
 ]
 
 
@@ -230,6 +231,23 @@ def test_operator_settings_reach_the_container(helm: Path) -> None:
     minimal = find(render(helm, [CHART / "ci/minimal-values.yaml"]), "Deployment")["spec"]["template"]["spec"]
     assert minimal["containers"][0]["image"].startswith("registry.example.com/ml/rljob-operator@sha256:")
     assert minimal["serviceAccountName"] == "rljob-operator"
+
+
+def test_network_policy_values_reach_the_operator(helm: Path) -> None:
+    """The chart's networkPolicy values become the operator's flags, which main() hands to the handlers."""
+    from rljob.operator.builders.network import NetworkPolicySettings
+
+    def settings(sets: list[str]) -> NetworkPolicySettings:
+        args = find(render(helm, sets=sets), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        enabled = "--network-policy" in args
+        assert enabled != ("--no-network-policy" in args), args
+        ns = [a.split("=", 1)[1] for a in args if a.startswith("--monitoring-namespace=")]
+        return NetworkPolicySettings(enabled=enabled, monitoring_namespace=(ns or [""])[0] or None)
+
+    assert settings([]) == NetworkPolicySettings(enabled=True, monitoring_namespace="monitoring")
+    assert settings(["networkPolicy.monitoringNamespace=obs"]).monitoring_namespace == "obs"
+    assert settings(["networkPolicy.monitoringNamespace="]) == NetworkPolicySettings(enabled=True)
+    assert settings(["networkPolicy.enabled=false"]).enabled is False
 
 
 # ---------------------------------------------------------------------------------------------

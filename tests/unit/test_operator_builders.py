@@ -67,6 +67,9 @@ def test_children_are_complete_unique_and_owned() -> None:
         ("Deployment", "demo-router"),
         ("Service", "demo-trainer"),
         ("Job", "demo-trainer"),
+        ("NetworkPolicy", "demo-inference"),
+        ("NetworkPolicy", "demo-router"),
+        ("NetworkPolicy", "demo-trainer"),
     }
     for c in children:
         meta = c["metadata"]

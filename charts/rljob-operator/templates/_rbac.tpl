@@ -35,6 +35,10 @@ it create those Roles and their RoleBindings without the `escalate` or `bind` ve
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Per-job NetworkPolicies (watched for the cache; pruned when networkPolicy.enabled is turned off).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Pods: watched for failures, evictions and the trainer leader's success.
 - apiGroups: [""]
   resources: ["pods"]

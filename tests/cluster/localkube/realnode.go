@@ -25,7 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// One real node per machine: kubelet, containerd and kube-proxy run in a network and mount
+// One real node per machine: kubelet, containerd, kube-proxy and kube-router run in a network and mount
 // namespace of their own (the "node namespace"), so iptables rules, the CNI bridge, pod network
 // namespaces, kubelet volume mounts and containerd's /run state never touch the host; only
 // cgroups and a few mount points are global. A machine-wide flock serialises concurrent users.
@@ -64,6 +64,7 @@ type realNodeOptions struct {
 	runc         string
 	cniBin       string
 	coredns      string
+	kubeRouter   string
 	pauseImage   string
 	pauseArchive string
 	images       []string // more image archives to import before the node is reported ready
@@ -81,6 +82,7 @@ func (r *realNodeOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&r.runc, "runc", "", "path of runc")
 	fs.StringVar(&r.cniBin, "cni-bin-dir", "", "folder with the CNI plugins (bridge, host-local, loopback, portmap)")
 	fs.StringVar(&r.coredns, "coredns", "", "path of the coredns binary")
+	fs.StringVar(&r.kubeRouter, "kube-router", "", "path of the kube-router binary (its firewall enforces NetworkPolicies)")
 	fs.StringVar(&r.pauseImage, "pause-image", "", "sandbox image reference (must be in --pause-image-archive)")
 	fs.StringVar(&r.pauseArchive, "pause-image-archive", "", "OCI archive of the sandbox image")
 	fs.Func("real-node-image", "OCI archive to import into the node's containerd (repeatable)", func(s string) error {
@@ -98,7 +100,7 @@ func (r *realNodeOptions) validate() error {
 	}
 	for flagName, p := range map[string]string{
 		"--nodekube": r.nodekube, "--containerd-bin-dir": r.containerd, "--runc": r.runc,
-		"--cni-bin-dir": r.cniBin, "--coredns": r.coredns, "--pause-image-archive": r.pauseArchive,
+		"--cni-bin-dir": r.cniBin, "--coredns": r.coredns, "--kube-router": r.kubeRouter, "--pause-image-archive": r.pauseArchive,
 	} {
 		if p == "" {
 			return fmt.Errorf("--real-node needs %s", flagName)
@@ -305,6 +307,7 @@ type realNode struct {
 	opts   realNodeOptions
 	pki    nodePKI
 	netns  *os.File // the node's network namespace, held open for the bridges
+	holder int      // pid of the process owning the node's namespaces (tests enter its network namespace)
 	bridge bridge
 	socket string // containerd's socket (reachable from the host)
 	ctr    string
@@ -379,7 +382,7 @@ func (n *realNode) start(ctx context.Context, sup *supervisor, cs kubernetes.Int
 	if err != nil {
 		return err
 	}
-	n.netns = netns
+	n.netns, n.holder = netns, holderPID
 
 	// Bridges: the apiserver inside the node namespace, and the apiserver's egress into it.
 	l, err := listenInNetns(n.nsPath(), fmt.Sprintf(":%d", nodeAPIPort))
@@ -458,6 +461,29 @@ func (n *realNode) start(ctx context.Context, sup *supervisor, cs kubernetes.Int
 			}
 		}
 		return false
+	}); err != nil {
+		return err
+	}
+	// kube-router's firewall only: kube-proxy serves Services and the CNI bridge routes pods. It reads the
+	// node's InternalIP to find the node's pods, so it starts once the node is registered. Its rules hang
+	// off FORWARD (bridged pod-to-pod traffic passes iptables: bridge-nf-call-iptables above); ipsets and
+	// iptables are per network namespace, so the host's stay untouched.
+	if err := startTracked("kube-router", inNode("kube-router", r.kubeRouter,
+		"--kubeconfig="+n.pki.KubeRouterKubeconfig,
+		"--hostname-override="+r.name,
+		"--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+		"--enable-pod-egress=false",
+		"--service-cluster-ip-range="+serviceCIDR,
+		"--health-port=0", "--metrics-port=0",
+		"--v=1",
+	)); err != nil {
+		return err
+	}
+	// Ready once its policy controller has hooked its chain into FORWARD (its first full sync follows).
+	if err := waitFor(ctx, sup, "kube-router's network policy chains", func(ctx context.Context) bool {
+		out, err := exec.CommandContext(ctx, "nsenter", "--target", strconv.Itoa(holderPID), "--net", "--",
+			"iptables", "-w", "-S", "FORWARD").Output()
+		return err == nil && strings.Contains(string(out), "-j KUBE-ROUTER-FORWARD")
 	}); err != nil {
 		return err
 	}
@@ -702,7 +728,8 @@ conntrack:
 	return c, nil
 }
 
-// createNodeRBAC lets the apiserver use the kubelet API and CoreDNS read Services and endpoints.
+// createNodeRBAC lets the apiserver use the kubelet API, CoreDNS read Services and endpoints, and
+// kube-router read pods, namespaces and NetworkPolicies.
 func createNodeRBAC(ctx context.Context, cs kubernetes.Interface) error {
 	objects := []func() error{
 		func() error {
@@ -728,6 +755,26 @@ func createNodeRBAC(ctx context.Context, cs kubernetes.Interface) error {
 				ObjectMeta: metav1.ObjectMeta{Name: "rljob:coredns"},
 				RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "rljob:coredns"},
 				Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: coreDNSUser}},
+			}, metav1.CreateOptions{})
+			return err
+		},
+		// kube-router starts informers on all of these, whichever of its controllers run.
+		func() error {
+			_, err := cs.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
+				ObjectMeta: metav1.ObjectMeta{Name: "rljob:kube-router"},
+				Rules: []rbacv1.PolicyRule{
+					{APIGroups: []string{""}, Resources: []string{"endpoints", "services", "pods", "namespaces", "nodes"}, Verbs: []string{"get", "list", "watch"}},
+					{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}},
+					{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"list", "watch"}},
+				},
+			}, metav1.CreateOptions{})
+			return err
+		},
+		func() error {
+			_, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+				ObjectMeta: metav1.ObjectMeta{Name: "rljob:kube-router"},
+				RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "rljob:kube-router"},
+				Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: kubeRouterUser}},
 			}, metav1.CreateOptions{})
 			return err
 		},

@@ -19,8 +19,8 @@ import (
 //   - the kubelet's client certificate (system:node:<name> in system:nodes, for the Node authorizer);
 //   - the apiserver's client certificate for the kubelet API (the kubelet authenticates it by
 //     x509 and authorises it by SubjectAccessReview: no anonymous access, even on loopback);
-//   - kube-proxy's (system:kube-proxy, bound by the default system:node-proxier binding) and
-//     CoreDNS's client certificates.
+//   - kube-proxy's (system:kube-proxy, bound by the default system:node-proxier binding), CoreDNS's
+//     and kube-router's client certificates.
 type nodePKI struct {
 	KubeletServingCert, KubeletServingKey string
 	APIServerKubeletCert                  string
@@ -28,12 +28,14 @@ type nodePKI struct {
 	KubeletKubeconfig                     string
 	KubeProxyKubeconfig                   string
 	CoreDNSKubeconfig                     string
+	KubeRouterKubeconfig                  string
 }
 
 // Identities of the node components (RBAC subjects).
 const (
 	apiserverKubeletClientUser = "kube-apiserver-kubelet-client"
 	coreDNSUser                = "system:rljob-coredns"
+	kubeRouterUser             = "system:rljob-kube-router"
 )
 
 func loadCA(pki pkiFiles) (keyPair, error) {
@@ -111,6 +113,10 @@ func writeNodePKI(dir string, pki pkiFiles, nodeName string, nodeIP net.IP, serv
 	if err != nil {
 		return nodePKI{}, err
 	}
+	router, err := client(kubeRouterUser)
+	if err != nil {
+		return nodePKI{}, err
+	}
 	p := nodePKI{
 		KubeletServingCert:   filepath.Join(dir, "kubelet-serving.crt"),
 		KubeletServingKey:    filepath.Join(dir, "kubelet-serving.key"),
@@ -119,6 +125,7 @@ func writeNodePKI(dir string, pki pkiFiles, nodeName string, nodeIP net.IP, serv
 		KubeletKubeconfig:    filepath.Join(dir, "kubelet.kubeconfig"),
 		KubeProxyKubeconfig:  filepath.Join(dir, "kube-proxy.kubeconfig"),
 		CoreDNSKubeconfig:    filepath.Join(dir, "coredns.kubeconfig"),
+		KubeRouterKubeconfig: filepath.Join(dir, "kube-router.kubeconfig"),
 	}
 	for _, w := range []struct {
 		path string
@@ -134,7 +141,7 @@ func writeNodePKI(dir string, pki pkiFiles, nodeName string, nodeIP net.IP, serv
 	for _, k := range []struct {
 		path string
 		kp   keyPair
-	}{{p.KubeletKubeconfig, kubelet}, {p.KubeProxyKubeconfig, proxy}, {p.CoreDNSKubeconfig, dns}} {
+	}{{p.KubeletKubeconfig, kubelet}, {p.KubeProxyKubeconfig, proxy}, {p.CoreDNSKubeconfig, dns}, {p.KubeRouterKubeconfig, router}} {
 		if err := writeClientKubeconfig(k.path, server, caPEM, k.kp); err != nil {
 			return p, err
 		}

@@ -51,6 +51,8 @@ type readyInfo struct {
 	// Set when a real node runs: its name and containerd's socket (for `ctr images import`).
 	RealNode         string `json:"realNode,omitempty"`
 	ContainerdSocket string `json:"containerdSocket,omitempty"`
+	// The node's network namespace (/proc/<pid>/ns/net), for tests that read its firewall rules.
+	NodeNetns string `json:"nodeNetns,omitempty"`
 }
 
 func parseUpOptions(args []string) (upOptions, error) {
@@ -355,6 +357,7 @@ func start(o upOptions, sup *supervisor, signals <-chan os.Signal, node **realNo
 		}
 		log.Printf("real node %s Ready in %.1f s", o.realNode.name, time.Since(started).Seconds())
 		info.RealNode, info.ContainerdSocket = o.realNode.name, (*node).socket
+		info.NodeNetns = fmt.Sprintf("/proc/%d/ns/net", (*node).holder)
 	}
 	v, err := cs.Discovery().ServerVersion()
 	if err != nil {

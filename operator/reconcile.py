@@ -27,6 +27,7 @@ from rljob.operator.builders.meta import LABEL_JOB, LABEL_POOL, LABEL_ROLE, ROLE
 from rljob.operator.builders.router import router_name
 from rljob.operator.builders.trainer import ANNOTATION_TEMPLATE_HASH, trainer_name
 from rljob.common.kube import Kube, KubeError
+from rljob.operator.apply_retry import ApplyRetries, Backoff, Failures
 from rljob.operator.keyed_locks import KeyedLocks
 from rljob.operator.status_queue import SeenPod, seen_under
 from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
@@ -171,15 +172,26 @@ def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bo
     return changed.get("waiting", [])
 
 
-def apply_result(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool) -> ApplyResult:
-    """apply_children as a result for the status: what is still waiting, or the API server's refusal."""
+def apply_result(
+    kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool, retried: Failures | None = None
+) -> ApplyResult:
+    """apply_children as a result for the status: what is still waiting, or the API server's refusal.
+
+    `retried` are the consecutive failed attempts before this one (the create/update handler's count):
+    the result's condition names them, and an apply that goes through after them posts an
+    `AppliedAfterRetries` Event saying how many and for how long.
+    """
     generation = int(body["metadata"].get("generation") or 0)
+    attempt = 1 + (retried.count if retried else 0)
+    summary = retried.summary(time.monotonic()) if retried else ""
     try:
         waiting = apply_children(kube, body, spec, active)
     except ChildApplyError as err:
-        kube.post_event(body, "Warning", "ApplyFailed", str(err))
-        return ApplyResult(generation, error=str(err))
-    return ApplyResult(generation, waiting=tuple(waiting))
+        kube.post_event(body, "Warning", "ApplyFailed", f"{err} (attempt {attempt})")
+        return ApplyResult(generation, error=str(err), attempt=attempt, retried=summary)
+    if retried:
+        kube.post_event(body, "Normal", "AppliedAfterRetries", f"children of generation {generation} applied after {summary}")
+    return ApplyResult(generation, waiting=tuple(waiting), attempt=attempt, retried=summary)
 
 
 def delete_trainer_job(kube: Kube, namespace: str, name: str, uid: str) -> bool:
@@ -258,11 +270,12 @@ def observe(kube: Kube, job: JobRef, spec: RLJobSpec) -> Observed:
     )
 
 
-def reconcile(kube: Kube, namespace: str, name: str) -> None:
+def reconcile(kube: Kube, namespace: str, name: str, retried: Failures | None = None) -> None:
     """Apply the children for the current spec, then refresh the status (create/resume/update).
 
     An apply the API server refuses becomes the ChildrenApplied=False condition with its message
     (observedGeneration stays at the last generation that applied), then is raised for a retry.
+    `retried`: the consecutive failed attempts before this one (see apply_retry), reported by the status.
     """
     # One lock hold for the apply and its status: a pass in between could apply more (recreate the
     # trainer Job), and this apply's result would then be stale.
@@ -279,11 +292,37 @@ def reconcile(kube: Kube, namespace: str, name: str) -> None:
                 kube.post_event(body, "Warning", "InvalidSpec", str(err))
                 raise
             status = _status(body)
-            result = apply_result(kube, body, spec, active=not spec.suspend and status.outcome is None)
+            result = apply_result(kube, body, spec, active=not spec.suspend and status.outcome is None, retried=retried)
         with measured("status"):
             _sync_once(kube, namespace, name, [], [], result)
     if result.error is not None:
         raise ChildrenNotApplied(result.error)
+
+
+def reconcile_or_schedule_retry(
+    kube: Kube, retries: ApplyRetries, backoff: Backoff, namespace: str, name: str
+) -> Failures | None:
+    """reconcile(); if it fails for any reason but an invalid spec, count the failure and schedule the next
+    attempt (the operator's retry loop makes it: see apply_retry). Returns the failures, None on success.
+
+    An invalid spec is raised (nothing to retry until the spec changes); every other error (refused,
+    unreachable, timed out) is logged and retried the same way, without end.
+    """
+    job = (namespace, name)
+    try:
+        reconcile(kube, namespace, name, retried=retries.pending(job))
+    except InvalidSpec:
+        retries.succeeded(job)
+        raise
+    except Exception as err:  # noqa: BLE001 - whatever stopped the apply, the answer is to retry it later
+        failures = retries.failed(job, f"{type(err).__name__}: {err}".splitlines()[0][:300], backoff)
+        log.warning(
+            "%s/%s: apply attempt %d failed (%s); retrying in %.0f s",
+            namespace, name, failures.count, failures.last_error, backoff.delay(failures.count),
+        )
+        return failures
+    retries.succeeded(job)
+    return None
 
 
 def sync_status(

@@ -86,6 +86,9 @@ class ApplyResult:
     generation: int
     error: str | None = None
     waiting: tuple[str, ...] = ()
+    # Which consecutive attempt this was, and what the failed ones before it were (apply_retry.Failures.summary).
+    attempt: int = 1
+    retried: str = ""
 
 
 @dataclass(frozen=True)
@@ -515,12 +518,16 @@ def compute_status(
     if applied is None:
         conds.keep("ChildrenApplied")
     elif applied.error is not None:
-        conds.set("ChildrenApplied", False, "ApplyFailed", applied.error)
+        conds.set(
+            "ChildrenApplied", False, "ApplyFailed",
+            f"{applied.error} (attempt {applied.attempt}; retried with capped backoff until it applies)",
+        )
     elif applied.waiting:
         conds.set("ChildrenApplied", False, "Recreating", f"waiting for the old {', '.join(applied.waiting)} to go")
     else:
         observed_generation = applied.generation
-        conds.set("ChildrenApplied", True, "Applied", f"children of generation {applied.generation} applied")
+        after = f" after {applied.retried}" if applied.retried else ""
+        conds.set("ChildrenApplied", True, "Applied", f"children of generation {applied.generation} applied{after}")
     short = [f"{p.name} {p.ready}/{p.desired}" for p in pools if p.ready < p.desired]
     rollout_ok = active and desired_total > 0 and not short and router_ready
     trainer_ok = active and trainer_ready_count >= trainer_desired

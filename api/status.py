@@ -121,6 +121,11 @@ class RestartStatus(StatusModel):
     )
     rollout: int = Field(default=0, ge=0, description="Inference replicas lost and replaced.")
     last_trainer_restart_time: Timestamp | None = None
+    trainer_start_not_before: Timestamp | None = Field(
+        default=None,
+        description="After an interruption: the new trainer group is not created before this time "
+        "(spec.failurePolicy's capped exponential backoff).",
+    )
     handled_failures: list[str] = Field(
         default_factory=list,
         # A bound for the schema only: keys are pruned to pods that still exist, far below it.

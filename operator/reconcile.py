@@ -40,6 +40,7 @@ from rljob.operator.status_logic import (
     operator_apply,
     pod_observation,
     trainer_job_observation,
+    trainer_start_held,
 )
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ def _apply_one(kube: Kube, body: dict[str, Any], child: dict[str, Any]) -> tuple
     return what, result
 
 
-def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool) -> list[str]:
+def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool, hold_trainer: bool = False) -> list[str]:
     """Server-side apply every child, prune pools removed from the spec, post an Event per kind of change.
 
     Children are independent requests, so they go out APPLY_CONCURRENCY at a time, in two waves: what
@@ -147,9 +148,12 @@ def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bo
     never wait for a missing ServiceAccount or claim. One Event names all children created (another
     all configured): a new job costs one Event, not thirteen. Returns the children still waiting (the
     trainer Job being recreated); raises ChildApplyError naming the first object the API server refused.
+    `hold_trainer`: a missing trainer Job is not created (the backoff after an interruption still runs).
     """
     job = JobRef.from_body(body)
     children = build_children(job, spec, active=active)
+    if hold_trainer and kube.get("batch/v1", "Job", job.namespace, trainer_name(job)) is None:
+        children = [c for c in children if c["kind"] != "Job"]
     waves = [[c for c in children if c["kind"] not in _WORKLOAD_KINDS], [c for c in children if c["kind"] in _WORKLOAD_KINDS]]
     changed: dict[str, list[str]] = {}
     try:
@@ -185,7 +189,8 @@ def apply_result(
     attempt = 1 + (retried.count if retried else 0)
     summary = retried.summary(time.monotonic()) if retried else ""
     try:
-        waiting = apply_children(kube, body, spec, active)
+        held = trainer_start_held(_status(body).restarts, utcnow())
+        waiting = apply_children(kube, body, spec, active, hold_trainer=held)
     except ChildApplyError as err:
         kube.post_event(body, "Warning", "ApplyFailed", f"{err} (attempt {attempt})")
         return ApplyResult(generation, error=str(err), attempt=attempt, retried=summary)
@@ -352,9 +357,12 @@ def current_generation_applied(prev: RLJobStatus, generation: int) -> bool:
     return applied is not None and applied.reason == "Recreating" and applied.observed_generation == generation
 
 
-def needs_apply(obs: Observed, active: bool, generation_applied: bool) -> bool:
+def needs_apply(obs: Observed, active: bool, generation_applied: bool, held: bool = False) -> bool:
     """Whether a status sync must apply the children itself: the trainer Job is missing, or its suspension
     disagrees with the decision (finished, suspended, resumed).
+
+    `held`: the backoff after an interruption still runs (trainer_start_held), so a missing trainer Job
+    is not created yet; a later resync creates it once the hold is over.
 
     Never before the current generation's create/update handler has applied it (`generation_applied`,
     see current_generation_applied): with kopf's workers busy that handler may not even have started,
@@ -364,7 +372,7 @@ def needs_apply(obs: Observed, active: bool, generation_applied: bool) -> bool:
     if not generation_applied:
         return False
     if obs.trainer is None:
-        return True
+        return not (held and active)
     return not obs.trainer.deleting and obs.trainer.suspended == active
 
 
@@ -396,7 +404,10 @@ def _sync_once(
     if decision.restart_trainer_job is not None:
         deleted = delete_trainer_job(kube, namespace, trainer_name(job), decision.restart_trainer_job)
         log.info("restarting the trainer group of %s/%s (Job deleted: %s)", namespace, name, deleted)
-    elif needs_apply(obs, decision.active, current_generation_applied(prev, generation)):
+    elif needs_apply(
+        obs, decision.active, current_generation_applied(prev, generation),
+        held=trainer_start_held(decision.status.restarts, utcnow()),
+    ):
         decision = decide(apply_result(kube, body, spec, decision.active))
     status = operator_apply(decision.status)
     # A resync that changes nothing writes nothing (one request per job and period saved).

@@ -34,8 +34,10 @@ from rljob.api.status import (
     KnobValue,
     Outcome,
     PoolStatus,
+    RestartStatus,
     RLJobStatus,
     RolloutStatus,
+    rfc3339,
     TrainerStatus,
 )
 from rljob.operator.builders.inference import effective_pools, pool_replicas
@@ -402,6 +404,7 @@ def compute_status(
     outcome = prev.outcome
     restarts = prev.restarts.model_copy(deep=True)
     restart_job: str | None = None
+    hold_s = 0  # seconds the new trainer group waits after an interruption (failurePolicy backoff)
     was_active = not spec.suspend and outcome is None
     lost_now: list[PodObs] = []
     current_job = obs.trainer.uid if obs.trainer is not None else None
@@ -422,15 +425,21 @@ def compute_status(
         restarts.handled_failures = _remember(restarts.handled_failures, [t.key for t in troubles])
         failures = [t for t in troubles if not t.interrupted]
         first = (failures or troubles)[0]
-        if not failures:
+        policy = spec.failure_policy
+        if not failures and restarts.interrupted >= policy.max_interruptions:
+            message = f"{first.what}; failurePolicy.maxInterruptions {policy.max_interruptions} reached"
+            outcome = Outcome(result="Failed", reason="InterruptionLimitExceeded", message=message, time=now)
+            events.append(EventRecord("Warning", "InterruptionLimitExceeded", message))
+        elif not failures:
             restarts.interrupted += 1
             restart_job = obs.trainer.uid
+            hold_s = policy.interruption_delay(restarts.interrupted)
             events.append(
                 EventRecord(
                     "Warning",
                     "TrainerInterrupted",
-                    f"{first.what}; restarting the trainer group from the last checkpoint "
-                    f"(not counted against backoffLimit; interruption {restarts.interrupted})",
+                    f"{first.what}; restarting the trainer group from the last checkpoint in {hold_s} s "
+                    f"(not counted against backoffLimit; interruption {restarts.interrupted}/{policy.max_interruptions})",
                 )
             )
         elif restarts.trainer < spec.backoff_limit:
@@ -450,6 +459,9 @@ def compute_status(
             events.append(EventRecord("Warning", "BackoffLimitExceeded", message))
     if restart_job is not None:
         restarts.last_trainer_restart_time = now
+        # Only an interruption backs off (a failure is bounded by backoffLimit instead); the hold is read by
+        # trainer_start_held before a new trainer Job is created.
+        restarts.trainer_start_not_before = now + timedelta(seconds=hold_s) if hold_s else None
         # One restart per Job: a later read of the same Job (failed, not yet seen deleting, e.g. a watch
         # cache that has the pod's deletion before the Job's) must not count its failure again.
         restarts.handled_failures = _remember(restarts.handled_failures, [failure_key(ROLE_TRAINER, restart_job, "job")])
@@ -546,12 +558,20 @@ def compute_status(
         else:
             parts = short + ([] if router_ready else ["router not ready"])
             conds.set("RolloutReady", False, "ReplicasNotReady", "; ".join(parts))
-        conds.set(
-            "TrainerReady",
-            trainer_ok,
-            "AllReplicasReady" if trainer_ok else ("Restarting" if restart_job is not None else "ReplicasNotReady"),
-            f"{trainer_ready_count}/{trainer_desired} trainer pods ready",
-        )
+        held = trainer_start_held(restarts, now)
+        if held and not trainer_ok and obs.trainer is None:
+            conds.set(
+                "TrainerReady", False, "BackingOff",
+                f"interruption {restarts.interrupted}: the trainer group restarts at "
+                f"{rfc3339(restarts.trainer_start_not_before)} (spec.failurePolicy backoff)",
+            )
+        else:
+            conds.set(
+                "TrainerReady",
+                trainer_ok,
+                "AllReplicasReady" if trainer_ok else ("Restarting" if restart_job is not None else "ReplicasNotReady"),
+                f"{trainer_ready_count}/{trainer_desired} trainer pods ready",
+            )
     ready = active and rollout_ok and trainer_ok and not degraded
     if degraded:
         message = "; ".join([f"lost {p.name}" for p in lost_now] + short) or "inference replicas not ready"
@@ -606,6 +626,11 @@ def compute_status(
         metrics=prev.metrics,
     )
     return Decision(status=status, active=active, restart_trainer_job=restart_job, events=events)
+
+
+def trainer_start_held(restarts: RestartStatus, now: datetime) -> bool:
+    """Whether a new trainer group must not be created yet: the backoff after an interruption still runs."""
+    return restarts.trainer_start_not_before is not None and now < restarts.trainer_start_not_before
 
 
 OPERATOR_STATUS_KEYS = ("phase", "observedGeneration", "startTime", "completionTime", "rollout", "restarts", "outcome")

@@ -898,6 +898,14 @@ class MetricsSpec(ApiModel):
 # autotune
 
 
+# The labels that tie a series to its job (rljob_job_info{rljob=<name>,rljob_namespace=<namespace>}): the
+# operator sets them, so matchLabels may not, or one job could read another's series.
+RESERVED_SELECTOR_LABELS = ("rljob", "rljob_namespace")
+_RESERVED_LABELS = (
+    "matchLabels cannot set rljob or rljob_namespace: the autotuner sets them to the job's own name and namespace"
+)
+
+
 class AutotunePrometheusSpec(ApiModel):
     """Where the operator's autotuner reads the runtime metrics."""
 
@@ -914,8 +922,18 @@ class AutotunePrometheusSpec(ApiModel):
         default_factory=dict,
         max_length=16,
         description="Extra label matchers for this job's series, added to rljob=<name> and "
-        "rljob_namespace=<namespace>.",
+        "rljob_namespace=<namespace> (those two are reserved).",
+        json_schema_extra=cel(
+            " && ".join(f"!('{label}' in self)" for label in RESERVED_SELECTOR_LABELS), _RESERVED_LABELS
+        ),
     )
+
+    @field_validator("match_labels")
+    @classmethod
+    def _not_reserved(cls, labels: dict[str, str]) -> dict[str, str]:
+        if any(label in labels for label in RESERVED_SELECTOR_LABELS):
+            raise ValueError(_RESERVED_LABELS)
+        return labels
 
 
 class KnobBounds(ApiModel):

@@ -18,7 +18,8 @@ RLJOB_RESYNC_SECONDS (status resync period, default 10), RLJOB_OPERATOR_METRICS_
 namespaces the resync loops list; empty: all namespaces), RLJOB_STATUS_SETTLE_SECONDS (how long a
 job's status sync waits for more of its child events to join it, default 0.2), RLJOB_STATUS_THREADS
 (threads computing statuses, default 4), RLJOB_APPLY_BACKOFF_SECONDS and RLJOB_APPLY_BACKOFF_CAP_SECONDS
-(a failed apply is retried without end after 5, 10, 20, … seconds, at most 60: operator/apply_retry.py).
+(a failed apply is retried without end after 5, 10, 20, … seconds, at most 60: operator/apply_retry.py),
+RLJOB_AUTOTUNE_CONCURRENCY (jobs autotuned at once, default 16: operator/autotune/timer.py).
 
 No handler here needs a finalizer (no kopf timers, deletion handlers are optional), so deleting an
 RLJob never waits for the operator: see operator/resync.py.
@@ -38,7 +39,7 @@ from rljob.common.kube import RLJOB_PLURAL, load_api_client
 from rljob.operator.builders.meta import LABEL_JOB, LABEL_ROLE, MANAGER, ROLE_INFERENCE, ROLE_TRAINER
 from rljob.common.autotune.prometheus import PrometheusPool
 from rljob.operator.apply_retry import ApplyRetries, Backoff
-from rljob.operator.autotune.timer import TICK_S, autotune_job
+from rljob.operator.autotune.timer import AUTOTUNE_CONCURRENCY, TICK_S, autotune_job
 from rljob.operator.cache import RLJOB_API_VERSION, CachedKube
 from rljob.operator.metrics import CACHED_OBJECTS, JOB_LOCKS_HELD, JOB_PHASES, STATUS_SYNCS_PENDING, serve
 from rljob.operator.reconcile import APPLY_CONCURRENCY, JOB_LOCKS, InvalidSpec, reconcile_or_schedule_retry, sync_status
@@ -214,8 +215,10 @@ async def start_resync(memo: kopf.Memo, **_: Any) -> None:
         ResyncLoop("resync", RESYNC_SECONDS, jobs, resync_pass, select=resync_due),
         # Failed applies whose backoff has passed (see operator/apply_retry.py); checked every second.
         ResyncLoop("apply-retry", APPLY_RETRY_CHECK_SECONDS, retries.take_due, retry_apply),
-        ResyncLoop("autotune", TICK_S, jobs, autotune_pass),
+        # Concurrent: one job's unreachable Prometheus (up to its 60 s timeout) must not delay the others.
+        ResyncLoop("autotune", TICK_S, jobs, autotune_pass, concurrency=AUTOTUNE_CONCURRENCY),
     ]
+    memo["resync_loops"] = loops
     memo["resync_tasks"] = [asyncio.create_task(loop.run_forever(), name=loop.step) for loop in loops]
 
 
@@ -224,6 +227,8 @@ async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
     """Stop the resync loops and close the Prometheus connections."""
     for task in memo.get("resync_tasks", []):
         task.cancel()
+    for loop in memo.get("resync_loops", []):
+        await loop.stop()
     pool = getattr(memo, "prometheus_pool", None)
     if pool is not None:
         await pool.aclose()

@@ -298,6 +298,7 @@ INVALID: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("duplicate pool", lambda j: j["spec"]["rollout"]["pools"].append({"name": "nv", "vendor": "amd"}), "spec.rollout.pools[2]"),
     ("tokens without cap", lambda j: j["spec"]["rollout"].update(partial={"truncation": {"mode": "tokens"}}), "spec.rollout.partial.truncation"),
     ("negative deadline", lambda j: j["spec"].update(activeDeadlineSeconds=-5), "spec.activeDeadlineSeconds"),
+    ("reserved selector label", lambda j: j["spec"].update(autotune={"prometheus": {"matchLabels": {"rljob_namespace": "other"}}}), "spec.autotune.prometheus.matchLabels"),
     ("backoff max < base", lambda j: j["spec"].update(failurePolicy={"interruptionBackoffSeconds": 60, "interruptionBackoffMaxSeconds": 30}), "spec.failurePolicy"),
     ("builtin model on GPU pools", lambda j: j["spec"].update(model={"builtin": "tiny-arith"}), "spec.model.builtin"),
     ("local model folder on GPU pools", lambda j: j["spec"].update(model={"path": "/models/q"}), "spec.model.path"),

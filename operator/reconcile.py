@@ -29,6 +29,7 @@ from rljob.operator.builders.trainer import ANNOTATION_TEMPLATE_HASH, trainer_na
 from rljob.common.kube import Kube, KubeError
 from rljob.operator.apply_retry import ApplyRetries, Backoff, Failures
 from rljob.operator.keyed_locks import KeyedLocks
+from rljob.operator.node_loss import OUT_OF_SERVICE_TAINT, NodeObs, TerminatingPod, node_observation, overdue, terminating_pod
 from rljob.operator.status_queue import SeenPod, seen_under
 from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
 from rljob.operator.status_logic import (
@@ -256,6 +257,7 @@ def observe(kube: Kube, job: JobRef, spec: RLJobSpec) -> Observed:
     deployments = {o["metadata"]["name"]: o for o in kube.list("apps/v1", "Deployment", job.namespace, selector)}
     trainer_job = kube.get("batch/v1", "Job", job.namespace, trainer_name(job))
     pods = kube.list("v1", "Pod", job.namespace, selector)
+    terminating = [t for p in pods if (t := terminating_pod(p)) is not None]
     inference = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == ROLE_INFERENCE]
     # A pool's ready count is capped by its Ready pods seen: the StatefulSet's readyReplicas lags a lost
     # pod by a controller round trip, and a cached read of it can be the old value.
@@ -272,7 +274,40 @@ def observe(kube: Kube, job: JobRef, spec: RLJobSpec) -> Observed:
         ],
         inference_pod_uids={p["metadata"]["uid"] for p in inference},
         ready_inference_pods={p["metadata"]["name"]: p["metadata"]["uid"] for p in inference if _is_ready(p)},
+        terminating_pods=terminating,
+        nodes=_nodes({p.node for p in overdue(terminating, utcnow())}, kube),
     )
+
+
+def _nodes(names: set[str], kube: Kube) -> dict[str, NodeObs]:
+    """The Nodes of pods deleting for long (none most of the time: no request then). A Node the operator
+    may not read (RBAC without `get nodes`) is left out and its pods are not judged; the warning says why."""
+    nodes: dict[str, NodeObs] = {}
+    for name in sorted(names):
+        try:
+            node: dict[str, Any] | None = kube.request("GET", f"/api/v1/nodes/{name}")
+        except KubeError as err:
+            if err.status == 404:
+                node = None
+            elif err.status == 403:
+                log.warning("cannot read Node %s to judge its terminating pods: %s", name, err)
+                continue
+            else:
+                raise
+        nodes[name] = node_observation(name, node)
+    return nodes
+
+
+def force_delete_pod(kube: Kube, namespace: str, pod: TerminatingPod) -> bool:
+    """Delete a pod stuck on an out-of-service node at once (grace period 0), only the incarnation decided on."""
+    path = f"/api/v1/namespaces/{namespace}/pods/{pod.name}"
+    try:
+        kube.request("DELETE", path, body={"gracePeriodSeconds": 0, "preconditions": {"uid": pod.uid}})
+    except KubeError as err:
+        if err.status in (404, 409):  # gone already, or another incarnation
+            return False
+        raise
+    return True
 
 
 def reconcile(kube: Kube, namespace: str, name: str, retried: Failures | None = None) -> None:
@@ -399,6 +434,14 @@ def _sync_once(
         return compute_status(job, spec, generation, prev, obs, utcnow(), applied=result)
 
     decision = decide(applied)
+    # Pods stuck on a node declared out of service: only the operator's decision lets them go (node_loss.py).
+    for pod in decision.force_delete:
+        if force_delete_pod(kube, namespace, pod):
+            log.info("%s/%s: force-deleted pod %s on out-of-service node %s", namespace, name, pod.name, pod.node)
+            kube.post_event(
+                body, "Warning", "PodForceDeleted",
+                f"pod {pod.name} force-deleted: node {pod.node} is not Ready and carries {OUT_OF_SERVICE_TAINT}",
+            )
     # Act first, record second: if the operator dies in between, the next pass finds the Job deleting
     # (or gone, then recreated) and restarts nothing twice; it never records a restart that did not happen.
     if decision.restart_trainer_job is not None:

@@ -51,6 +51,7 @@ from rljob.operator.builders.meta import (
     selector_string,
 )
 from rljob.operator.builders.trainer import COMPLETION_INDEX_LABEL, JOB_UID_LABEL
+from rljob.operator.node_loss import NodeObs, TerminatingPod, stuck_pods
 
 TRAINER_CONTAINER = "trainer"
 
@@ -154,6 +155,9 @@ class Observed:
     # pods that are Ready now by name (to tell whether a lost pod's replacement is already serving).
     lost_inference_pods: list[PodObs] = field(default_factory=list)
     ready_inference_pods: dict[str, str] = field(default_factory=dict)
+    # The job's pods being deleted on a node, and the nodes of those deleting for long (operator/node_loss.py).
+    terminating_pods: list[TerminatingPod] = field(default_factory=list)
+    nodes: dict[str, NodeObs] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,8 @@ class Decision:
     # uid of the trainer Job to delete so that the whole group restarts (a new Job is then created).
     restart_trainer_job: str | None = None
     events: list[EventRecord] = field(default_factory=list)
+    # Pods stuck Terminating on a node tainted out-of-service: to force-delete (operator/node_loss.py).
+    force_delete: list[TerminatingPod] = field(default_factory=list)
 
     @property
     def restart_trainer(self) -> bool:
@@ -188,6 +194,8 @@ _FLIP_EVENTS: dict[tuple[str, bool], tuple[Literal["Normal", "Warning"], str]] =
     ("Degraded", False): ("Normal", "Recovered"),
     ("Suspended", True): ("Normal", "Suspended"),
     ("Suspended", False): ("Normal", "Resumed"),
+    ("NodeUnreachable", True): ("Warning", "PodStuckTerminating"),
+    ("NodeUnreachable", False): ("Normal", "NoPodStuck"),
 }
 
 
@@ -585,6 +593,11 @@ def compute_status(
         conds.set("Progressing", False, outcome.result if outcome else "Suspended")
     suspended = spec.suspend and outcome is None
     conds.set("Suspended", suspended, "JobSuspended" if suspended else "NotSuspended")
+    stuck = stuck_pods(obs.terminating_pods, obs.nodes, now)
+    if stuck:
+        conds.set("NodeUnreachable", True, "PodStuckTerminating", "; ".join(s.describe() for s in stuck))
+    else:
+        conds.set("NodeUnreachable", False, "NoPodStuck", "no pod of the job is stuck terminating on an unreachable node")
     complete = outcome is not None and outcome.result == "Complete"
     failed_job = outcome is not None and outcome.result == "Failed"
     conds.set("Complete", complete, outcome.reason if complete else "NotComplete", outcome.message if complete else "")
@@ -625,7 +638,10 @@ def compute_status(
         effective_knobs=_knobs(spec, prev.effective_knobs),
         metrics=prev.metrics,
     )
-    return Decision(status=status, active=active, restart_trainer_job=restart_job, events=events)
+    return Decision(
+        status=status, active=active, restart_trainer_job=restart_job, events=events,
+        force_delete=[s.pod for s in stuck if s.force_delete],
+    )
 
 
 def trainer_start_held(restarts: RestartStatus, now: datetime) -> bool:

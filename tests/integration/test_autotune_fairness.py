@@ -20,7 +20,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from rljob.api.spec import RLJobSpec
 from rljob.api.status import RLJobStatus
 from rljob.common.autotune.prometheus import PrometheusPool
 from rljob.operator.autotune.timer import AUTOTUNE_CONCURRENCY, run_tick
@@ -30,7 +29,7 @@ from rljob.runtime.metrics import RuntimeMetrics
 from tests.cluster.fixtures import PrometheusFactory
 from tests.cluster.kube import wait_until as wait_sync
 from tests.helpers.waiting import wait_until
-from tests.integration.test_autotune_prometheus import merge, runtime_metrics, step  # noqa: F401 (fixture)
+from tests.integration.test_autotune_prometheus import merge, runtime_metrics, step, tuned_spec  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.prometheus
 
@@ -44,19 +43,6 @@ def unanswering_url() -> Iterator[str]:
         sock.bind(("127.0.0.1", 0))
         sock.listen(16)
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-
-def tuned_spec(address: str, timeout_s: float) -> RLJobSpec:
-    return RLJobSpec.model_validate(
-        {
-            "model": {"builtin": "tiny-arith"},
-            "data": {"synthetic": {}},
-            "rollout": {"maxResponseLength": 64, "partial": {"truncation": {"mode": "tokens", "maxTokens": 8}}},
-            "autotune": {"mode": "Apply", "prometheus": {"address": address, "timeoutSeconds": timeout_s},
-                         "intervalSeconds": 1, "windowSeconds": 10, "cooldownSeconds": 0, "settleRounds": 1,
-                         "truncationTokens": {"min": 4, "max": 64, "maxStep": 8}},
-        }
-    )
 
 
 async def test_an_unreachable_prometheus_does_not_delay_another_jobs_decisions(

@@ -57,6 +57,7 @@ STATUS_SETTLE_SECONDS = float(os.environ.get("RLJOB_STATUS_SETTLE_SECONDS", "0.2
 STATUS_THREADS = int(os.environ.get("RLJOB_STATUS_THREADS", "4"))
 APPLY_BACKOFF = Backoff.from_env()
 APPLY_RETRY_CHECK_SECONDS = 1.0
+HANDLER_WORKERS = 8  # kopf's threads for handlers, and the apply retries run at once
 
 RLJOB = (API_GROUP, API_VERSION, RLJOB_PLURAL)
 CHILD_LABELS = {LABEL_JOB: kopf.PRESENT, "app.kubernetes.io/managed-by": MANAGER}
@@ -94,7 +95,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
-    settings.execution.max_workers = 8
+    settings.execution.max_workers = HANDLER_WORKERS
     # kopf's own Events ("Handler 'apply' succeeded", one POST per reconcile) only for warnings and errors.
     settings.posting.level = logging.WARNING
     for group, version, plural in CHILD_KINDS:
@@ -213,8 +214,9 @@ async def start_resync(memo: kopf.Memo, **_: Any) -> None:
 
     loops = [
         ResyncLoop("resync", RESYNC_SECONDS, jobs, resync_pass, select=resync_due),
-        # Failed applies whose backoff has passed (see operator/apply_retry.py); checked every second.
-        ResyncLoop("apply-retry", APPLY_RETRY_CHECK_SECONDS, retries.take_due, retry_apply),
+        # Failed applies whose backoff has passed (see operator/apply_retry.py); checked every second, as
+        # many at once as kopf runs handlers, so a retry that hangs on a slow API server delays no other job.
+        ResyncLoop("apply-retry", APPLY_RETRY_CHECK_SECONDS, retries.take_due, retry_apply, concurrency=HANDLER_WORKERS),
         # Concurrent: one job's unreachable Prometheus (up to its 60 s timeout) must not delay the others.
         ResyncLoop("autotune", TICK_S, jobs, autotune_pass, concurrency=AUTOTUNE_CONCURRENCY),
     ]

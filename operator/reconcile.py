@@ -182,7 +182,7 @@ def apply_result(
 ) -> ApplyResult:
     """apply_children as a result for the status: what is still waiting, or the API server's refusal.
 
-    `retried` are the consecutive failed attempts before this one (the create/update handler's count):
+    `retried` are the consecutive failed attempts before this one (operator/apply_retry.py's count):
     the result's condition names them, and an apply that goes through after them posts an
     `AppliedAfterRetries` Event saying how many and for how long.
     """

@@ -27,9 +27,13 @@ from rljob.operator.resync import ResyncLoop
 from rljob.runtime.metrics import RuntimeMetrics
 
 from tests.cluster.fixtures import PrometheusFactory
-from tests.cluster.kube import wait_until as wait_sync
 from tests.helpers.waiting import wait_until
-from tests.integration.test_autotune_prometheus import merge, runtime_metrics, step, tuned_spec  # noqa: F401 (fixture)
+from tests.integration.test_autotune_prometheus import (  # noqa: F401 (runtime_metrics is a fixture)
+    merge,
+    runtime_metrics,
+    scraping_first_step,
+    tuned_spec,
+)
 
 pytestmark = pytest.mark.prometheus
 
@@ -48,11 +52,7 @@ def unanswering_url() -> Iterator[str]:
 async def test_an_unreachable_prometheus_does_not_delay_another_jobs_decisions(
     prometheus_factory: PrometheusFactory, runtime_metrics: tuple[RuntimeMetrics, str], unanswering_url: str
 ) -> None:
-    metrics, target = runtime_metrics
-    metrics.record(step(1, 0.7, 8))
-    prom = prometheus_factory([target], scrape_interval="1s")
-    prom.wait_for_targets_up()
-    wait_sync(lambda: prom.query("rljob_truncation_rate") or None, 120, "first truncation sample")
+    prom = scraping_first_step(prometheus_factory, runtime_metrics)
 
     # `stuck` is listed first: a loop that visits jobs in turn would reach `tuned` only after its timeout.
     specs = {"stuck": tuned_spec(unanswering_url, DEAD_TIMEOUT_S), "tuned": tuned_spec(prom.url, 5)}

@@ -898,6 +898,14 @@ class MetricsSpec(ApiModel):
 # autotune
 
 
+# The labels that tie a series to its job (rljob_job_info{rljob=<name>,rljob_namespace=<namespace>}): the
+# operator sets them, so matchLabels may not, or one job could read another's series.
+RESERVED_SELECTOR_LABELS = ("rljob", "rljob_namespace")
+_RESERVED_LABELS = (
+    "matchLabels cannot set rljob or rljob_namespace: the autotuner sets them to the job's own name and namespace"
+)
+
+
 class AutotunePrometheusSpec(ApiModel):
     """Where the operator's autotuner reads the runtime metrics."""
 
@@ -914,8 +922,18 @@ class AutotunePrometheusSpec(ApiModel):
         default_factory=dict,
         max_length=16,
         description="Extra label matchers for this job's series, added to rljob=<name> and "
-        "rljob_namespace=<namespace>.",
+        "rljob_namespace=<namespace> (those two are reserved).",
+        json_schema_extra=cel(
+            " && ".join(f"!('{label}' in self)" for label in RESERVED_SELECTOR_LABELS), _RESERVED_LABELS
+        ),
     )
+
+    @field_validator("match_labels")
+    @classmethod
+    def _not_reserved(cls, labels: dict[str, str]) -> dict[str, str]:
+        if any(label in labels for label in RESERVED_SELECTOR_LABELS):
+            raise ValueError(_RESERVED_LABELS)
+        return labels
 
 
 class KnobBounds(ApiModel):
@@ -1127,6 +1145,53 @@ class PodPolicySpec(ApiModel):
     )
 
 
+_BACKOFF_ORDER = "interruptionBackoffMaxSeconds must be at least interruptionBackoffSeconds"
+
+
+class FailurePolicySpec(ApiModel):
+    """How interruptions of the trainer group (eviction, preemption, node shutdown, SIGTERM) are handled.
+
+    Failures (a non-zero exit) are bounded by `spec.backoffLimit`; interruptions are not failures, but a
+    job preempted in a loop must not restart forever nor at once each time: they are capped and back off.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            "!has(self.interruptionBackoffSeconds) || !has(self.interruptionBackoffMaxSeconds) "
+            "|| self.interruptionBackoffMaxSeconds >= self.interruptionBackoffSeconds",
+            _BACKOFF_ORDER,
+        )
+    )
+
+    max_interruptions: int = Field(
+        default=20,
+        ge=0,
+        le=10000,
+        description="Trainer group restarts after interruptions allowed before the job fails (InterruptionLimitExceeded).",
+    )
+    interruption_backoff_seconds: int = Field(
+        default=10,
+        ge=0,
+        le=86400,
+        description="Wait before the group restarts after its first interruption; doubles with each further one.",
+    )
+    interruption_backoff_max_seconds: int = Field(
+        default=600, ge=0, le=86400, description="The longest wait before a restart after an interruption."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FailurePolicySpec:
+        if self.interruption_backoff_max_seconds < self.interruption_backoff_seconds:
+            raise ValueError(_BACKOFF_ORDER)
+        return self
+
+    def interruption_delay(self, interruptions: int) -> int:
+        """Seconds before the group restarts after its `interruptions`-th interruption (1-based): capped doubling."""
+        if interruptions < 1 or self.interruption_backoff_seconds == 0:
+            return 0
+        return min(self.interruption_backoff_max_seconds, self.interruption_backoff_seconds * 2 ** min(interruptions - 1, 30))
+
+
 _BUILTIN_ON_GPU = (
     "model.builtin cannot run on GPU inference pools: their SGLang pods load a Hugging Face model; use "
     "model.huggingFace or model.path: pvc://<claim>/<folder>"
@@ -1286,6 +1351,7 @@ class RLJobSpec(ApiModel):
     suspend: bool = False
     active_deadline_seconds: int | None = Field(default=None, gt=0, le=2**31 - 1)
     backoff_limit: int = Field(default=3, ge=0, le=1000)
+    failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
 
     @model_validator(mode="after")
     def _held_out_set(self) -> RLJobSpec:

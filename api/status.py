@@ -25,7 +25,7 @@ Phase = Literal["Pending", "Starting", "Running", "Degraded", "Suspended", "Comp
 # Condition types the operator owns; other writers (the autotuner) own their own types.
 CONDITION_TYPES: tuple[str, ...] = (
     "ChildrenApplied", "RolloutReady", "TrainerReady", "Ready", "Progressing", "Degraded", "Suspended", "Complete",
-    "Failed",
+    "Failed", "NodeUnreachable",
 )
 
 # The runtime's exit code when SIGTERM stopped it before the last step (EX_TEMPFAIL: retry later), and
@@ -121,6 +121,11 @@ class RestartStatus(StatusModel):
     )
     rollout: int = Field(default=0, ge=0, description="Inference replicas lost and replaced.")
     last_trainer_restart_time: Timestamp | None = None
+    trainer_start_not_before: Timestamp | None = Field(
+        default=None,
+        description="After an interruption: the new trainer group is not created before this time "
+        "(spec.failurePolicy's capped exponential backoff).",
+    )
     handled_failures: list[str] = Field(
         default_factory=list,
         # A bound for the schema only: keys are pruned to pods that still exist, far below it.

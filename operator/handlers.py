@@ -17,7 +17,9 @@ RLJOB_RESYNC_SECONDS (status resync period, default 10), RLJOB_OPERATOR_METRICS_
 0 = off), RLJOB_OPERATOR_METRICS_ADDR (default 0.0.0.0), RLJOB_WATCH_NAMESPACES (comma-separated
 namespaces the resync loops list; empty: all namespaces), RLJOB_STATUS_SETTLE_SECONDS (how long a
 job's status sync waits for more of its child events to join it, default 0.2), RLJOB_STATUS_THREADS
-(threads computing statuses, default 4).
+(threads computing statuses, default 4), RLJOB_APPLY_BACKOFF_SECONDS and RLJOB_APPLY_BACKOFF_CAP_SECONDS
+(a failed apply is retried without end after 5, 10, 20, … seconds, at most 60: operator/apply_retry.py),
+RLJOB_AUTOTUNE_CONCURRENCY (jobs autotuned at once, default 16: operator/autotune/timer.py).
 
 No handler here needs a finalizer (no kopf timers, deletion handlers are optional), so deleting an
 RLJob never waits for the operator: see operator/resync.py.
@@ -36,10 +38,11 @@ from rljob.api.spec import API_GROUP, API_VERSION, KIND
 from rljob.common.kube import RLJOB_PLURAL, load_api_client
 from rljob.operator.builders.meta import LABEL_JOB, LABEL_ROLE, MANAGER, ROLE_INFERENCE, ROLE_TRAINER
 from rljob.common.autotune.prometheus import PrometheusPool
-from rljob.operator.autotune.timer import TICK_S, autotune_job
+from rljob.operator.apply_retry import ApplyRetries, Backoff
+from rljob.operator.autotune.timer import AUTOTUNE_CONCURRENCY, TICK_S, autotune_job
 from rljob.operator.cache import RLJOB_API_VERSION, CachedKube
 from rljob.operator.metrics import CACHED_OBJECTS, JOB_LOCKS_HELD, JOB_PHASES, STATUS_SYNCS_PENDING, serve
-from rljob.operator.reconcile import APPLY_CONCURRENCY, JOB_LOCKS, InvalidSpec, reconcile, sync_status
+from rljob.operator.reconcile import APPLY_CONCURRENCY, JOB_LOCKS, InvalidSpec, reconcile_or_schedule_retry, sync_status
 from rljob.operator.resync import ResyncLoop, list_rljobs
 from rljob.operator.status_logic import pod_observation
 from rljob.operator.status_queue import SeenPod, StatusQueue
@@ -52,6 +55,9 @@ METRICS_ADDR = os.environ.get("RLJOB_OPERATOR_METRICS_ADDR", "0.0.0.0")
 WATCH_NAMESPACES = [ns for ns in os.environ.get("RLJOB_WATCH_NAMESPACES", "").split(",") if ns]
 STATUS_SETTLE_SECONDS = float(os.environ.get("RLJOB_STATUS_SETTLE_SECONDS", "0.2"))
 STATUS_THREADS = int(os.environ.get("RLJOB_STATUS_THREADS", "4"))
+APPLY_BACKOFF = Backoff.from_env()
+APPLY_RETRY_CHECK_SECONDS = 1.0
+HANDLER_WORKERS = 8  # kopf's threads for handlers, and the apply retries run at once
 
 RLJOB = (API_GROUP, API_VERSION, RLJOB_PLURAL)
 CHILD_LABELS = {LABEL_JOB: kopf.PRESENT, "app.kubernetes.io/managed-by": MANAGER}
@@ -90,12 +96,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
-    settings.execution.max_workers = 8
+    settings.execution.max_workers = HANDLER_WORKERS
     # kopf's own Events ("Handler 'apply' succeeded", one POST per reconcile) only for warnings and errors.
     settings.posting.level = logging.WARNING
     for group, version, plural in CHILD_KINDS:
         settings.watching.label_selectors[group, version, plural] = CHILD_SELECTOR
     # kopf's workers times the concurrent applies of one job: one pooled connection for each.
+    memo.apply_retries = ApplyRetries()
     memo.kube = CachedKube(load_api_client(pool_maxsize=settings.execution.max_workers * APPLY_CONCURRENCY))
     CACHED_OBJECTS.set_function(memo.kube.cache.__len__)
     JOB_LOCKS_HELD.set_function(JOB_LOCKS.__len__)
@@ -192,6 +199,14 @@ async def start_resync(memo: kopf.Memo, **_: Any) -> None:
     async def resync_pass(namespace: str, name: str) -> None:
         queue.request(namespace, name)
 
+    retries: ApplyRetries = memo.apply_retries
+
+    async def retry_apply(namespace: str, name: str) -> None:
+        try:
+            await asyncio.to_thread(reconcile_or_schedule_retry, kube, retries, APPLY_BACKOFF, namespace, name)
+        except InvalidSpec:
+            pass  # the spec changed meanwhile and no longer validates: reconcile reported it
+
     async def autotune_pass(namespace: str, name: str) -> None:
         await autotune_job(kube, pool, namespace, name)
 
@@ -200,8 +215,13 @@ async def start_resync(memo: kopf.Memo, **_: Any) -> None:
 
     loops = [
         ResyncLoop("resync", RESYNC_SECONDS, jobs, resync_pass, select=resync_due),
-        ResyncLoop("autotune", TICK_S, jobs, autotune_pass),
+        # Failed applies whose backoff has passed (see operator/apply_retry.py); checked every second, as
+        # many at once as kopf runs handlers, so a retry that hangs on a slow API server delays no other job.
+        ResyncLoop("apply-retry", APPLY_RETRY_CHECK_SECONDS, retries.take_due, retry_apply, concurrency=HANDLER_WORKERS),
+        # Concurrent: one job's unreachable Prometheus (up to its 60 s timeout) must not delay the others.
+        ResyncLoop("autotune", TICK_S, jobs, autotune_pass, concurrency=AUTOTUNE_CONCURRENCY),
     ]
+    memo["resync_loops"] = loops
     memo["resync_tasks"] = [asyncio.create_task(loop.run_forever(), name=loop.step) for loop in loops]
 
 
@@ -210,6 +230,8 @@ async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
     """Stop the resync loops and close the Prometheus connections."""
     for task in memo.get("resync_tasks", []):
         task.cancel()
+    for loop in memo.get("resync_loops", []):
+        await loop.stop()
     pool = getattr(memo, "prometheus_pool", None)
     if pool is not None:
         await pool.aclose()
@@ -218,21 +240,27 @@ async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
         await queue.aclose()
 
 
-@kopf.on.resume(*RLJOB, retries=20, backoff=5)
-@kopf.on.create(*RLJOB, retries=20, backoff=5)
-@kopf.on.update(*RLJOB, field="spec", retries=20, backoff=5)
+@kopf.on.resume(*RLJOB)
+@kopf.on.create(*RLJOB)
+@kopf.on.update(*RLJOB, field="spec")
 def apply(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    """Apply the children for the current spec and refresh the status."""
+    """Apply the children for the current spec and refresh the status.
+
+    A failed apply is not raised to kopf: the operator's retry loop (start_resync) applies it again,
+    without end and with capped backoff. kopf's own retries keep their state on the RLJob, which cannot
+    be written while the API server is down, so they stop in exactly the outage they are for.
+    """
     try:
-        reconcile(memo.kube, namespace, name)
+        reconcile_or_schedule_retry(memo.kube, memo.apply_retries, APPLY_BACKOFF, namespace, name)
     except InvalidSpec as err:
         raise kopf.PermanentError(str(err)) from None
 
 
 @kopf.on.delete(*RLJOB, optional=True)
-def forget(namespace: str, name: str, **_: Any) -> None:
-    """Owner references delete the children; only the metrics need cleaning (optional: no finalizer)."""
+def forget(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """Owner references delete the children; only the metrics and retry counts need cleaning (no finalizer)."""
     JOB_PHASES.forget(namespace, name)
+    memo.apply_retries.succeeded((namespace, name))
 
 
 @kopf.on.probe(id="rljobs")

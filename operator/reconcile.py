@@ -27,7 +27,9 @@ from rljob.operator.builders.meta import LABEL_JOB, LABEL_POOL, LABEL_ROLE, ROLE
 from rljob.operator.builders.router import router_name
 from rljob.operator.builders.trainer import ANNOTATION_TEMPLATE_HASH, trainer_name
 from rljob.common.kube import Kube, KubeError
+from rljob.operator.apply_retry import ApplyRetries, Backoff, Failures
 from rljob.operator.keyed_locks import KeyedLocks
+from rljob.operator.node_loss import OUT_OF_SERVICE_TAINT, NodeObs, TerminatingPod, node_observation, overdue, terminating_pod
 from rljob.operator.status_queue import SeenPod, seen_under
 from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
 from rljob.operator.status_logic import (
@@ -39,6 +41,7 @@ from rljob.operator.status_logic import (
     operator_apply,
     pod_observation,
     trainer_job_observation,
+    trainer_start_held,
 )
 
 log = logging.getLogger(__name__)
@@ -141,7 +144,7 @@ def _apply_one(kube: Kube, body: dict[str, Any], child: dict[str, Any]) -> tuple
     return what, result
 
 
-def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool) -> list[str]:
+def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool, hold_trainer: bool = False) -> list[str]:
     """Server-side apply every child, prune pools removed from the spec, post an Event per kind of change.
 
     Children are independent requests, so they go out APPLY_CONCURRENCY at a time, in two waves: what
@@ -149,9 +152,12 @@ def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bo
     never wait for a missing ServiceAccount or claim. One Event names all children created (another
     all configured): a new job costs one Event, not thirteen. Returns the children still waiting (the
     trainer Job being recreated); raises ChildApplyError naming the first object the API server refused.
+    `hold_trainer`: a missing trainer Job is not created (the backoff after an interruption still runs).
     """
     job = JobRef.from_body(body)
     children = build_children(job, spec, active=active, network=NETWORK_POLICY)
+    if hold_trainer and kube.get("batch/v1", "Job", job.namespace, trainer_name(job)) is None:
+        children = [c for c in children if c["kind"] != "Job"]
     waves = [[c for c in children if c["kind"] not in _WORKLOAD_KINDS], [c for c in children if c["kind"] in _WORKLOAD_KINDS]]
     changed: dict[str, list[str]] = {}
     try:
@@ -182,15 +188,27 @@ def _prune(kube: Kube, body: dict[str, Any], kind: tuple[str, str], selector: st
             kube.post_event(body, "Normal", "Deleted", f"{kind[1]} {name} deleted ({why})")
 
 
-def apply_result(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool) -> ApplyResult:
-    """apply_children as a result for the status: what is still waiting, or the API server's refusal."""
+def apply_result(
+    kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool, retried: Failures | None = None
+) -> ApplyResult:
+    """apply_children as a result for the status: what is still waiting, or the API server's refusal.
+
+    `retried` are the consecutive failed attempts before this one (operator/apply_retry.py's count):
+    the result's condition names them, and an apply that goes through after them posts an
+    `AppliedAfterRetries` Event saying how many and for how long.
+    """
     generation = int(body["metadata"].get("generation") or 0)
+    attempt = 1 + (retried.count if retried else 0)
+    summary = retried.summary(time.monotonic()) if retried else ""
     try:
-        waiting = apply_children(kube, body, spec, active)
+        held = trainer_start_held(_status(body).restarts, utcnow())
+        waiting = apply_children(kube, body, spec, active, hold_trainer=held)
     except ChildApplyError as err:
-        kube.post_event(body, "Warning", "ApplyFailed", str(err))
-        return ApplyResult(generation, error=str(err))
-    return ApplyResult(generation, waiting=tuple(waiting))
+        kube.post_event(body, "Warning", "ApplyFailed", f"{err} (attempt {attempt})")
+        return ApplyResult(generation, error=str(err), attempt=attempt, retried=summary)
+    if retried:
+        kube.post_event(body, "Normal", "AppliedAfterRetries", f"children of generation {generation} applied after {summary}")
+    return ApplyResult(generation, waiting=tuple(waiting), attempt=attempt, retried=summary)
 
 
 def delete_trainer_job(kube: Kube, namespace: str, name: str, uid: str) -> bool:
@@ -250,6 +268,7 @@ def observe(kube: Kube, job: JobRef, spec: RLJobSpec) -> Observed:
     deployments = {o["metadata"]["name"]: o for o in kube.list("apps/v1", "Deployment", job.namespace, selector)}
     trainer_job = kube.get("batch/v1", "Job", job.namespace, trainer_name(job))
     pods = kube.list("v1", "Pod", job.namespace, selector)
+    terminating = [t for p in pods if (t := terminating_pod(p)) is not None]
     inference = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == ROLE_INFERENCE]
     # A pool's ready count is capped by its Ready pods seen: the StatefulSet's readyReplicas lags a lost
     # pod by a controller round trip, and a cached read of it can be the old value.
@@ -266,14 +285,48 @@ def observe(kube: Kube, job: JobRef, spec: RLJobSpec) -> Observed:
         ],
         inference_pod_uids={p["metadata"]["uid"] for p in inference},
         ready_inference_pods={p["metadata"]["name"]: p["metadata"]["uid"] for p in inference if _is_ready(p)},
+        terminating_pods=terminating,
+        nodes=_nodes({p.node for p in overdue(terminating, utcnow())}, kube),
     )
 
 
-def reconcile(kube: Kube, namespace: str, name: str) -> None:
+def _nodes(names: set[str], kube: Kube) -> dict[str, NodeObs]:
+    """The Nodes of pods deleting for long (none most of the time: no request then). A Node the operator
+    may not read (RBAC without `get nodes`) is left out and its pods are not judged; the warning says why."""
+    nodes: dict[str, NodeObs] = {}
+    for name in sorted(names):
+        try:
+            node: dict[str, Any] | None = kube.request("GET", f"/api/v1/nodes/{name}")
+        except KubeError as err:
+            if err.status == 404:
+                node = None
+            elif err.status == 403:
+                log.warning("cannot read Node %s to judge its terminating pods: %s", name, err)
+                continue
+            else:
+                raise
+        nodes[name] = node_observation(name, node)
+    return nodes
+
+
+def force_delete_pod(kube: Kube, namespace: str, pod: TerminatingPod) -> bool:
+    """Delete a pod stuck on an out-of-service node at once (grace period 0), only the incarnation decided on."""
+    path = f"/api/v1/namespaces/{namespace}/pods/{pod.name}"
+    try:
+        kube.request("DELETE", path, body={"gracePeriodSeconds": 0, "preconditions": {"uid": pod.uid}})
+    except KubeError as err:
+        if err.status in (404, 409):  # gone already, or another incarnation
+            return False
+        raise
+    return True
+
+
+def reconcile(kube: Kube, namespace: str, name: str, retried: Failures | None = None) -> None:
     """Apply the children for the current spec, then refresh the status (create/resume/update).
 
     An apply the API server refuses becomes the ChildrenApplied=False condition with its message
     (observedGeneration stays at the last generation that applied), then is raised for a retry.
+    `retried`: the consecutive failed attempts before this one (see apply_retry), reported by the status.
     """
     # One lock hold for the apply and its status: a pass in between could apply more (recreate the
     # trainer Job), and this apply's result would then be stale.
@@ -290,11 +343,37 @@ def reconcile(kube: Kube, namespace: str, name: str) -> None:
                 kube.post_event(body, "Warning", "InvalidSpec", str(err))
                 raise
             status = _status(body)
-            result = apply_result(kube, body, spec, active=not spec.suspend and status.outcome is None)
+            result = apply_result(kube, body, spec, active=not spec.suspend and status.outcome is None, retried=retried)
         with measured("status"):
             _sync_once(kube, namespace, name, [], [], result)
     if result.error is not None:
         raise ChildrenNotApplied(result.error)
+
+
+def reconcile_or_schedule_retry(
+    kube: Kube, retries: ApplyRetries, backoff: Backoff, namespace: str, name: str
+) -> Failures | None:
+    """reconcile(); if it fails for any reason but an invalid spec, count the failure and schedule the next
+    attempt (the operator's retry loop makes it: see apply_retry). Returns the failures, None on success.
+
+    An invalid spec is raised (nothing to retry until the spec changes); every other error (refused,
+    unreachable, timed out) is logged and retried the same way, without end.
+    """
+    job = (namespace, name)
+    try:
+        reconcile(kube, namespace, name, retried=retries.pending(job))
+    except InvalidSpec:
+        retries.succeeded(job)
+        raise
+    except Exception as err:  # noqa: BLE001 - whatever stopped the apply, the answer is to retry it later
+        failures = retries.failed(job, f"{type(err).__name__}: {err}".splitlines()[0][:300], backoff)
+        log.warning(
+            "%s/%s: apply attempt %d failed (%s); retrying in %.0f s",
+            namespace, name, failures.count, failures.last_error, backoff.delay(failures.count),
+        )
+        return failures
+    retries.succeeded(job)
+    return None
 
 
 def sync_status(
@@ -324,9 +403,12 @@ def current_generation_applied(prev: RLJobStatus, generation: int) -> bool:
     return applied is not None and applied.reason == "Recreating" and applied.observed_generation == generation
 
 
-def needs_apply(obs: Observed, active: bool, generation_applied: bool) -> bool:
+def needs_apply(obs: Observed, active: bool, generation_applied: bool, held: bool = False) -> bool:
     """Whether a status sync must apply the children itself: the trainer Job is missing, or its suspension
     disagrees with the decision (finished, suspended, resumed).
+
+    `held`: the backoff after an interruption still runs (trainer_start_held), so a missing trainer Job
+    is not created yet; a later resync creates it once the hold is over.
 
     Never before the current generation's create/update handler has applied it (`generation_applied`,
     see current_generation_applied): with kopf's workers busy that handler may not even have started,
@@ -336,7 +418,7 @@ def needs_apply(obs: Observed, active: bool, generation_applied: bool) -> bool:
     if not generation_applied:
         return False
     if obs.trainer is None:
-        return True
+        return not (held and active)
     return not obs.trainer.deleting and obs.trainer.suspended == active
 
 
@@ -363,12 +445,23 @@ def _sync_once(
         return compute_status(job, spec, generation, prev, obs, utcnow(), applied=result)
 
     decision = decide(applied)
+    # Pods stuck on a node declared out of service: only the operator's decision lets them go (node_loss.py).
+    for pod in decision.force_delete:
+        if force_delete_pod(kube, namespace, pod):
+            log.info("%s/%s: force-deleted pod %s on out-of-service node %s", namespace, name, pod.name, pod.node)
+            kube.post_event(
+                body, "Warning", "PodForceDeleted",
+                f"pod {pod.name} force-deleted: node {pod.node} is not Ready and carries {OUT_OF_SERVICE_TAINT}",
+            )
     # Act first, record second: if the operator dies in between, the next pass finds the Job deleting
     # (or gone, then recreated) and restarts nothing twice; it never records a restart that did not happen.
     if decision.restart_trainer_job is not None:
         deleted = delete_trainer_job(kube, namespace, trainer_name(job), decision.restart_trainer_job)
         log.info("restarting the trainer group of %s/%s (Job deleted: %s)", namespace, name, deleted)
-    elif needs_apply(obs, decision.active, current_generation_applied(prev, generation)):
+    elif needs_apply(
+        obs, decision.active, current_generation_applied(prev, generation),
+        held=trainer_start_held(decision.status.restarts, utcnow()),
+    ):
         decision = decide(apply_result(kube, body, spec, decision.active))
     status = operator_apply(decision.status)
     # A resync that changes nothing writes nothing (one request per job and period saved).

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rljob.api.spec import API_GROUP, API_VERSION
 from rljob.common.kube import RLJOB_PLURAL, Kube
@@ -43,7 +43,13 @@ def list_rljobs(kube: Kube, namespaces: Sequence[str]) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True)
 class ResyncLoop:
-    """Runs `job_pass` for every RLJob every `interval` seconds (metrics step: `step`)."""
+    """Runs `job_pass` for every RLJob every `interval` seconds (metrics step: `step`).
+
+    With `concurrency` 1 a pass visits the jobs one after another and the next pass starts when it is
+    done. Above 1, each job's pass runs as its own task, at most `concurrency` at once: a job whose pass
+    is slow (an unreachable Prometheus waits out its timeout) holds one slot and is skipped by later
+    passes until it returns, while every other job keeps its own period.
+    """
 
     step: str
     interval: float
@@ -51,9 +57,22 @@ class ResyncLoop:
     job_pass: JobPass
     # Which of the listed jobs this pass visits (run in the event loop, so it may read loop-owned state).
     select: Callable[[list[JobKey]], list[JobKey]] | None = None
+    concurrency: int = 1
+    # Jobs whose pass is running or waiting for a slot (concurrency > 1); touched only in the event loop.
+    _in_flight: dict[JobKey, asyncio.Task[None]] = field(default_factory=dict, repr=False, compare=False)
+    _slots: asyncio.Semaphore = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"{self.step}: concurrency must be at least 1, not {self.concurrency}")
+        # A semaphore binds to the event loop on first use, not here: the loop may be built outside it.
+        object.__setattr__(self, "_slots", asyncio.Semaphore(self.concurrency))
 
     async def run_once(self) -> None:
-        """One pass over all (selected) RLJobs; errors are logged and counted per job."""
+        """One pass over all (selected) RLJobs; errors are logged and counted per job.
+
+        With concurrency above 1 it starts the passes and returns (see in_flight).
+        """
         try:
             jobs = await asyncio.to_thread(self.list_jobs)
             if self.select is not None:
@@ -62,12 +81,39 @@ class ResyncLoop:
             RECONCILE_ERRORS.labels(f"{self.step}-list").inc()
             log.warning("%s: cannot list RLJobs: %s", self.step, err)
             return
-        for namespace, name in jobs:
-            try:
-                await self.job_pass(namespace, name)
-            except Exception:  # noqa: BLE001 - one broken job must not starve the others
-                RECONCILE_ERRORS.labels(self.step).inc()
-                log.exception("%s of %s/%s failed", self.step, namespace, name)
+        if self.concurrency == 1:
+            for job in jobs:
+                await self._pass_one(job)
+            return
+        for job in jobs:
+            if job not in self._in_flight:
+                self._in_flight[job] = asyncio.create_task(self._bounded(job), name=f"{self.step} {job[0]}/{job[1]}")
+
+    def in_flight(self) -> list[JobKey]:
+        """Jobs whose pass has not returned yet (concurrency above 1)."""
+        return list(self._in_flight)
+
+    async def _bounded(self, job: JobKey) -> None:
+        try:
+            async with self._slots:
+                await self._pass_one(job)
+        finally:
+            self._in_flight.pop(job, None)
+
+    async def _pass_one(self, job: JobKey) -> None:
+        namespace, name = job
+        try:
+            await self.job_pass(namespace, name)
+        except Exception:  # noqa: BLE001 - one broken job must not starve the others
+            RECONCILE_ERRORS.labels(self.step).inc()
+            log.exception("%s of %s/%s failed", self.step, namespace, name)
+
+    async def stop(self) -> None:
+        """Cancel the passes in flight (operator shutdown)."""
+        tasks = list(self._in_flight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def run_forever(self) -> None:
         """Sleep, pass, repeat (cancelled at operator shutdown)."""

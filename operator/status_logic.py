@@ -34,8 +34,10 @@ from rljob.api.status import (
     KnobValue,
     Outcome,
     PoolStatus,
+    RestartStatus,
     RLJobStatus,
     RolloutStatus,
+    rfc3339,
     TrainerStatus,
 )
 from rljob.operator.builders.inference import effective_pools, pool_replicas
@@ -49,6 +51,7 @@ from rljob.operator.builders.meta import (
     selector_string,
 )
 from rljob.operator.builders.trainer import COMPLETION_INDEX_LABEL, JOB_UID_LABEL
+from rljob.operator.node_loss import NodeObs, TerminatingPod, stuck_pods
 
 TRAINER_CONTAINER = "trainer"
 
@@ -86,6 +89,9 @@ class ApplyResult:
     generation: int
     error: str | None = None
     waiting: tuple[str, ...] = ()
+    # Which consecutive attempt this was, and what the failed ones before it were (apply_retry.Failures.summary).
+    attempt: int = 1
+    retried: str = ""
 
 
 @dataclass(frozen=True)
@@ -149,6 +155,9 @@ class Observed:
     # pods that are Ready now by name (to tell whether a lost pod's replacement is already serving).
     lost_inference_pods: list[PodObs] = field(default_factory=list)
     ready_inference_pods: dict[str, str] = field(default_factory=dict)
+    # The job's pods being deleted on a node, and the nodes of those deleting for long (operator/node_loss.py).
+    terminating_pods: list[TerminatingPod] = field(default_factory=list)
+    nodes: dict[str, NodeObs] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -169,6 +178,8 @@ class Decision:
     # uid of the trainer Job to delete so that the whole group restarts (a new Job is then created).
     restart_trainer_job: str | None = None
     events: list[EventRecord] = field(default_factory=list)
+    # Pods stuck Terminating on a node tainted out-of-service: to force-delete (operator/node_loss.py).
+    force_delete: list[TerminatingPod] = field(default_factory=list)
 
     @property
     def restart_trainer(self) -> bool:
@@ -183,6 +194,8 @@ _FLIP_EVENTS: dict[tuple[str, bool], tuple[Literal["Normal", "Warning"], str]] =
     ("Degraded", False): ("Normal", "Recovered"),
     ("Suspended", True): ("Normal", "Suspended"),
     ("Suspended", False): ("Normal", "Resumed"),
+    ("NodeUnreachable", True): ("Warning", "PodStuckTerminating"),
+    ("NodeUnreachable", False): ("Normal", "NoPodStuck"),
 }
 
 
@@ -399,6 +412,7 @@ def compute_status(
     outcome = prev.outcome
     restarts = prev.restarts.model_copy(deep=True)
     restart_job: str | None = None
+    hold_s = 0  # seconds the new trainer group waits after an interruption (failurePolicy backoff)
     was_active = not spec.suspend and outcome is None
     lost_now: list[PodObs] = []
     current_job = obs.trainer.uid if obs.trainer is not None else None
@@ -419,15 +433,21 @@ def compute_status(
         restarts.handled_failures = _remember(restarts.handled_failures, [t.key for t in troubles])
         failures = [t for t in troubles if not t.interrupted]
         first = (failures or troubles)[0]
-        if not failures:
+        policy = spec.failure_policy
+        if not failures and restarts.interrupted >= policy.max_interruptions:
+            message = f"{first.what}; failurePolicy.maxInterruptions {policy.max_interruptions} reached"
+            outcome = Outcome(result="Failed", reason="InterruptionLimitExceeded", message=message, time=now)
+            events.append(EventRecord("Warning", "InterruptionLimitExceeded", message))
+        elif not failures:
             restarts.interrupted += 1
             restart_job = obs.trainer.uid
+            hold_s = policy.interruption_delay(restarts.interrupted)
             events.append(
                 EventRecord(
                     "Warning",
                     "TrainerInterrupted",
-                    f"{first.what}; restarting the trainer group from the last checkpoint "
-                    f"(not counted against backoffLimit; interruption {restarts.interrupted})",
+                    f"{first.what}; restarting the trainer group from the last checkpoint in {hold_s} s "
+                    f"(not counted against backoffLimit; interruption {restarts.interrupted}/{policy.max_interruptions})",
                 )
             )
         elif restarts.trainer < spec.backoff_limit:
@@ -447,6 +467,9 @@ def compute_status(
             events.append(EventRecord("Warning", "BackoffLimitExceeded", message))
     if restart_job is not None:
         restarts.last_trainer_restart_time = now
+        # Only an interruption backs off (a failure is bounded by backoffLimit instead); the hold is read by
+        # trainer_start_held before a new trainer Job is created.
+        restarts.trainer_start_not_before = now + timedelta(seconds=hold_s) if hold_s else None
         # One restart per Job: a later read of the same Job (failed, not yet seen deleting, e.g. a watch
         # cache that has the pod's deletion before the Job's) must not count its failure again.
         restarts.handled_failures = _remember(restarts.handled_failures, [failure_key(ROLE_TRAINER, restart_job, "job")])
@@ -515,12 +538,16 @@ def compute_status(
     if applied is None:
         conds.keep("ChildrenApplied")
     elif applied.error is not None:
-        conds.set("ChildrenApplied", False, "ApplyFailed", applied.error)
+        conds.set(
+            "ChildrenApplied", False, "ApplyFailed",
+            f"{applied.error} (attempt {applied.attempt}; retried with capped backoff until it applies)",
+        )
     elif applied.waiting:
         conds.set("ChildrenApplied", False, "Recreating", f"waiting for the old {', '.join(applied.waiting)} to go")
     else:
         observed_generation = applied.generation
-        conds.set("ChildrenApplied", True, "Applied", f"children of generation {applied.generation} applied")
+        after = f" after {applied.retried}" if applied.retried else ""
+        conds.set("ChildrenApplied", True, "Applied", f"children of generation {applied.generation} applied{after}")
     short = [f"{p.name} {p.ready}/{p.desired}" for p in pools if p.ready < p.desired]
     rollout_ok = active and desired_total > 0 and not short and router_ready
     trainer_ok = active and trainer_ready_count >= trainer_desired
@@ -539,12 +566,20 @@ def compute_status(
         else:
             parts = short + ([] if router_ready else ["router not ready"])
             conds.set("RolloutReady", False, "ReplicasNotReady", "; ".join(parts))
-        conds.set(
-            "TrainerReady",
-            trainer_ok,
-            "AllReplicasReady" if trainer_ok else ("Restarting" if restart_job is not None else "ReplicasNotReady"),
-            f"{trainer_ready_count}/{trainer_desired} trainer pods ready",
-        )
+        held = trainer_start_held(restarts, now)
+        if held and not trainer_ok and obs.trainer is None:
+            conds.set(
+                "TrainerReady", False, "BackingOff",
+                f"interruption {restarts.interrupted}: the trainer group restarts at "
+                f"{rfc3339(restarts.trainer_start_not_before)} (spec.failurePolicy backoff)",
+            )
+        else:
+            conds.set(
+                "TrainerReady",
+                trainer_ok,
+                "AllReplicasReady" if trainer_ok else ("Restarting" if restart_job is not None else "ReplicasNotReady"),
+                f"{trainer_ready_count}/{trainer_desired} trainer pods ready",
+            )
     ready = active and rollout_ok and trainer_ok and not degraded
     if degraded:
         message = "; ".join([f"lost {p.name}" for p in lost_now] + short) or "inference replicas not ready"
@@ -558,6 +593,11 @@ def compute_status(
         conds.set("Progressing", False, outcome.result if outcome else "Suspended")
     suspended = spec.suspend and outcome is None
     conds.set("Suspended", suspended, "JobSuspended" if suspended else "NotSuspended")
+    stuck = stuck_pods(obs.terminating_pods, obs.nodes, now)
+    if stuck:
+        conds.set("NodeUnreachable", True, "PodStuckTerminating", "; ".join(s.describe() for s in stuck))
+    else:
+        conds.set("NodeUnreachable", False, "NoPodStuck", "no pod of the job is stuck terminating on an unreachable node")
     complete = outcome is not None and outcome.result == "Complete"
     failed_job = outcome is not None and outcome.result == "Failed"
     conds.set("Complete", complete, outcome.reason if complete else "NotComplete", outcome.message if complete else "")
@@ -598,7 +638,15 @@ def compute_status(
         effective_knobs=_knobs(spec, prev.effective_knobs),
         metrics=prev.metrics,
     )
-    return Decision(status=status, active=active, restart_trainer_job=restart_job, events=events)
+    return Decision(
+        status=status, active=active, restart_trainer_job=restart_job, events=events,
+        force_delete=[s.pod for s in stuck if s.force_delete],
+    )
+
+
+def trainer_start_held(restarts: RestartStatus, now: datetime) -> bool:
+    """Whether a new trainer group must not be created yet: the backoff after an interruption still runs."""
+    return restarts.trainer_start_not_before is not None and now < restarts.trainer_start_not_before
 
 
 OPERATOR_STATUS_KEYS = ("phase", "observedGeneration", "startTime", "completionTime", "rollout", "restarts", "outcome")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from rljob.common.autotune.controller import Observation
 from rljob.common.autotune.prometheus import NoData, PrometheusClient
 from rljob.api.metrics import METRIC_PREFIX
+from rljob.api.spec import RESERVED_SELECTOR_LABELS
 
 # Shortest averaging window: below two scrapes avg_over_time may see a single sample or none.
 MIN_WINDOW_S = 5
@@ -25,8 +26,13 @@ def _escape(value: str) -> str:
 
 
 def job_selector(name: str, namespace: str, match_labels: Mapping[str, str] = {}) -> str:
-    """Label matchers of the job's info series, e.g. {rljob="demo",rljob_namespace="ml"}."""
-    labels = {"rljob": name, "rljob_namespace": namespace, **match_labels}
+    """Label matchers of the job's info series, e.g. {rljob="demo",rljob_namespace="ml"}.
+
+    The job's own name and namespace always win: the spec refuses them in matchLabels, and a spec that
+    got past that (an old stored object) still cannot point the autotuner at another job's series.
+    """
+    extra = {k: v for k, v in match_labels.items() if k not in RESERVED_SELECTOR_LABELS}
+    labels = {**extra, "rljob": name, "rljob_namespace": namespace}
     return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items())) + "}"
 
 

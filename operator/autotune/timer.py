@@ -9,7 +9,10 @@ manager `rljob-autotuner`, with only the fields the autotuner owns.
 Operator settings (environment, set by the chart):
 - RLJOB_PROMETHEUS_ADDRESS: default Prometheus URL when spec.autotune.prometheus.address is unset;
 - RLJOB_PROMETHEUS_BEARER_TOKEN_FILE: default bearer token file (e.g. a projected service account token);
-- RLJOB_AUTOTUNE_TICK_SECONDS: the timer's tick (default 5).
+- RLJOB_AUTOTUNE_TICK_SECONDS: the timer's tick (default 5);
+- RLJOB_AUTOTUNE_CONCURRENCY: jobs autotuned at once (default 16). Each job's tick runs on its own
+  (operator/resync.py), so one job's unreachable Prometheus, which can take its whole timeout (up to
+  60 s) to fail, holds one of these slots and never delays another job's decision.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from rljob.common.kube import AUTOTUNER_FIELD_MANAGER, Kube, shared_kube
 log = logging.getLogger(__name__)
 
 TICK_S = float(os.environ.get("RLJOB_AUTOTUNE_TICK_SECONDS", "5"))
+AUTOTUNE_CONCURRENCY = int(os.environ.get("RLJOB_AUTOTUNE_CONCURRENCY", "16"))
 METRICS = AutotuneMetrics()
 
 

@@ -41,6 +41,30 @@ def step(n: int, rate: float, cap: float) -> StepRecord:
     )
 
 
+def tuned_spec(address: str, timeout_s: float) -> RLJobSpec:
+    """A job tuned in Apply mode every second from the Prometheus at `address` (a token cap of 8 to start)."""
+    return RLJobSpec.model_validate(
+        {
+            "model": {"builtin": "tiny-arith"},
+            "data": {"synthetic": {}},
+            "rollout": {"maxResponseLength": 64, "partial": {"truncation": {"mode": "tokens", "maxTokens": 8}}},
+            "autotune": {"mode": "Apply", "prometheus": {"address": address, "timeoutSeconds": timeout_s},
+                         "intervalSeconds": 1, "windowSeconds": 10, "cooldownSeconds": 0, "settleRounds": 1,
+                         "truncationTokens": {"min": 4, "max": 64, "maxStep": 8}},
+        }
+    )
+
+
+def scraping_first_step(prometheus_factory: PrometheusFactory, runtime_metrics: tuple[RuntimeMetrics, str]) -> Any:
+    """A real Prometheus scraping the runtime metrics, once it holds their first step (truncation rate 0.7)."""
+    metrics, target = runtime_metrics
+    metrics.record(step(1, 0.7, 8))
+    prom = prometheus_factory([target], scrape_interval="1s")
+    prom.wait_for_targets_up()
+    wait_until(lambda: prom.query("rljob_truncation_rate") or None, 120, "first truncation sample")
+    return prom
+
+
 @pytest.fixture
 def runtime_metrics() -> Iterator[tuple[RuntimeMetrics, str]]:
     metrics = RuntimeMetrics("tuned", namespace="ns")
@@ -96,21 +120,9 @@ async def test_client_reads_observation_and_types_failures(
 async def test_tick_tunes_backs_off_while_prometheus_is_down_and_resumes(
     prometheus_factory: PrometheusFactory, runtime_metrics: tuple[RuntimeMetrics, str]
 ) -> None:
-    metrics, target = runtime_metrics
-    metrics.record(step(1, 0.7, 8))
-    prom = prometheus_factory([target], scrape_interval="1s")
-    prom.wait_for_targets_up()
-    wait_until(lambda: prom.query("rljob_truncation_rate") or None, 120, "first truncation sample")
-    spec = RLJobSpec.model_validate(
-        {
-            "model": {"builtin": "tiny-arith"},
-            "data": {"synthetic": {}},
-            "rollout": {"maxResponseLength": 64, "partial": {"truncation": {"mode": "tokens", "maxTokens": 8}}},
-            "autotune": {"mode": "Apply", "prometheus": {"address": prom.url, "timeoutSeconds": 2},
-                         "intervalSeconds": 1, "windowSeconds": 10, "cooldownSeconds": 0, "settleRounds": 1,
-                         "truncationTokens": {"min": 4, "max": 64, "maxStep": 8}},
-        }
-    )
+    metrics, _ = runtime_metrics
+    prom = scraping_first_step(prometheus_factory, runtime_metrics)
+    spec = tuned_spec(prom.url, timeout_s=2)
     wire: dict[str, Any] = {}
     now = datetime.now(UTC).replace(microsecond=0)
     pool = PrometheusPool()

@@ -10,6 +10,7 @@ crashes, completions and node shutdowns are simulated by patching pod status thr
 from __future__ import annotations
 
 import copy
+from datetime import datetime
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -299,6 +300,8 @@ INVALID: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("duplicate pool", lambda j: j["spec"]["rollout"]["pools"].append({"name": "nv", "vendor": "amd"}), "spec.rollout.pools[2]"),
     ("tokens without cap", lambda j: j["spec"]["rollout"].update(partial={"truncation": {"mode": "tokens"}}), "spec.rollout.partial.truncation"),
     ("negative deadline", lambda j: j["spec"].update(activeDeadlineSeconds=-5), "spec.activeDeadlineSeconds"),
+    ("reserved selector label", lambda j: j["spec"].update(autotune={"prometheus": {"matchLabels": {"rljob_namespace": "other"}}}), "spec.autotune.prometheus.matchLabels"),
+    ("backoff max < base", lambda j: j["spec"].update(failurePolicy={"interruptionBackoffSeconds": 60, "interruptionBackoffMaxSeconds": 30}), "spec.failurePolicy"),
     ("builtin model on GPU pools", lambda j: j["spec"].update(model={"builtin": "tiny-arith"}), "spec.model.builtin"),
     ("local model folder on GPU pools", lambda j: j["spec"].update(model={"path": "/models/q"}), "spec.model.path"),
     ("model storage without a hub id", lambda j: j["spec"].update(model={"path": "pvc://m/q", "storage": {}}), "spec.model"),
@@ -468,9 +471,11 @@ def test_node_shutdown_and_sigterm_restart_the_gang_without_counting_and_never_c
     kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any,
     kubelet: SimulatedTrainerKubelet,
 ) -> None:
-    """backoffLimit is 1: two disruptions in a row would fail the job if they were counted."""
+    """backoffLimit is 1: two disruptions in a row would fail the job if they were counted. They are capped
+    by failurePolicy.maxInterruptions (2 here: the third fails the job), and each restart waits its backoff."""
     volumes("drained")
-    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("drained"))
+    policy = {"maxInterruptions": 2, "interruptionBackoffSeconds": 4, "interruptionBackoffMaxSeconds": 6}
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("drained", failurePolicy=policy))
     wait_phase(api, namespace, "drained", "Running")
     job_uid = trainer_job_uid(kube_cluster, namespace, "drained")
     (leader,) = kubelet.pods("drained")
@@ -479,12 +484,24 @@ def test_node_shutdown_and_sigterm_restart_the_gang_without_counting_and_never_c
     job_uid = trainer_job_uid(kube_cluster, namespace, "drained")
     # A drain of the leader: torchrun exits 1, the runtime's termination message says Interrupted.
     kubelet.fail(leader, code=1, message="Interrupted: SIGTERM after step 5; its checkpoint is written")
-    new_gang(kube_cluster, kubelet, namespace, "drained", job_uid, 1)
+    (leader,) = new_gang(kube_cluster, kubelet, namespace, "drained", job_uid, 1)
     job = wait_phase(api, namespace, "drained", "Running")
     restarts = job["status"]["restarts"]
     assert restarts["interrupted"] == 2 and restarts["trainer"] == 0, restarts
     assert job["status"].get("outcome") is None
     assert wait_events(kube_cluster, namespace, "drained", "TrainerInterrupted", count=2).count("TrainerInterrupted") == 2
+    # The second interruption's backoff (6 s, capped) held the new Job back until the time the status named.
+    new_job = k8s.BatchV1Api(kube_cluster.api).read_namespaced_job("drained-trainer", namespace)
+    not_before = datetime.fromisoformat(restarts["trainerStartNotBefore"].replace("Z", "+00:00"))
+    last_restart = datetime.fromisoformat(restarts["lastTrainerRestartTime"].replace("Z", "+00:00"))
+    assert (not_before - last_restart).total_seconds() == 6, restarts
+    assert new_job.metadata.creation_timestamp >= not_before, (new_job.metadata.creation_timestamp, not_before)
+    # A third interruption is past maxInterruptions: the job fails and says why.
+    kubelet.shut_down(leader, message="Interrupted: SIGTERM after step 7")
+    job = wait_phase(api, namespace, "drained", "Failed")
+    assert job["status"]["outcome"]["reason"] == "InterruptionLimitExceeded", job["status"]["outcome"]
+    assert "failurePolicy.maxInterruptions 2 reached" in job["status"]["outcome"]["message"]
+    wait_events(kube_cluster, namespace, "drained", "InterruptionLimitExceeded")
 
 
 def test_leader_exit_zero_completes_the_job(

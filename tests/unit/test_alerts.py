@@ -59,9 +59,22 @@ def test_every_alert_has_a_runbook() -> None:
 def test_alerts_read_only_exported_metrics() -> None:
     known = runtime_metric_names() | operator_metric_names()
     for rule in alert_rules():
-        used = set(re.findall(r"\brljob_[a-z_]+\b", rule["expr"]))
+        # rljob_namespace is a label of rljob_job_info (joined in group_left and label_replace), not a metric.
+        used = set(re.findall(r"\brljob_[a-z_]+\b", rule["expr"])) - {"rljob_namespace"}
         assert used, rule["alert"]
         assert used <= known, f"{rule['alert']} reads unknown metrics {sorted(used - known)}"
+
+
+def test_every_job_alert_names_namespace_and_job() -> None:
+    """Job alerts carry namespace AND name (a job of the same name in another namespace is another job)."""
+    for rule in alert_rules():
+        expr, summary = rule["expr"], rule["annotations"]["summary"]
+        if "rljob_job_info" in expr:
+            assert "group_left(rljob, rljob_namespace) rljob_job_info" in expr or "on(namespace, name)" in expr, rule["alert"]
+        if "{{ $labels.rljob }}" in summary:
+            assert "{{ $labels.rljob_namespace }}/{{ $labels.rljob }}" in summary or "{{ $labels.namespace }}/" in summary, rule["alert"]
+        if "{{ $labels.name }}" in summary:
+            assert "{{ $labels.namespace }}/{{ $labels.name }}" in summary, rule["alert"]
 
 
 def test_every_alert_has_a_firing_and_a_silent_promtool_case() -> None:

@@ -159,3 +159,23 @@ def test_operator_metrics_count_adjustments() -> None:
     assert m.registry.get_sample_value("rljob_autotune_failures_total", {"namespace": "ns", "rljob": "j", "reason": "NoMetrics"}) == 1
     m.forget("ns", "j")
     assert m.registry.get_sample_value("rljob_autotune_adjustments_total", labels) is None
+
+
+def test_selector_labels_rljob_and_rljob_namespace_are_reserved() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from rljob.api.load import format_validation_error
+    from rljob.common.autotune.queries import job_selector
+
+    base = {"model": {"builtin": "tiny-arith"}, "data": {"synthetic": {}}}
+    for label in ("rljob", "rljob_namespace"):
+        with pytest.raises(ValidationError) as info:
+            RLJobSpec.model_validate({**base, "autotune": {"prometheus": {"matchLabels": {label: "other", "env": "prod"}}}})
+        message = format_validation_error(info.value, "spec")
+        assert "autotune.prometheus.matchLabels: matchLabels cannot set rljob or rljob_namespace" in message, message
+    ok = RLJobSpec.model_validate({**base, "autotune": {"prometheus": {"matchLabels": {"env": "prod"}}}})
+    assert ok.autotune.prometheus.match_labels == {"env": "prod"}
+    # Never overridable in the query, even from labels that got past validation (an object stored earlier).
+    selector = job_selector("demo", "ml", {"rljob": "victim", "rljob_namespace": "other", "env": "prod"})
+    assert selector == '{env="prod",rljob="demo",rljob_namespace="ml"}'

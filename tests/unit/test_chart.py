@@ -299,6 +299,9 @@ def test_operator_role_covers_every_kind_it_applies_and_what_it_grants_the_train
     assert not any({"escalate", "bind", "impersonate", "*"} & set(r["verbs"]) for r in rules)
     assert not any("*" in r["resources"] or "*" in r["apiGroups"] for r in rules)
     assert not rules_allow(rules, "", "secrets", "get"), "Secrets are readable only with rbac.readSecrets"
+    # Pods stuck on an out-of-service node: the operator reads their Node and force-deletes them.
+    assert rules_allow(rules, "", "nodes", "get") and not rules_allow(rules, "", "nodes", "list")
+    assert rules_allow(rules, "", "pods", "delete")
 
 
 def test_watch_namespaces_use_roles_not_a_cluster_wide_grant(helm: Path) -> None:
@@ -311,8 +314,8 @@ def test_watch_namespaces_use_roles_not_a_cluster_wide_grant(helm: Path) -> None
     assert election["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
     assert rules_allow(operator_rules(objects, namespaced=True), "", "secrets", "get")
     cluster_reads = find(objects, "ClusterRole", "rljob-rljob-operator-cluster-reads")["rules"]
-    assert sorted(r["resources"][0] for r in cluster_reads) == ["customresourcedefinitions", "namespaces"]
-    assert all(set(r["verbs"]) == {"get", "list", "watch"} for r in cluster_reads)
+    assert sorted(r["resources"][0] for r in cluster_reads) == ["customresourcedefinitions", "namespaces", "nodes"]
+    assert all(set(r["verbs"]) == ({"get"} if r["resources"] == ["nodes"] else {"get", "list", "watch"}) for r in cluster_reads)
     args = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=ml-team-a" in args and "--namespace=ml-team-b" in args and "--all-namespaces" not in args
     podmonitor = find(objects, "PodMonitor")

@@ -26,18 +26,25 @@ def exprs(dash: dict) -> list[tuple[str, str]]:
     return [(p["title"], t["expr"]) for p in dash["panels"] for t in p.get("targets", [])]
 
 
-def test_one_job_is_selected_by_a_variable() -> None:
+def test_one_job_is_selected_by_namespace_and_name() -> None:
+    """A job is its namespace and name: the same name in two namespaces is two jobs, never blended."""
     variables = {v["name"]: v for v in load()["templating"]["list"]}
-    assert variables["rljob"]["definition"] == "label_values(rljob_job_info, rljob)"
-    assert variables["rljob"]["multi"] is False and variables["datasource"]["query"] == "prometheus"
+    assert variables["namespace"]["definition"] == "label_values(rljob_job_info, rljob_namespace)"
+    assert variables["job"]["definition"] == 'label_values(rljob_job_info{rljob_namespace="$namespace"}, rljob)'
+    for name in ("namespace", "job"):
+        assert variables[name]["multi"] is False and variables[name]["includeAll"] is False, name
+    assert variables["datasource"]["query"] == "prometheus"
+    runtime = 'rljob_job_info{rljob_namespace="$namespace", rljob="$job"}'  # runtime series, joined on their target
+    operator = '{namespace="$namespace", rljob="$job"}'  # the operator's autotune series carry both labels
     for title, expr in exprs(load()):
-        assert '{rljob="$rljob"}' in expr, f"panel {title!r} is not restricted to the selected job: {expr}"
+        assert runtime in expr or operator in expr, f"panel {title!r} is not restricted to the selected job: {expr}"
+        assert "$rljob" not in expr, title
 
 
 def test_every_query_reads_an_exported_metric() -> None:
     known = runtime_metric_names() | operator_metric_names()
     for title, expr in exprs(load()):
-        used = set(re.findall(r"\brljob_[a-z_]+\b", expr))
+        used = set(re.findall(r"\brljob_[a-z_]+\b", expr)) - {"rljob_namespace"}  # a label of rljob_job_info
         assert used, f"panel {title!r} reads no rljob metric"
         assert used <= known, f"panel {title!r} reads unknown metrics {sorted(used - known)}"
 
@@ -67,6 +74,6 @@ def test_required_views_and_layout() -> None:
 def test_every_query_is_valid_promql(prometheus_factory: PrometheusFactory) -> None:
     prom = prometheus_factory(["127.0.0.1:9"])  # nothing to scrape: only the parser is exercised
     for title, expr in exprs(load()):
-        query = expr.replace("$__rate_interval", "1m").replace("$rljob", "demo")
+        query = expr.replace("$__rate_interval", "1m").replace("$namespace", "ml").replace("$job", "demo")
         body = httpx.get(f"{prom.url}/api/v1/query", params={"query": query}, timeout=10).json()
         assert body["status"] == "success", f"panel {title!r}: {body.get('error')}"

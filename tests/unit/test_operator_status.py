@@ -83,7 +83,8 @@ def test_all_ready_is_ready_with_every_condition() -> None:
     s = d.status
     assert s.phase == "Running" and d.active
     assert [c.type for c in s.conditions] == [
-        "ChildrenApplied", "RolloutReady", "TrainerReady", "Ready", "Progressing", "Degraded", "Suspended", "Complete", "Failed"
+        "ChildrenApplied", "RolloutReady", "TrainerReady", "Ready", "Progressing", "Degraded", "Suspended", "Complete", "Failed",
+        "NodeUnreachable",
     ]
     assert all(c.observed_generation == 3 for c in s.conditions) and s.observed_generation == 3
     assert _cond(s, "Ready") == ("True", "JobReady")
@@ -369,7 +370,7 @@ def test_foreign_conditions_are_kept() -> None:
                          "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
     )
     types = [c.type for c in _run(_spec(), prev, _obs()).status.conditions]
-    assert types[-1] == "AutotuneActive" and len(types) == 10
+    assert types[-1] == "AutotuneActive" and len(types) == 11
 
 
 def test_pod_observation_keys_are_stable_across_restart_counts() -> None:
@@ -421,3 +422,61 @@ def test_a_pod_deleted_before_the_resume_is_no_loss_on_a_later_pass() -> None:
     new = deleted_at(resumed_at + timedelta(seconds=10), "inf-new")
     d = _run(_spec(), starting, _obs(nv=1, lost_inference_pods=[new]), now=resumed_at + timedelta(seconds=20))
     assert d.status.restarts.rollout == 1 and "InferenceReplicaLost" in {e.reason for e in d.events}
+
+
+def _interrupted(uid: str, job_uid: str = "job-1") -> PodObs:
+    evicted = _pod(uid=uid, job_uid=job_uid, conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}])
+    evicted["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return pod_observation(evicted)
+
+
+def test_interruptions_back_off_and_past_the_cap_the_job_fails() -> None:
+    from rljob.operator.status_logic import trainer_start_held
+
+    policy = {"failurePolicy": {"maxInterruptions": 3, "interruptionBackoffSeconds": 10, "interruptionBackoffMaxSeconds": 30}}
+    spec = _spec(**policy)
+    status, now = _run(spec, RLJobStatus(), _obs()).status, T0
+    holds = []
+    for n in range(1, 4):
+        # Each restart is a new trainer Job (a new uid): one restart per Job.
+        job = TrainerJobObs(uid=f"job-{n}", replicas=1, ready=1)
+        d = _run(spec, status, _obs(trainer_pods=[_interrupted(f"t{n}", job.uid)], job=job), now=now)
+        assert d.restart_trainer and d.status.outcome is None and d.status.restarts.interrupted == n
+        hold = d.status.restarts.trainer_start_not_before
+        holds.append((hold - now).total_seconds())
+        assert f"in {holds[-1]:.0f} s" in d.events[0].message and f"interruption {n}/3" in d.events[0].message
+        # Until the hold is over, the missing trainer Job is not created, and TrainerReady says why and until when.
+        assert trainer_start_held(d.status.restarts, now + timedelta(seconds=holds[-1] - 1))
+        assert not trainer_start_held(d.status.restarts, hold)
+        gone = _run(spec, d.status, _obs(job=None), now=now + timedelta(seconds=1), applied=None).status
+        assert _cond(gone, "TrainerReady") == ("False", "BackingOff") and "restarts at" in gone.condition("TrainerReady").message
+        status, now = d.status, hold
+    assert holds == [10, 20, 30], "doubling, capped at interruptionBackoffMaxSeconds"
+    # The 4th interruption is past maxInterruptions=3: the job fails, naming the cap and the pod.
+    job = TrainerJobObs(uid="job-4", replicas=1, ready=1)
+    d = _run(spec, status, _obs(trainer_pods=[_interrupted("t4", job.uid)], job=job), now=now)
+    assert not d.restart_trainer and d.status.phase == "Failed"
+    assert d.status.outcome.reason == "InterruptionLimitExceeded" and "maxInterruptions 3 reached" in d.status.outcome.message
+    assert "demo-trainer-0" in d.status.outcome.message and d.events[-1].reason == "InterruptionLimitExceeded"
+
+
+def test_a_failure_restart_does_not_wait_for_an_interruption_backoff() -> None:
+    status = _run(_spec(), RLJobStatus(), _obs()).status
+    d = _run(_spec(), status, _obs(trainer_pods=[_interrupted("t1")]))
+    assert d.status.restarts.trainer_start_not_before == T0 + timedelta(seconds=10), "the default policy: 10 s first"
+    failed = pod_observation(_pod(phase="Failed", uid="t2", job_uid="job-2"))
+    job = TrainerJobObs(uid="job-2", replicas=1, ready=0)
+    again = _run(_spec(), d.status, _obs(trainer_pods=[failed], job=job), now=T0 + timedelta(seconds=20))
+    assert again.restart_trainer and again.status.restarts.trainer_start_not_before is None
+
+
+def test_failure_policy_is_validated_naming_the_field() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="interruptionBackoffMaxSeconds must be at least interruptionBackoffSeconds"):
+        _spec(failurePolicy={"interruptionBackoffSeconds": 60, "interruptionBackoffMaxSeconds": 30})
+    with pytest.raises(ValidationError, match="maxInterruptions"):
+        _spec(failurePolicy={"maxInterruptions": -1})
+    assert _spec().failure_policy.interruption_delay(40) == 600, "default cap, no overflow"
+    assert _spec(failurePolicy={"interruptionBackoffSeconds": 0}).failure_policy.interruption_delay(3) == 0

@@ -39,10 +39,11 @@ it create those Roles and their RoleBindings without the `escalate` or `bind` ve
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Pods: watched for failures, evictions and the trainer leader's success.
+# Pods: watched for failures, evictions and the trainer leader's success; a pod stuck Terminating on a
+# node tainted node.kubernetes.io/out-of-service is force-deleted (operator/node_loss.py).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["get", "list", "watch", "delete"]
 # Headless Services of pools (pruned with them), the router's and the trainer's Service.
 - apiGroups: [""]
   resources: ["services"]
@@ -65,7 +66,9 @@ it create those Roles and their RoleBindings without the `escalate` or `bind` ve
 
 {{/*
 Cluster-scoped reads kopf makes: CRDs (to notice when the RLJob CRD is installed or upgraded) and, when
-it is given namespaces, the namespaces themselves (to follow them being created and deleted).
+it is given namespaces, the namespaces themselves (to follow them being created and deleted). The
+operator itself reads the Node of a pod that has been Terminating for long (is it unreachable, is it
+tainted out-of-service?): get only, one node at a time.
 */}}
 {{- define "rljob-operator.clusterRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
@@ -74,6 +77,9 @@ it is given namespaces, the namespaces themselves (to follow them being created 
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["get"]
 {{- end }}
 
 {{/* The operator's ServiceAccount as an RBAC subject. */}}

@@ -1,4 +1,4 @@
-"""`rljob` command line: run a job locally, validate a job file."""
+"""`rljob` command line: run a job locally, validate a job file, rebuild a run's report, export, simulate."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from rljob.runtime.metrics import StepRecord
 from rljob.runtime.sim.cli import add_simulate_arguments, run_simulate
 
 if TYPE_CHECKING:
+    from rljob.runtime.runner import JobRunner
     from rljob.runtime.training.distributed import Distributed
 
 console = Console()
@@ -175,8 +176,8 @@ async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | 
     from rljob.runtime.knob_sources import knob_sources_for
 
     runner.knob_sources.extend(knob_sources_for(job.spec, runner.step_listeners))
-    if fresh and runner.metrics.jsonl_path and runner.metrics.jsonl_path.exists():
-        runner.metrics.jsonl_path.unlink()
+    if fresh:
+        _start_fresh(runner)
     # Plain status lines, not a spinner: the policy warm-up shows its own progress bar, and rich
     # allows one live display at a time.
     await runner.setup(on_status=lambda msg: console.print(f"[bold]{msg}[/] …"))
@@ -205,6 +206,8 @@ async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | 
     def on_step(rec: StepRecord) -> None:
         recent.append(rec)
         steps.update(step_task, completed=rec.step)
+        if rec.step % job.spec.checkpoint.every_steps == 0:  # a crashed run keeps plots up to its last checkpoint
+            _rebuild_report(output)
         if not args.live:
             console.print(
                 f"step {rec.step}: reward {rec.reward_mean:.3f} tok/s {rec.rollout_tokens_per_s:.0f} "
@@ -227,13 +230,53 @@ async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | 
         console.print(comparison_view(comparison["rows"], comparison["ceiling_tokens_per_s"],
                                       "rollout throughput, same policy, prompts and seeds"))
 
-    from rljob.runtime.metrics import read_jsonl
-
-    records = read_jsonl(runner.metrics.jsonl_path) if runner.metrics.jsonl_path else []
-    eval_path = runner.metrics.eval_jsonl_path
-    evals = read_jsonl(eval_path) if eval_path is not None and eval_path.exists() else []
+    records, evals = _read_run(runner.metrics.jsonl_path)
     written = write_report(output / "report", records, comparison, evals)
     _print_summary(summary, records, evals, output / "report", written)
+    return 0
+
+
+def _start_fresh(runner: JobRunner) -> None:
+    """--fresh: set the old run's checkpoints and metrics aside, so this run never resumes them and
+    its pruning never deletes its own early checkpoints for the old run's higher step numbers."""
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    aside = runner.checkpoints.set_aside(stamp)
+    if aside is not None:
+        console.print(f"--fresh: moved the previous run's checkpoints to [bold]{aside}[/]", soft_wrap=True)
+    for path in (runner.metrics.jsonl_path, runner.metrics.eval_jsonl_path):
+        if path is not None and path.exists():
+            path.rename(path.with_name(f"{path.stem}.previous-{stamp}{path.suffix}"))
+
+
+def _read_run(jsonl: Path | None) -> tuple[list[dict], list[dict]]:
+    """The step records and held-out evaluations a run folder holds (metrics.jsonl, eval.jsonl)."""
+    from rljob.runtime.metrics import read_jsonl
+
+    if jsonl is None or not jsonl.exists():
+        return [], []
+    evals = jsonl.with_name("eval.jsonl")
+    return read_jsonl(jsonl), read_jsonl(evals) if evals.exists() else []
+
+
+def _rebuild_report(run_dir: Path) -> list[Path]:
+    """Write RUN_DIR/report from RUN_DIR/metrics.jsonl (and eval.jsonl); the files written."""
+    from rljob.runtime.report import write_report
+
+    records, evals = _read_run(run_dir / "metrics.jsonl")
+    return write_report(run_dir / "report", records, None, evals)
+
+
+def _report(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "metrics.jsonl").is_file():
+        console.print(f"[red]error[/]: {run_dir / 'metrics.jsonl'} does not exist; give the folder `rljob run` wrote "
+                      "(its --output, default runs/<job name>)", soft_wrap=True)
+        return 2
+    written = _rebuild_report(run_dir)
+    console.print(f"[green]report[/] rebuilt in [bold]{run_dir / 'report'}[/]: " + ", ".join(p.name for p in written),
+                  soft_wrap=True)
     return 0
 
 
@@ -352,7 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output", help="output folder for metrics.jsonl and the report (default: runs/<job name>)")
     run.add_argument("--steps", type=int, help="total training steps, overriding spec.trainer.steps")
     run.add_argument("--strategy", choices=["sync", "april"], help="override spec.rollout.strategy")
-    run.add_argument("--fresh", action="store_true", help="ignore existing checkpoints and start from step 0")
+    run.add_argument("--fresh", action="store_true",
+                     help="start a new run from step 0: the previous run's checkpoints move to "
+                     "<checkpoint dir>/previous-<time>/ and its metrics.jsonl aside, never resumed")
     run.add_argument("--checkpoint-dir", help="override spec.checkpoint.dir")
     run.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: off)")
     run.add_argument("--compare-rounds", type=int, default=0, metavar="K",
@@ -362,12 +407,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="print one line per step instead of the live display (logs, CI, pods)")
     run.add_argument("--table-rows", type=int, default=12, help="steps shown in the live table")
     run.add_argument("--nproc", type=int, default=1, metavar="N",
-                     help="train on N CPU ranks started by torch.distributed.run: rank 0 runs the rollouts, every "
-                     "rank trains its share under FSDP2 (default 1: one process, no process group)")
+                     help="train on N ranks started by torch.distributed.run (CPU, or one GPU each with "
+                     "trainer.device: cuda; docs/gpu.md): rank 0 runs the rollouts, every rank trains its share "
+                     "under FSDP2 (default 1: one process, no process group)")
     run.add_argument("--max-restarts", type=int, default=0, metavar="R",
                      help="with --nproc: restart the whole group up to R times when a rank fails; it resumes from "
                      "the last checkpoint")
     run.set_defaults(func=_run_command)
+
+    report = sub.add_parser("report", help="rebuild a run's plots and summary from its metrics.jsonl",
+                            description="Rebuild RUN_DIR/report (plots, summary.json, summary.md) from "
+                            "RUN_DIR/metrics.jsonl and eval.jsonl, e.g. after a crash or while a run goes on.")
+    report.add_argument("run_dir", help="the folder `rljob run` wrote (its --output, default runs/<job name>)")
+    report.set_defaults(func=_report)
 
     validate = sub.add_parser("validate", help="check an RLJob file and print what it would run")
     validate.add_argument("job", help="path of the RLJob YAML file")

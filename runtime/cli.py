@@ -360,7 +360,7 @@ def _report_data_check(job: RLJob, limit: int | None, strict: bool) -> int:
 def _export(args: argparse.Namespace) -> int:
     from rljob.runtime.models.export import export_checkpoint
 
-    result = export_checkpoint(args.checkpoint, args.dir, dtype=args.dtype, force=args.force)
+    result = export_checkpoint(args.checkpoint, args.dir, dtype=args.dtype, force=args.force, model=args.model)
     console.print(
         f"[green]exported[/] {result.checkpoint} (step {result.step}, policy version {result.policy_version}) "
         f"to [bold]{result.directory}[/] as {result.dtype} safetensors with config and tokenizer"
@@ -448,6 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("dir", help="output folder (must be empty or absent unless --force)")
     export.add_argument("--dtype", choices=["float32", "bfloat16"], help="weight precision (default: as trained)")
     export.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    export.add_argument("--model", metavar="DIR",
+                        help="base model folder (config, tokenizer) instead of the job's model source: needed for a "
+                        "cluster checkpoint, whose job names the model's path inside the trainer pod")
     export.set_defaults(func=_export)
 
     model = sub.add_parser("model", help="model folders: build the tiny random architectures")

@@ -853,7 +853,10 @@ class TrainerSpec(ApiModel):
 class CheckpointSpec(ApiModel):
     """Checkpoints hold model, optimizer, data cursor, RNG and the partial-rollout buffer."""
 
-    dir: FilePath = Field(default="runs/checkpoints", description="Local directory (or mounted volume).")
+    dir: FilePath | None = Field(
+        default=None,
+        description="Local directory (or mounted volume). Default: runs/<job name>/checkpoints, one folder per job.",
+    )
     every_steps: int = Field(default=5, ge=1, le=MAX_COUNT)
     keep: int = Field(default=2, ge=1, le=1000, description="Most recent checkpoints kept.")
     resume: bool = Field(default=True, description="Resume from the newest checkpoint in dir when one exists.")
@@ -1392,3 +1395,10 @@ class RLJob(ApiModel):
     metadata: ObjectMeta
     spec: RLJobSpec
     status: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _checkpoint_dir_per_job(self) -> RLJob:
+        # A shared default folder let one job resume another's checkpoints; each job gets its own.
+        if self.spec.checkpoint.dir is None:
+            self.spec.checkpoint.dir = f"runs/{self.metadata.name}/checkpoints"
+        return self

@@ -187,6 +187,9 @@ class JobMetrics(StatusModel):
     max_staleness: int | None = None
     rollout_tokens_per_second: float | None = None
     response_length_mean: float | None = None
+    data_rows_skipped: int | None = Field(
+        default=None, ge=0, description="Data rows skipped so far: unreadable, unrenderable or too long for the context."
+    )
     last_updated_time: Timestamp | None = None
 
 

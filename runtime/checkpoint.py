@@ -169,6 +169,21 @@ class CheckpointManager:
             return ResumePlan([], [])
         return plan_resume((p, (p / MARKER).is_file()) for p in self.directory.iterdir() if p.is_dir())
 
+    def set_aside(self, stamp: str) -> Path | None:
+        """Move every step folder into `previous-<stamp>/` (a fresh run's start), so that neither this run's
+        resume nor its pruning ever sees another run's checkpoints; the folder moved to, or None."""
+        if not self.directory.is_dir():
+            return None
+        steps = [p for p in self.directory.iterdir() if p.is_dir() and step_of(p) is not None]
+        if not steps:
+            return None
+        aside = self.directory / f"previous-{stamp}"
+        aside.mkdir()
+        for path in steps:
+            path.rename(aside / path.name)
+        _fsync(self.directory)
+        return aside
+
     def checkpoints(self) -> list[Path]:
         """Complete (marked) checkpoints, oldest first."""
         return self.plan().candidates[::-1]

@@ -1,4 +1,4 @@
-"""`rljob` command line: run a job locally, validate a job file."""
+"""`rljob` command line: run a job locally, validate a job file, rebuild a run's report, export, simulate."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from rljob.runtime.metrics import StepRecord
 from rljob.runtime.sim.cli import add_simulate_arguments, run_simulate
 
 if TYPE_CHECKING:
+    from rljob.runtime.runner import JobRunner
     from rljob.runtime.training.distributed import Distributed
 
 console = Console()
@@ -175,8 +176,8 @@ async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | 
     from rljob.runtime.knob_sources import knob_sources_for
 
     runner.knob_sources.extend(knob_sources_for(job.spec, runner.step_listeners))
-    if fresh and runner.metrics.jsonl_path and runner.metrics.jsonl_path.exists():
-        runner.metrics.jsonl_path.unlink()
+    if fresh:
+        _start_fresh(runner)
     # Plain status lines, not a spinner: the policy warm-up shows its own progress bar, and rich
     # allows one live display at a time.
     await runner.setup(on_status=lambda msg: console.print(f"[bold]{msg}[/] …"))
@@ -205,6 +206,8 @@ async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | 
     def on_step(rec: StepRecord) -> None:
         recent.append(rec)
         steps.update(step_task, completed=rec.step)
+        if rec.step % job.spec.checkpoint.every_steps == 0:  # a crashed run keeps plots up to its last checkpoint
+            _rebuild_report(output)
         if not args.live:
             console.print(
                 f"step {rec.step}: reward {rec.reward_mean:.3f} tok/s {rec.rollout_tokens_per_s:.0f} "
@@ -227,13 +230,53 @@ async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | 
         console.print(comparison_view(comparison["rows"], comparison["ceiling_tokens_per_s"],
                                       "rollout throughput, same policy, prompts and seeds"))
 
-    from rljob.runtime.metrics import read_jsonl
-
-    records = read_jsonl(runner.metrics.jsonl_path) if runner.metrics.jsonl_path else []
-    eval_path = runner.metrics.eval_jsonl_path
-    evals = read_jsonl(eval_path) if eval_path is not None and eval_path.exists() else []
+    records, evals = _read_run(runner.metrics.jsonl_path)
     written = write_report(output / "report", records, comparison, evals)
     _print_summary(summary, records, evals, output / "report", written)
+    return 0
+
+
+def _start_fresh(runner: JobRunner) -> None:
+    """--fresh: set the old run's checkpoints and metrics aside, so this run never resumes them and
+    its pruning never deletes its own early checkpoints for the old run's higher step numbers."""
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    aside = runner.checkpoints.set_aside(stamp)
+    if aside is not None:
+        console.print(f"--fresh: moved the previous run's checkpoints to [bold]{aside}[/]", soft_wrap=True)
+    for path in (runner.metrics.jsonl_path, runner.metrics.eval_jsonl_path):
+        if path is not None and path.exists():
+            path.rename(path.with_name(f"{path.stem}.previous-{stamp}{path.suffix}"))
+
+
+def _read_run(jsonl: Path | None) -> tuple[list[dict], list[dict]]:
+    """The step records and held-out evaluations a run folder holds (metrics.jsonl, eval.jsonl)."""
+    from rljob.runtime.metrics import read_jsonl
+
+    if jsonl is None or not jsonl.exists():
+        return [], []
+    evals = jsonl.with_name("eval.jsonl")
+    return read_jsonl(jsonl), read_jsonl(evals) if evals.exists() else []
+
+
+def _rebuild_report(run_dir: Path) -> list[Path]:
+    """Write RUN_DIR/report from RUN_DIR/metrics.jsonl (and eval.jsonl); the files written."""
+    from rljob.runtime.report import write_report
+
+    records, evals = _read_run(run_dir / "metrics.jsonl")
+    return write_report(run_dir / "report", records, None, evals)
+
+
+def _report(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "metrics.jsonl").is_file():
+        console.print(f"[red]error[/]: {run_dir / 'metrics.jsonl'} does not exist; give the folder `rljob run` wrote "
+                      "(its --output, default runs/<job name>)", soft_wrap=True)
+        return 2
+    written = _rebuild_report(run_dir)
+    console.print(f"[green]report[/] rebuilt in [bold]{run_dir / 'report'}[/]: " + ", ".join(p.name for p in written),
+                  soft_wrap=True)
     return 0
 
 
@@ -284,13 +327,40 @@ def _validate(args: argparse.Namespace) -> int:
         f"[green]ok[/]: RLJob {job.metadata.name}: {r.strategy} rollout on {r.engine} engine, "
         f"{r.rollout_batch_size} groups × {r.samples_per_prompt} samples, {job.spec.trainer.steps} steps"
     )
-    return 0
+    mode = args.data or ("none" if args.cluster else "sample")
+    if mode == "none":
+        return 0
+    return _report_data_check(job, None if mode == "all" else args.data_rows, args.strict)
+
+
+def _report_data_check(job: RLJob, limit: int | None, strict: bool) -> int:
+    """Print what `rljob validate` found in the job's data; 1 when --strict and a row would be skipped."""
+    from rljob.runtime.tasks.data_check import check_data
+
+    try:
+        found = check_data(job, limit)
+    except ValueError as err:
+        raise RLJobConfigError(str(err)) from None
+    for note in found.notes:
+        console.print(f"[yellow]note[/]: {escape(note)}", soft_wrap=True)
+    if not found.skipped:
+        console.print(f"[green]data ok[/]: {found.rows_read} rows read, {found.rows_rendered} rendered, none skipped")
+        return 0
+    table = Table(title=f"{len(found.skipped)} data rows the runtime would skip (it logs and counts them, and goes on)")
+    table.add_column("reason")
+    table.add_column("row and problem", overflow="fold")
+    for row in found.skipped[:20]:
+        table.add_row(row.reason, row.message)
+    console.print(table)
+    if len(found.skipped) > 20:
+        console.print(f"... and {len(found.skipped) - 20} more: {found.by_reason}")
+    return 1 if strict else 0
 
 
 def _export(args: argparse.Namespace) -> int:
     from rljob.runtime.export import export_checkpoint
 
-    result = export_checkpoint(args.checkpoint, args.dir, dtype=args.dtype, force=args.force)
+    result = export_checkpoint(args.checkpoint, args.dir, dtype=args.dtype, force=args.force, model=args.model)
     console.print(
         f"[green]exported[/] {result.checkpoint} (step {result.step}, policy version {result.policy_version}) "
         f"to [bold]{result.directory}[/] as {result.dtype} safetensors with config and tokenizer"
@@ -325,7 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output", help="output folder for metrics.jsonl and the report (default: runs/<job name>)")
     run.add_argument("--steps", type=int, help="total training steps, overriding spec.trainer.steps")
     run.add_argument("--strategy", choices=["sync", "april"], help="override spec.rollout.strategy")
-    run.add_argument("--fresh", action="store_true", help="ignore existing checkpoints and start from step 0")
+    run.add_argument("--fresh", action="store_true",
+                     help="start a new run from step 0: the previous run's checkpoints move to "
+                     "<checkpoint dir>/previous-<time>/ and its metrics.jsonl aside, never resumed")
     run.add_argument("--checkpoint-dir", help="override spec.checkpoint.dir")
     run.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: off)")
     run.add_argument("--compare-rounds", type=int, default=0, metavar="K",
@@ -335,12 +407,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="print one line per step instead of the live display (logs, CI, pods)")
     run.add_argument("--table-rows", type=int, default=12, help="steps shown in the live table")
     run.add_argument("--nproc", type=int, default=1, metavar="N",
-                     help="train on N CPU ranks started by torch.distributed.run: rank 0 runs the rollouts, every "
-                     "rank trains its share under FSDP2 (default 1: one process, no process group)")
+                     help="train on N ranks started by torch.distributed.run (CPU, or one GPU each with "
+                     "trainer.device: cuda; docs/gpu.md): rank 0 runs the rollouts, every rank trains its share "
+                     "under FSDP2 (default 1: one process, no process group)")
     run.add_argument("--max-restarts", type=int, default=0, metavar="R",
                      help="with --nproc: restart the whole group up to R times when a rank fails; it resumes from "
                      "the last checkpoint")
     run.set_defaults(func=_run_command)
+
+    report = sub.add_parser("report", help="rebuild a run's plots and summary from its metrics.jsonl",
+                            description="Rebuild RUN_DIR/report (plots, summary.json, summary.md) from "
+                            "RUN_DIR/metrics.jsonl and eval.jsonl, e.g. after a crash or while a run goes on.")
+    report.add_argument("run_dir", help="the folder `rljob run` wrote (its --output, default runs/<job name>)")
+    report.set_defaults(func=_report)
 
     validate = sub.add_parser("validate", help="check an RLJob file and print what it would run")
     validate.add_argument("job", help="path of the RLJob YAML file")
@@ -349,6 +428,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="also reject what the operator cannot run (the CRD's rules): a builtin model or a local model.path "
         "on GPU inference pools; use model.huggingFace or model.path: pvc://<claim>/<folder>",
     )
+    validate.add_argument(
+        "--data", choices=["sample", "all", "none"], default=None,
+        help="open the data and report rows the runtime would skip (unreadable, unrenderable, too long for the "
+        "context): 'sample' renders the first --data-rows rows (default without --cluster), 'all' every row, "
+        "'none' skips the check (default with --cluster, whose paths are the pods')",
+    )
+    validate.add_argument("--data-rows", type=int, default=1000, metavar="N",
+                          help="rows rendered by --data sample (default 1000)")
+    validate.add_argument("--strict", action="store_true", help="exit 1 when any data row would be skipped")
     validate.set_defaults(func=_validate)
 
     export = sub.add_parser(
@@ -360,6 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("dir", help="output folder (must be empty or absent unless --force)")
     export.add_argument("--dtype", choices=["float32", "bfloat16"], help="weight precision (default: as trained)")
     export.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    export.add_argument("--model", metavar="DIR",
+                        help="base model folder (config, tokenizer) instead of the job's model source: needed for a "
+                        "cluster checkpoint, whose job names the model's path inside the trainer pod")
     export.set_defaults(func=_export)
 
     model = sub.add_parser("model", help="model folders: build the tiny random architectures")

@@ -79,13 +79,33 @@ def _load_weights(model: torch.nn.Module, trainer_dir: Path, source: Path, field
         raise ExportError(f"CHECKPOINT: {source} does not match the model of {field} ({base}): {exc}") from None
 
 
-def export_checkpoint(checkpoint: str | Path, target: str | Path, dtype: str | None = None, force: bool = False) -> ExportResult:
+def _base_model(job: RLJob, model: str | Path | None) -> tuple[Path, str]:
+    """(base model folder, the field that named it): `--model` when given, else the job's model source."""
+    from rljob.runtime.models.errors import ModelSourceError
+    from rljob.runtime.tasks.policy import policy_dir
+
+    if model is not None:
+        return Path(model), "--model"
+    try:
+        return policy_dir(job.spec.model, progress=False)
+    except ModelSourceError as exc:
+        raise ExportError(
+            f"{exc}. The checkpoint's job read its model from there; give the same base model on this machine "
+            "with --model DIR (for a cluster checkpoint, a copy of what the trainer pods mounted)"
+        ) from None
+
+
+def export_checkpoint(
+    checkpoint: str | Path, target: str | Path, dtype: str | None = None, force: bool = False,
+    model: str | Path | None = None,
+) -> ExportResult:
     """Write the policy of `checkpoint` as a Hugging Face model folder at `target`.
 
-    `dtype` (float32 / bfloat16) defaults to the precision the policy was trained in.
+    `dtype` (float32 / bfloat16) defaults to the precision the policy was trained in. `model` is the base
+    model folder (config, tokenizer) when the job's own model source does not resolve here: a cluster
+    checkpoint names the path the model had inside the trainer pod.
     """
     from rljob.runtime.models.loading import torch_dtype
-    from rljob.runtime.tasks.policy import policy_dir
     from rljob.runtime.tasks.tokenizer import HFTokenizer, load_tokenizer
 
     source = find_checkpoint(Path(checkpoint))
@@ -97,7 +117,7 @@ def export_checkpoint(checkpoint: str | Path, target: str | Path, dtype: str | N
     if "job" not in state or not trainer_dir.is_dir():
         raise ExportError(f"CHECKPOINT: {source} is not an rljob training checkpoint (no job spec or no {TRAINER_DIR}/)")
     job = RLJob.model_validate(state["job"])
-    base, field = policy_dir(job.spec.model, progress=False)
+    base, field = _base_model(job, model)
     trained = _saved_dtype(trainer_dir)
     # The saved weights are fp32 masters when the job trained in bf16 (both backends keep them):
     # the default output is the precision the job trained in, not the masters' precision.

@@ -56,6 +56,8 @@ class StepRecord:
     abort_drain_seconds: float = 0.0
     engine_errors: int = 0
     weight_sync_failures: int = 0  # engine ranks the step's weight sync did not reach
+    # Data rows skipped since the job began (resumes included), by reason (tasks.dataset.SKIP_REASONS).
+    data_rows_skipped: dict[str, int] = field(default_factory=dict)
     engines_in_rotation: int = 0  # engine ranks serving policy_version after the sync
     # Ledger (see ledger_imbalance): where the round's groups and response tokens went.
     new_groups: int = 0
@@ -176,6 +178,10 @@ class RuntimeMetrics:
         self.checkpoints_skipped = counter(
             "checkpoints_skipped", "Newer checkpoints a resume passed over: torn (no completion marker) or unloadable."
         )
+        self.data_skipped = gauge(
+            "data_rows_skipped", "Data rows skipped since the job began (resumes included): unreadable, "
+            "unrenderable or too long for the context.", ("reason",)
+        )
         self.sync_failures = counter("weight_sync_failures", "Weight updates that failed on an engine.")
         self.in_rotation = measured("engines_in_rotation", "Engine ranks serving the current policy version.")
         self.new_groups = counter("new_groups", "Groups started from fresh prompts.")
@@ -252,6 +258,8 @@ class RuntimeMetrics:
             self.wasted.inc(rec.wasted_tokens)
             self.engine_errors.inc(rec.engine_errors)
             self.sync_failures.inc(rec.weight_sync_failures)
+            for reason, rows in rec.data_rows_skipped.items():
+                self.data_skipped.labels(reason).set(rows)
             self.in_rotation.set(rec.engines_in_rotation)
             self.new_groups.inc(rec.new_groups)
             self.trained_groups.inc(rec.trained_groups)

@@ -181,6 +181,7 @@ def status_metrics(rec: StepRecord) -> dict[str, float | int]:
         "max_staleness": rec.staleness_max,
         "rollout_tokens_per_second": rec.rollout_tokens_per_s,
         "response_length_mean": rec.length_mean,
+        "data_rows_skipped": sum(rec.data_rows_skipped.values()),
     }
 
 
@@ -303,7 +304,7 @@ class JobRunner:
     async def setup(self, on_status: Callable[[str], None] = lambda _msg: None) -> None:
         """Load the policy, the data, the engines and the trainer; resume from a checkpoint."""
         from rljob.runtime.engines.factory import build_engines
-        from rljob.runtime.tasks.dataset import PromptStream, held_out_records
+        from rljob.runtime.tasks.dataset import PromptStream, held_out_records, prompt_token_budget
         from rljob.runtime.tasks.reward import GroupReward, RewardInput, build_reward
 
         spec = self.spec
@@ -313,7 +314,8 @@ class JobRunner:
         # Embedded engines copy the policy now, while its weights are whole (FSDP2 shards them in place).
         self.engines = build_engines(spec.rollout, model, detokenize=self.tokenizer.decode)
         self.trainer = build_trainer(self.job, model, self.distributed)
-        self.prompts = PromptStream.from_spec(spec.data, self.tokenizer)
+        self.prompts = PromptStream.from_spec(spec.data, self.tokenizer, max_prompt_tokens=prompt_token_budget(
+            getattr(model.config, "max_position_embeddings", None), spec.rollout.max_response_length))
         # Loaded here, before any engine starts: a bad reward.function fails the job at once.
         reward = build_reward(spec.reward, spec.rollout.max_response_length)
         decode = self.tokenizer.decode
@@ -483,6 +485,7 @@ class JobRunner:
             self._ceiling(),
             sync,
         )
+        record.data_rows_skipped = dict(self.prompts.skipped)
         every = self.spec.evaluation.every_steps
         if self.eval_prompts and (self.step % every == 0 or self.step == self.total_steps):
             result = await self.evaluate()

@@ -63,3 +63,21 @@ def test_export_cli_in_bfloat16_and_refuses_a_non_empty_target(tiny_hf_models: d
     with pytest.raises(ExportError, match="DIR: .* exists and is not empty"):
         export_checkpoint(step_dir, tmp_path / "hf")
     assert main(["export", str(tmp_path / "nothing-here"), str(tmp_path / "x")]) == 2
+
+
+def test_a_cluster_checkpoint_exports_with_model_naming_the_base_folder(
+    tiny_hf_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """A trainer pod's checkpoint names the model's path inside the pod; --model supplies it here."""
+    folder = tiny_hf_models["llama"]
+    pod_view = tmp_path / "var" / "lib" / "rljob" / "model"  # the pod's path: absent on this machine
+    pod_view.parent.mkdir(parents=True)
+    pod_view.symlink_to(folder)
+    trained = _trained_checkpoint(pod_view, tmp_path / "ckpt")
+    pod_view.unlink()
+    with pytest.raises(ExportError, match="with --model DIR"):
+        export_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
+    assert main(["export", str(tmp_path / "ckpt"), str(tmp_path / "hf"), "--model", str(folder)]) == 0
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(IDS).logits, trained(IDS).logits)

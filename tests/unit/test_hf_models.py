@@ -128,7 +128,7 @@ def test_bad_rows_name_the_file_and_row(tmp_path: Path) -> None:
 
     path = tmp_path / "bad.jsonl"
     path.write_text('{"answer": "1", "messages": [{"role": "user"}]}\n')
-    with pytest.raises(ValueError, match=r"data.jsonl: .*bad.jsonl:1: messages\[0\] must be an object with string"):
+    with pytest.raises(ValueError, match=r"no usable records; first problem: data.jsonl: .*bad.jsonl:1: messages\[0\] must be an object with string"):
         load_jsonl_records(path)
 
 

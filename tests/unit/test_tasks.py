@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from rljob.api.spec import DataSpec, RewardSpec
-from rljob.runtime.tasks.dataset import DataExhausted, DataRow, PromptStream, load_jsonl_records
+from rljob.runtime.tasks.dataset import DataExhausted, DataRow, PromptStream, SkippedRow, load_jsonl_records
 from rljob.runtime.tasks.reward import RewardInput, build_reward, extract_answer, math_answer_reward, normalize_answer
 from rljob.runtime.tasks.synthetic import ArithChainTask, solve
 from rljob.runtime.tasks.tokenizer import CharTokenizer, HFTokenizer, TaskTokenizer, load_tokenizer
@@ -184,17 +185,66 @@ def test_jsonl_records_with_custom_keys(tmp_path: Path) -> None:
     assert {stream.next_prompt().text for _ in range(2)} == {"1%2=", "9%4="}
 
 
-def test_jsonl_errors_name_the_line_and_the_fix(tmp_path: Path) -> None:
+def test_bad_jsonl_lines_are_skipped_and_reported_with_their_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"prompt": "1", "answer": "1"}\n{"prompt": "2"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:2 needs 'answer' and 'prompt' or 'messages'"):
-        load_jsonl_records(bad)
+    bad.write_text('{"prompt": "1", "answer": "1"}\n{"prompt": "2"}\n{not json\n{"prompt": "3", "answer": "3"}\n')
+    skipped: list[SkippedRow] = []
+    rows = load_jsonl_records(bad, on_skip=skipped.append)
+    assert [r.prompt for r in rows] == ["1", "3"]
+    assert [(s.reason, s.where.rsplit(":", 1)[-1]) for s in skipped] == [("unreadable", "2"), ("unreadable", "3")]
+    assert re.search(r"bad.jsonl:2 needs 'answer' and 'prompt' or 'messages'", skipped[0].message)
+    assert re.search(r"bad.jsonl:3 is not valid JSON", skipped[1].message)
+
+
+def test_a_file_with_no_usable_row_is_an_error_naming_the_first_problem(tmp_path: Path) -> None:
     broken = tmp_path / "broken.jsonl"
     broken.write_text("{not json\n")
-    with pytest.raises(ValueError, match=r"broken.jsonl:1 is not valid JSON"):
-        load_jsonl_records(broken)
+    with pytest.raises(ValueError, match=r"broken.jsonl has no usable records; first problem: .*broken.jsonl:1 is not valid JSON"):
+        load_jsonl_records(broken, on_skip=lambda _row: None)
     with pytest.raises(ValueError, match="does not exist"):
         load_jsonl_records(tmp_path / "missing.jsonl")
+
+
+class _FailingTemplate(CharTokenizer):
+    """A chat tokenizer whose template fails on one row, as a user's Jinja template can."""
+
+    has_chat_template = True
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        if "boom" in messages[-1]["content"]:
+            raise ValueError("template error: unexpected content")
+        return messages[-1]["content"]
+
+
+def test_stream_skips_unrenderable_and_over_long_rows_counts_them_and_never_replays_them(tmp_path: Path) -> None:
+    path = _write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": "1%2=", "answer": "1"},
+        {"prompt": "boom", "answer": "0"},
+        {"prompt": "9" * 40, "answer": "9"},
+        {"prompt": "9%4=", "answer": "1"},
+    ])
+    skipped: list[SkippedRow] = []
+    spec = DataSpec(jsonl=str(path), shuffle=False)
+    stream = PromptStream.from_spec(spec, _FailingTemplate(), max_prompt_tokens=10, on_skip=skipped.append)
+    assert stream.next_prompt().text == "1%2="
+    assert stream.next_prompt().text == "9%4="  # rows 2 and 3 skipped on the way
+    assert [(s.reason, s.where.rsplit(":", 1)[-1]) for s in skipped] == [("unrenderable", "2"), ("too_long", "3")]
+    assert "40 tokens, more than the 10" in skipped[1].message
+    assert stream.skipped == {"unrenderable": 1, "too_long": 1}
+    # A resumed stream carries the counts and starts past the bad rows: the next epoch serves row 1 again.
+    resumed = PromptStream.from_spec(spec, _FailingTemplate(), max_prompt_tokens=10, on_skip=skipped.append)
+    resumed.load_state_dict(stream.state_dict())
+    assert resumed.skipped == stream.skipped and resumed.next_prompt().text == "1%2="
+    assert len(skipped) == 2
+
+
+def test_stream_counts_rows_skipped_while_reading_and_fails_when_nothing_is_servable(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "boom", "answer": "0"}\n{"prompt": 1}\n')
+    stream = PromptStream.from_spec(DataSpec(jsonl=str(path)), _FailingTemplate(), on_skip=lambda _row: None)
+    assert stream.skipped == {"unreadable": 1}
+    with pytest.raises(ValueError, match=r"every one of the 1 rows was skipped \(last: .*cannot render the prompt"):
+        stream.next_prompt()
 
 
 # ---------------------------------------------------------------------------------------------- policy

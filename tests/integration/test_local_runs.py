@@ -1,0 +1,68 @@
+"""Local runs: --fresh never resumes (or prunes for) another run's checkpoints, the default checkpoint
+folder is per job, and `rljob report` rebuilds a run's plots from its metrics.jsonl."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rljob.api import parse_rljob
+from rljob.runtime.checkpoint import step_of
+from rljob.runtime.cli import main
+from rljob.runtime.metrics import read_jsonl
+from tests.integration.test_runner_resume import job_doc, tiny_policy
+
+
+def _steps(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if step_of(p) is not None)
+
+
+def test_a_fresh_run_sets_the_old_checkpoints_aside_and_a_resume_picks_its_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    doc = job_doc(tiny_policy(tmp_path / "model"), ckpt, steps=4, every=1)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    run = ["run", str(job), "--no-live", "--output", str(out)]
+    assert main(run) == 0
+    assert _steps(ckpt) == ["step-00000003", "step-00000004"]  # keep=2
+
+    # The second run is fresh and shorter: its step-1 and step-2 must survive pruning (the old run's step-3 and
+    # step-4 would otherwise count as newer) and the old ones must be out of any resume's sight.
+    assert main([*run, "--fresh", "--steps", "2"]) == 0
+    assert "moved the previous run's checkpoints to" in capsys.readouterr().out
+    assert _steps(ckpt) == ["step-00000001", "step-00000002"]
+    (aside,) = [p for p in ckpt.iterdir() if p.name.startswith("previous-")]
+    assert _steps(aside) == ["step-00000003", "step-00000004"]
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+
+    assert main([*run, "--steps", "3"]) == 0
+    assert "resumed from" in (printed := capsys.readouterr().out) and f"{ckpt}/step-00000002" in printed.replace("\n", "")
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_rljob_report_rebuilds_the_plots_from_metrics_jsonl(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    doc = job_doc(tiny_policy(tmp_path / "model"), tmp_path / "ckpt", steps=2, every=1)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    assert main(["run", str(job), "--no-live", "--output", str(out)]) == 0
+    for path in (out / "report").iterdir():
+        path.unlink()
+    assert main(["report", str(out)]) == 0
+    assert {"reward.png", "summary.json"} <= {p.name for p in (out / "report").iterdir()}
+    assert main(["report", str(tmp_path / "nowhere")]) == 2
+    assert "metrics.jsonl does not exist" in capsys.readouterr().out
+
+
+def test_the_default_checkpoint_folder_is_per_job() -> None:
+    doc = {"apiVersion": "rljob.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "alpha"},
+           "spec": {"model": {"builtin": "tiny-arith"}, "data": {"synthetic": {}}}}
+    assert parse_rljob(doc).spec.checkpoint.dir == "runs/alpha/checkpoints"
+    doc["metadata"]["name"] = "beta"
+    assert parse_rljob(doc).spec.checkpoint.dir == "runs/beta/checkpoints"
+    doc["spec"]["checkpoint"] = {"dir": "/mnt/ckpt"}
+    assert parse_rljob(doc).spec.checkpoint.dir == "/mnt/ckpt"

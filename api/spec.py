@@ -408,6 +408,14 @@ class AlgorithmSpec(ApiModel):
     dynamic_sampling: bool | None = Field(
         default=None, description="DAPO filter: drop groups whose rewards all agree. Defaults to true for dapo."
     )
+    max_consecutive_rejections: int = Field(
+        default=256,
+        ge=1,
+        le=MAX_COUNT,
+        description="Groups the dynamic-sampling filter may reject in a row (across rounds) before the job stops "
+        "with RewardCollapse: every group scoring alike (a reward always 0, or always 1) would otherwise make a "
+        "round sample for ever.",
+    )
     off_policy: OffPolicySpec = Field(default_factory=OffPolicySpec)
     ppo_mini_batches: int = Field(
         default=1,

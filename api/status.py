@@ -34,6 +34,11 @@ CONDITION_TYPES: tuple[str, ...] = (
 EXIT_INTERRUPTED = 75
 INTERRUPTED_REASON = "Interrupted"
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+# The prefix of the termination message when the dynamic-sampling filter rejected
+# algorithm.maxConsecutiveRejections groups in a row: a restart would collapse again, so the operator
+# fails the job at once (condition reason RewardCollapse) instead of spending backoffLimit on it.
+EXIT_REWARD_COLLAPSE = 76
+REWARD_COLLAPSE_REASON = "RewardCollapse"
 
 
 def rfc3339(value: datetime) -> str:

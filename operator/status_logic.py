@@ -29,6 +29,7 @@ from rljob.api.status import (
     CONDITION_TYPES,
     EXIT_INTERRUPTED,
     INTERRUPTED_REASON,
+    REWARD_COLLAPSE_REASON,
     Condition,
     EffectiveKnobs,
     KnobValue,
@@ -358,6 +359,7 @@ class _RankTrouble:
     key: str
     what: str
     interrupted: bool
+    collapsed: bool = False  # the runtime stopped on RewardCollapse: a restart would collapse again
 
 
 def _trainer_troubles(obs: Observed, handled: list[str]) -> list[_RankTrouble]:
@@ -387,7 +389,8 @@ def _trainer_troubles(obs: Observed, handled: list[str]) -> list[_RankTrouble]:
             detail = f"{exit_.reason}, exit code {exit_.exit_code}" + (f": {exit_.message}" if exit_.message else "")
             interrupted = all(e.interrupted for e in failures)
             verb = "was interrupted" if interrupted else "failed"
-            troubles.append(_RankTrouble(exit_.key, f"trainer pod {pod.name} {verb} ({detail})", interrupted))
+            collapsed = any(e.message.startswith(REWARD_COLLAPSE_REASON) for e in failures)
+            troubles.append(_RankTrouble(exit_.key, f"trainer pod {pod.name} {verb} ({detail})", interrupted, collapsed))
     if not troubles and job.failed_message is not None:
         # The Job failed but none of its ranks shows why (a pod deleted outright): a failure.
         troubles.append(_RankTrouble(job_key, f"trainer Job failed: {job.failed_message}", False))
@@ -434,7 +437,12 @@ def compute_status(
         failures = [t for t in troubles if not t.interrupted]
         first = (failures or troubles)[0]
         policy = spec.failure_policy
-        if not failures and restarts.interrupted >= policy.max_interruptions:
+        collapse = next((t for t in failures if t.collapsed), None)
+        if collapse is not None:
+            message = f"{collapse.what}; not restarted: a restart would sample the same collapsed rewards"
+            outcome = Outcome(result="Failed", reason=REWARD_COLLAPSE_REASON, message=message, time=now)
+            events.append(EventRecord("Warning", REWARD_COLLAPSE_REASON, message))
+        elif not failures and restarts.interrupted >= policy.max_interruptions:
             message = f"{first.what}; failurePolicy.maxInterruptions {policy.max_interruptions} reached"
             outcome = Outcome(result="Failed", reason="InterruptionLimitExceeded", message=message, time=now)
             events.append(EventRecord("Warning", "InterruptionLimitExceeded", message))

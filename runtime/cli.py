@@ -26,8 +26,9 @@ from rich.table import Table
 from rljob.api import RLJobConfigError, load_rljob
 from rljob.api.spec import RLJob, cluster_problems
 from rljob.runtime.engines.base import EngineError
-from rljob.runtime.models.errors import ExportError, ModelSourceError
 from rljob.runtime.metrics import StepRecord
+from rljob.runtime.models.errors import ExportError, ModelSourceError
+from rljob.runtime.rollout.round import RewardCollapse
 from rljob.runtime.sim.cli import add_simulate_arguments, run_simulate
 
 if TYPE_CHECKING:
@@ -285,16 +286,23 @@ def _interrupted(step: int) -> int:
 
     Never 0: a drained or evicted trainer is not a finished one.
     """
-    from rljob.api.status import EXIT_INTERRUPTED, INTERRUPTED_REASON, TERMINATION_MESSAGE_PATH
+    from rljob.api.status import EXIT_INTERRUPTED, INTERRUPTED_REASON
 
-    message = f"{INTERRUPTED_REASON}: SIGTERM after step {step}; its checkpoint is written, the next run resumes there"
-    console.print(message)
+    return _terminate(f"{INTERRUPTED_REASON}: SIGTERM after step {step}; its checkpoint is written, the next run "
+                      "resumes there", EXIT_INTERRUPTED)
+
+
+def _terminate(message: str, code: int) -> int:
+    """Print `message`, leave it as the container's termination message (the operator reads it), return `code`."""
+    from rljob.api.status import TERMINATION_MESSAGE_PATH
+
+    console.print(message, soft_wrap=True)
     path = Path(os.environ.get("RLJOB_TERMINATION_MESSAGE_PATH", TERMINATION_MESSAGE_PATH))
     try:
         path.write_text(message)
     except OSError:
         pass  # not in a pod (or not writable there): the exit code says it
-    return EXIT_INTERRUPTED
+    return code
 
 
 def _print_summary(summary, records, evals, report_dir: Path, written: list[Path]) -> None:  # type: ignore[no-untyped-def]
@@ -487,6 +495,10 @@ def main(argv: list[str] | None = None) -> int:
     except EngineError as err:
         console.print(f"[red]engine error[/]: {escape(str(err))}", soft_wrap=True)
         return 3
+    except RewardCollapse as err:
+        from rljob.api.status import EXIT_REWARD_COLLAPSE, REWARD_COLLAPSE_REASON
+
+        return _terminate(f"{REWARD_COLLAPSE_REASON}: {err}", EXIT_REWARD_COLLAPSE)
     except (ModelSourceError, ExportError) as err:
         console.print(f"[red]error[/]: {escape(str(err))}", soft_wrap=True)
         return 2

@@ -156,6 +156,7 @@ def rollout_config(job: RLJob, stop_token_ids: list[int]) -> RolloutConfig:
         stop=list(r.stop),
         drain_timeout_s=r.sglang.drain_timeout_seconds,
         engine_wait_timeout_s=r.engine_wait_timeout_seconds,
+        max_consecutive_rejections=job.spec.algorithm.max_consecutive_rejections,
     )
 
 

@@ -30,6 +30,7 @@ class RolloutConfig:
     # re-probes workers outside the rotation at most every 8 s too, so a worker back is seen within it.
     engine_retry_max_s: float = 8.0
     engine_wait_timeout_s: float = 300.0  # then EngineWaitTimeout (rollout.engineWaitTimeoutSeconds)
+    max_consecutive_rejections: int = 256  # then RewardCollapse (algorithm.maxConsecutiveRejections)
 
     def sampling(self) -> Sampling:
         """The sampling settings every segment of the round uses."""
@@ -118,6 +119,11 @@ class RoundStats:
         """The APRIL fork's off-policy ratio, for comparison with the paper."""
         total = self.tokens_generated + self.fork_off_policy_tokens
         return self.fork_off_policy_tokens / total if total else 0.0
+
+
+class RewardCollapse(RuntimeError):
+    """The group filter rejected `max_consecutive_rejections` groups in a row: every group scores alike
+    (a reward that is always 0, or always 1), so no batch can ever fill."""
 
 
 @dataclass

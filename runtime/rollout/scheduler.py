@@ -24,7 +24,14 @@ from rljob.runtime.engines.base import Engine, EngineError, InvalidRequestError
 from rljob.runtime.rollout.buffer import PartialBuffer
 from rljob.runtime.rollout.decisions import Harvest, Launch, Outcome, chunk_launches, classify, next_launch
 from rljob.runtime.rollout.engine_pool import EnginePool, EngineWaitTimeout, Recover, StaleEnginesError
-from rljob.runtime.rollout.round import RolloutConfig, RoundProgress, RoundResult, RoundState, RoundStats
+from rljob.runtime.rollout.round import (
+    RewardCollapse,
+    RolloutConfig,
+    RoundProgress,
+    RoundResult,
+    RoundState,
+    RoundStats,
+)
 from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
 from rljob.runtime.rollout.scoring import GroupFilter, GroupScorer, GroupScoring, ScoreFn
 from rljob.runtime.rollout.staleness import over_bound
@@ -89,6 +96,7 @@ class RolloutScheduler:
         sample (default: SingleTurnWorkflow)."""
         self.pool = EnginePool(engines, recover)
         self.scoring = GroupScoring(score=score, scorer=scorer, keep=group_filter)
+        self.rejections_in_a_row = 0  # groups the filter rejected since it last accepted one (any round)
         self.config = config
         self.strategy = strategy
         self.prompts = prompts
@@ -206,11 +214,24 @@ class RolloutScheduler:
         elif outcome is Outcome.FILTERED:
             stats.dropped_groups += 1
             stats.wasted_tokens += sum(s.response_length for s in group.samples)
+            self._count_rejection(group)
         elif outcome is Outcome.ACCEPTED:
+            self.rejections_in_a_row = 0
             state.accepted.append(group)
         else:
             stats.surplus_groups += 1
             state.cut.append(group)
+
+    def _count_rejection(self, group: Group) -> None:
+        """One more group rejected by the filter; past the bound the round stops instead of sampling for ever."""
+        self.rejections_in_a_row += 1
+        if self.rejections_in_a_row >= self.config.max_consecutive_rejections:
+            rewards = sorted({r for s in group.samples if (r := s.reward) is not None})
+            raise RewardCollapse(
+                f"the dynamic-sampling filter rejected {self.rejections_in_a_row} groups in a row (the last one's "
+                f"rewards: {rewards}): every group scores alike, so no batch can fill. Check the reward function "
+                "and the data's answers, or raise algorithm.maxConsecutiveRejections"
+            )
 
     def _end_round(self, state: RoundState) -> None:
         """Discard (strategies without partials) or buffer what is left; close the ledger."""

@@ -30,3 +30,8 @@ def use_shorter_is_better(doc: dict[str, Any], module_dir: Path | None = None) -
         return
     (module_dir / "length_reward.py").write_text(_MODULE)
     doc["spec"]["reward"] = {"type": "python", "function": "length_reward:score"}
+
+
+def always_zero(_inp: Any) -> float:
+    """A reward that never moves: every group scores alike (the reward-collapse fault)."""
+    return 0.0

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from rljob.api import parse_rljob
 from rljob.runtime.metrics import read_jsonl
 from rljob.runtime.runner import JobRunner, RunOptions, status_metrics
@@ -49,3 +51,25 @@ def _labels(registry) -> dict[str, str]:  # type: ignore[no-untyped-def]
     """The job labels every runtime sample carries (read from a sample, not assumed)."""
     sample = next(s for m in registry.collect() if m.name == "rljob_data_rows_skipped" for s in m.samples)
     return {k: v for k, v in sample.labels.items() if k != "reason"}
+
+
+def test_a_reward_that_is_always_zero_ends_the_job_with_reward_collapse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DAPO's filter rejects every group: the job stops past algorithm.maxConsecutiveRejections with exit
+    code 76 and a RewardCollapse termination message (the operator fails the job on it), not a round that
+    samples for ever."""
+    import yaml
+
+    from rljob.api.status import EXIT_REWARD_COLLAPSE
+    from rljob.runtime.cli import main
+
+    doc = job_doc(tiny_policy(tmp_path / "model"), tmp_path / "ckpt", steps=3, every=1)
+    doc["spec"]["algorithm"].update(name="dapo", maxConsecutiveRejections=12)
+    doc["spec"]["reward"] = {"type": "python", "function": "tests.helpers.rewards:always_zero"}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    message = tmp_path / "termination-log"
+    monkeypatch.setenv("RLJOB_TERMINATION_MESSAGE_PATH", str(message))
+    assert main(["run", str(job), "--no-live", "--output", str(tmp_path / "out")]) == EXIT_REWARD_COLLAPSE
+    assert message.read_text().startswith("RewardCollapse: the dynamic-sampling filter rejected 12 groups in a row")

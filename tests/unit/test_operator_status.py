@@ -201,6 +201,20 @@ def test_trainer_failure_restarts_group_until_backoff_limit() -> None:
     assert d2.status.phase == "Failed" and not d2.active and d2.status.completion_time == T0
 
 
+
+def test_a_reward_collapse_fails_the_job_at_once_without_spending_backoff_limit():
+    """The runtime's RewardCollapse termination message: a restart would sample the same rewards, so the
+    job fails on the first one, with the reason and the runtime's message, instead of restarting."""
+    message = "RewardCollapse: the dynamic-sampling filter rejected 256 groups in a row (the last one's rewards: [0.0])"
+    collapsed = pod_observation(_pod(phase="Failed", uid="t1", job_uid="job-1", state={
+        "terminated": {"exitCode": 76, "reason": "Error", "message": message}}))
+    d = _run(_spec(), _run(_spec(), RLJobStatus(), _obs()).status,
+             _obs(trainer_pods=[collapsed], job=TrainerJobObs(uid="job-1", replicas=1, ready=0)))
+    assert not d.restart_trainer and d.status.restarts.trainer == 0
+    assert d.status.phase == "Failed" and _cond(d.status, "Failed") == ("True", "RewardCollapse")
+    assert "rejected 256 groups in a row" in d.status.condition("Failed").message
+    assert [e.reason for e in d.events if e.type == "Warning"] == ["RewardCollapse"]
+
 def test_pods_of_an_old_trainer_job_are_history() -> None:
     status = _run(_spec(), RLJobStatus(), _obs()).status
     old = pod_observation(_pod(phase="Failed", uid="old-0", job_uid="job-0"))

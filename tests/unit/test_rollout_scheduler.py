@@ -235,6 +235,27 @@ async def test_dynamic_sampling_drops_uniform_groups(engine):
     assert result.stats.wasted_tokens == 0 or result.stats.dropped_groups > 0
 
 
+async def test_a_reward_that_is_always_zero_stops_the_round_with_reward_collapse(engine):
+    """Every group scores alike, so dynamic sampling rejects them all: past the bound the round raises
+    instead of sampling for ever, and says what to check."""
+    from rljob.runtime.rollout.round import RewardCollapse
+
+    scheduler = make_scheduler(AprilStrategy(over_sampling=2.0), [engine])
+    scheduler.scoring = replace(scheduler.scoring, score=lambda _s: 0.0, keep=dynamic_sampling_filter)
+    scheduler.config.max_consecutive_rejections = 10
+    with pytest.raises(RewardCollapse, match=r"rejected 10 groups in a row \(the last one's rewards: \[0.0\]\)"):
+        await scheduler.run_round(0)
+    assert scheduler.rejections_in_a_row == 10
+
+
+async def test_an_accepted_group_resets_the_rejection_count(engine):
+    scheduler = make_scheduler(AprilStrategy(over_sampling=2.0), [engine])
+    scheduler.scoring = replace(scheduler.scoring, keep=dynamic_sampling_filter)
+    scheduler.rejections_in_a_row = 5  # as if earlier rounds had rejected five
+    await scheduler.run_round(0)
+    assert scheduler.rejections_in_a_row < 5
+
+
 async def test_unservable_request_fails_fast_instead_of_retrying(engine):
     import asyncio
 

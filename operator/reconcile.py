@@ -26,7 +26,8 @@ from rljob.operator.builders.inference import effective_pools, pool_workload_nam
 from rljob.operator.builders.meta import LABEL_JOB, LABEL_POOL, LABEL_ROLE, ROLE_INFERENCE, ROLE_TRAINER, selector_string
 from rljob.operator.builders.router import router_name
 from rljob.operator.builders.trainer import ANNOTATION_TEMPLATE_HASH, trainer_name
-from rljob.common.kube import Kube, KubeError
+from rljob.common.kube import Kube, KubeError, NotOwned, check_controlled_by
+from rljob.operator.builders.engine_key import engine_key_secret, engine_key_secret_name, new_engine_key
 from rljob.operator.keyed_locks import KeyedLocks
 from rljob.operator.status_queue import SeenPod, seen_under
 from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
@@ -58,12 +59,14 @@ class InvalidSpec(ValueError):
 
 
 class ChildApplyError(KubeError):
-    """The API server refused a child object; the message names the object and carries the server's reason."""
+    """The API server refused a child object, or an object of its name belongs to someone else (NotOwned);
+    the message names the object and carries the reason."""
 
     def __init__(self, what: str, err: KubeError) -> None:
         message = err.body.get("message", err.body) if isinstance(err.body, dict) else err.body
         super().__init__(err.status, {"message": f"{what}: {message}"})
         self.what = what
+        self.reason = "NotOwned" if isinstance(err, NotOwned) else "ApplyFailed"
 
 
 class ChildrenNotApplied(RuntimeError):
@@ -129,13 +132,37 @@ def _status(body: dict[str, Any]) -> RLJobStatus:
 
 
 def _apply_one(kube: Kube, body: dict[str, Any], child: dict[str, Any]) -> tuple[str, str]:
-    """Apply one child (the trainer Job through its recreate rule): (what, created/configured/unchanged/waiting)."""
+    """Apply one child (the trainer Job through its recreate rule): (what, created/configured/unchanged/waiting).
+
+    An existing object of the child's name that this RLJob does not control is never applied over
+    (NotOwned): a forced apply would adopt it, and deleting the RLJob would then delete it."""
     what = f"{child['kind']} {child['metadata']['name']}"
+    uid = body["metadata"]["uid"]
     try:
-        result = _apply_trainer_job(kube, body, child) if child["kind"] == "Job" else kube.apply(child)
+        result = _apply_trainer_job(kube, body, child) if child["kind"] == "Job" else kube.apply(child, owner_uid=uid)
     except KubeError as err:
         raise ChildApplyError(what, err) from None
     return what, result
+
+
+def ensure_engine_key(kube: Kube, body: dict[str, Any]) -> str:
+    """Create the job's engine-key Secret with a fresh random key unless it exists: "created" or "unchanged".
+
+    It is created once and never updated (a new key would lock the running pods out of each other);
+    an existing Secret of its name that this RLJob does not control is refused (NotOwned). Raises
+    ChildApplyError naming it."""
+    job = JobRef.from_body(body)
+    name = engine_key_secret_name(job)
+    what = f"Secret {name}"
+    try:
+        current = kube.get("v1", "Secret", job.namespace, name)
+        check_controlled_by(current, job.uid)
+        if current is not None:
+            return "unchanged"
+        kube.create(engine_key_secret(job, new_engine_key()))
+    except KubeError as err:
+        raise ChildApplyError(what, err) from None
+    return "created"
 
 
 def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool) -> list[str]:
@@ -152,6 +179,7 @@ def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bo
     waves = [[c for c in children if c["kind"] not in _WORKLOAD_KINDS], [c for c in children if c["kind"] in _WORKLOAD_KINDS]]
     changed: dict[str, list[str]] = {}
     try:
+        changed.setdefault(ensure_engine_key(kube, body), []).append(f"Secret {engine_key_secret_name(job)}")
         with ThreadPoolExecutor(max_workers=APPLY_CONCURRENCY, thread_name_prefix="apply") as pool:
             for wave in waves:
                 for done in [pool.submit(_apply_one, kube, body, child) for child in wave]:
@@ -177,8 +205,8 @@ def apply_result(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool
     try:
         waiting = apply_children(kube, body, spec, active)
     except ChildApplyError as err:
-        kube.post_event(body, "Warning", "ApplyFailed", str(err))
-        return ApplyResult(generation, error=str(err))
+        kube.post_event(body, "Warning", err.reason, str(err))
+        return ApplyResult(generation, error=str(err), reason=err.reason)
     return ApplyResult(generation, waiting=tuple(waiting))
 
 
@@ -196,6 +224,7 @@ def _apply_trainer_job(kube: Kube, body: dict[str, Any], desired: dict[str, Any]
     meta = desired["metadata"]
     existing = kube.get("batch/v1", "Job", meta["namespace"], meta["name"])
     if existing is not None:
+        check_controlled_by(existing, body["metadata"]["uid"])  # never delete (recreate) someone else's Job
         if existing["metadata"].get("deletionTimestamp"):
             return "waiting"  # the old group is still stopping; its deletion event brings us back
         have = (existing["metadata"].get("annotations") or {}).get(ANNOTATION_TEMPLATE_HASH)
@@ -206,7 +235,7 @@ def _apply_trainer_job(kube: Kube, body: dict[str, Any], desired: dict[str, Any]
                 f"Job {meta['name']}: pod template changed; recreating the whole trainer group",
             )
             return "waiting"
-    return kube.apply(desired)
+    return kube.apply(desired, owner_uid=body["metadata"]["uid"])
 
 
 def _workload(obj: dict[str, Any] | None) -> WorkloadObs | None:

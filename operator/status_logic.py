@@ -86,6 +86,7 @@ class ApplyResult:
     generation: int
     error: str | None = None
     waiting: tuple[str, ...] = ()
+    reason: str = "ApplyFailed"  # the condition's reason with an error: ApplyFailed, or NotOwned (an object not ours)
 
 
 @dataclass(frozen=True)
@@ -515,7 +516,7 @@ def compute_status(
     if applied is None:
         conds.keep("ChildrenApplied")
     elif applied.error is not None:
-        conds.set("ChildrenApplied", False, "ApplyFailed", applied.error)
+        conds.set("ChildrenApplied", False, applied.reason, applied.error)
     elif applied.waiting:
         conds.set("ChildrenApplied", False, "Recreating", f"waiting for the old {', '.join(applied.waiting)} to go")
     else:

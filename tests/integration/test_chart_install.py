@@ -361,7 +361,7 @@ def test_rendered_chart_passes_server_side_dry_run(kube_cluster: KubeCluster, he
     variants = {
         "defaults": [],
         "monitoring": ["-f", str(CHART / "ci/monitoring-values.yaml"), "--set", f"dashboard.namespace={namespace}"],
-        "namespaced": ["--set", f"operator.watchNamespaces={{{namespace}}}", "--set", "rbac.readSecrets=true"],
+        "namespaced": ["--set", f"operator.watchNamespaces={{{namespace}}}"],
         "minimal": ["-f", str(CHART / "ci/minimal-values.yaml")],
     }
     for variant, extra in variants.items():
@@ -515,7 +515,6 @@ def test_upgrade_with_changed_values_and_a_refused_bad_value(kube_cluster: KubeC
     values = tmp_path / "values.yaml"
     changed = copy.deepcopy(INSTALL_VALUES)
     changed["operator"] = {"resyncSeconds": 30}
-    changed["rbac"] = {"readSecrets": True}
     changed["prometheusRule"]["thresholds"]["truncationRate"] = 0.5
     values.write_text(yaml.safe_dump(changed))
     release.run("upgrade", release.name, str(CHART), "-f", str(values), "--wait", "--timeout", "3m")
@@ -525,7 +524,7 @@ def test_upgrade_with_changed_values_and_a_refused_bad_value(kube_cluster: KubeC
     assert "--leader-elect" in deployment.spec.template.spec.containers[0].args
     assert deployment.spec.strategy.type == "RollingUpdate"
     role = k8s.RbacAuthorizationV1Api(kube_cluster.api).read_cluster_role(release.fullname)
-    assert any("secrets" in r.resources and r.verbs == ["get"] for r in role.rules)
+    assert any("secrets" in r.resources and r.verbs == ["get", "create"] for r in role.rules)
     rule = custom(kube_cluster).get_namespaced_custom_object(
         "monitoring.coreos.com", "v1", release.namespace, "prometheusrules", f"{release.fullname}-alerts")
     assert any("> 0.5" in r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])

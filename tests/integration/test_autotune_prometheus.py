@@ -94,9 +94,11 @@ async def test_client_reads_observation_and_types_failures(
 
 
 async def test_tick_tunes_backs_off_while_prometheus_is_down_and_resumes(
-    prometheus_factory: PrometheusFactory, runtime_metrics: tuple[RuntimeMetrics, str]
+    prometheus_factory: PrometheusFactory, runtime_metrics: tuple[RuntimeMetrics, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     metrics, target = runtime_metrics
+    # The job names this Prometheus itself: it must be on the operator's allow-list (credentials.py).
+    monkeypatch.setenv("RLJOB_PROMETHEUS_ALLOWED_ADDRESSES", "http://127.0.0.1:*")
     metrics.record(step(1, 0.7, 8))
     prom = prometheus_factory([target], scrape_interval="1s")
     prom.wait_for_targets_up()

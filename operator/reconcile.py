@@ -30,6 +30,7 @@ from rljob.common.kube import Kube, KubeError, NotOwned, check_controlled_by
 from rljob.operator.builders.engine_key import engine_key_secret, engine_key_secret_name, new_engine_key
 from rljob.operator.keyed_locks import KeyedLocks
 from rljob.operator.status_queue import SeenPod, seen_under
+from rljob.operator.volume_policy import allowed_volume_types, refused_volume
 from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
 from rljob.operator.status_logic import (
     ApplyResult,
@@ -200,8 +201,13 @@ def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bo
 
 
 def apply_result(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool) -> ApplyResult:
-    """apply_children as a result for the status: what is still waiting, or the API server's refusal."""
+    """apply_children as a result for the status: what is still waiting, the API server's refusal, or the
+    operator's own (a pass-through volume type it does not allow: nothing is applied)."""
     generation = int(body["metadata"].get("generation") or 0)
+    refused = refused_volume(spec, allowed_volume_types())
+    if refused is not None:
+        kube.post_event(body, "Warning", "VolumeNotAllowed", refused)
+        return ApplyResult(generation, error=refused, reason="VolumeNotAllowed")
     try:
         waiting = apply_children(kube, body, spec, active)
     except ChildApplyError as err:

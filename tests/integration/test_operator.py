@@ -588,6 +588,26 @@ def test_an_existing_object_of_a_child_name_is_never_adopted(
     assert not children(kube_cluster, namespace, "other"), "nothing is applied before the key exists"
 
 
+def test_a_pass_through_volume_off_the_allow_list_is_refused_naming_the_field(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess,
+) -> None:
+    """hostPath is off unless the chart allows it (the operator runs without RLJOB_ALLOWED_VOLUME_TYPES
+    here: the restricted default): nothing of the job is applied, and the condition and the Event say
+    which volume and why."""
+    doc = rljob("hosty", pods={"volumes": [{"name": "scratch", "emptyDir": {}}, {"name": "root", "hostPath": {"path": "/"}}],
+                                "volumeMounts": [{"name": "root", "mountPath": "/host"}]})
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, doc)
+
+    def refused() -> dict[str, Any] | None:
+        cond = condition(get(api, namespace, "hosty"), "ChildrenApplied")
+        return cond if cond and cond["status"] == "False" and cond["reason"] == "VolumeNotAllowed" else None
+
+    cond = wait_for(refused, "ChildrenApplied=False VolumeNotAllowed", timeout=120)
+    assert cond["message"].startswith("spec.pods.volumes[1] (root): hostPath"), cond["message"]
+    wait_events(kube_cluster, namespace, "hosty", "VolumeNotAllowed")
+    assert not children(kube_cluster, namespace, "hosty")
+
+
 def test_status_writers_never_clobber_each_other(
     kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any,
 ) -> None:

@@ -228,6 +228,11 @@ def test_operator_settings_reach_the_container(helm: Path) -> None:
     env = {e["name"]: e.get("value") for e in find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["RLJOB_PROMETHEUS_ADDRESS"] == "http://prometheus-operated.monitoring:9090"
     assert "RLJOB_PROMETHEUS_ALLOWED_ADDRESSES" not in env, "no job-chosen Prometheus unless the chart lists it"
+    volume_types = env["RLJOB_ALLOWED_VOLUME_TYPES"].split(",")
+    assert "hostPath" not in volume_types and "emptyDir" in volume_types, "hostPath only when the chart allows it"
+    host = render(helm, sets=["jobPods.allowHostPath=true"])
+    env_host = {e["name"]: e.get("value") for e in find(host, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env_host["RLJOB_ALLOWED_VOLUME_TYPES"].split(",")[-1] == "hostPath"
     allowed = render(helm, sets=["autotune.prometheus.allowedAddresses={http://thanos.monitoring:9090,https://prom.example.com/p}"])
     env = {e["name"]: e.get("value") for e in find(allowed, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["RLJOB_PROMETHEUS_ALLOWED_ADDRESSES"] == "http://thanos.monitoring:9090,https://prom.example.com/p"

@@ -928,7 +928,6 @@ class AutotunePrometheusSpec(ApiModel):
         "rljob_namespace=<namespace>.",
     )
 
-
     @field_validator("address")
     @classmethod
     def _safe_address(cls, url: str | None) -> str | None:

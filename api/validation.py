@@ -10,6 +10,7 @@ bounds the part it can and `maxLength` the whole.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from pydantic import Field, StringConstraints
@@ -108,8 +109,6 @@ def credential_target_problem(url: str) -> str | None:
 
     Checked at admission (pydantic here, the same pattern as a CEL rule in the CRD) for every URL a job
     names that the operator itself calls."""
-    import re
-
     if "#" in url:
         return FRAGMENT_MESSAGE
     if re.match(FORBIDDEN_HOST_PATTERN, url):

@@ -129,22 +129,24 @@ def test_cpu_pool_pods_pass_their_probes_and_serve(real_cluster: RealCluster, re
     assert len(urls) == 2 and all(".pods-infer-cpu." in u for u in urls), urls
     for url in urls:
         body = json.dumps({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}})
-        # Without the job's engine key the server refuses the call (401), as SGLang does.
-        unkeyed = (
-            "import sys,urllib.request as u,urllib.error as e\n"
-            f"try: u.urlopen(u.Request({url + '/generate'!r},data=sys.argv[1].encode(),"
-            "headers={'Content-Type':'application/json'}),timeout=60)\n"
-            "except e.HTTPError as x: print(x.code)"
-        )
-        refused = rc.cluster.kubectl("exec", "-n", ns, "pods-infer-cpu-0", "--", "python", "-c", unkeyed, body).stdout
-        assert refused.strip() == "401", refused
+        # One call with the job's engine key (the pod's RLJOB_ENGINE_API_KEY), one without: prints the status
+        # code, then the reply.
         script = (
-            "import json,os,sys,urllib.request as u;"
-            f"r=u.urlopen(u.Request({url + '/generate'!r},data=sys.argv[1].encode(),"
-            "headers={'Content-Type':'application/json','Authorization':'Bearer '+os.environ['RLJOB_ENGINE_API_KEY']}),"
-            "timeout=60);print(r.read().decode())"
+            "import os,sys,urllib.request as u,urllib.error as e\n"
+            "h={'Content-Type':'application/json'}\n"
+            "if sys.argv[2]=='key': h['Authorization']='Bearer '+os.environ['RLJOB_ENGINE_API_KEY']\n"
+            f"try: r=u.urlopen(u.Request({url + '/generate'!r},data=sys.argv[1].encode(),headers=h),timeout=60)\n"
+            "except e.HTTPError as x: print(x.code)\n"
+            "else: print(r.status); print(r.read().decode())"
         )
-        out = rc.cluster.kubectl("exec", "-n", ns, "pods-infer-cpu-0", "--", "python", "-c", script, body).stdout
+
+        def generate(auth: str) -> list[str]:
+            return rc.cluster.kubectl("exec", "-n", ns, "pods-infer-cpu-0", "--", "python", "-c", script, body,
+                                      auth).stdout.splitlines()
+
+        assert generate("none") == ["401"], "without the key the server refuses the call, as SGLang does"
+        status, out = generate("key")
+        assert status == "200", status
         reply = json.loads(out)
         assert len(reply["output_ids"]) == 4, reply
         assert all(0 <= t < 128 for t in reply["output_ids"])

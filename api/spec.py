@@ -11,7 +11,7 @@ import re
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from rljob.api import knob_limits as limits
@@ -26,6 +26,9 @@ from rljob.api.validation import (
     DNS1123Label,
     DNS1123Subdomain,
     EnvVarName,
+    FORBIDDEN_HOST_PATTERN,
+    FRAGMENT_MESSAGE,
+    FORBIDDEN_HOST_MESSAGE,
     FilePath,
     HttpUrl,
     ImageRef,
@@ -35,6 +38,7 @@ from rljob.api.validation import (
     ResourceName,
     Text,
     cel_has,
+    credential_target_problem,
     immutable_optional,
     label_map,
     rule,
@@ -62,11 +66,12 @@ HF_ID_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?(/[A-Za-z0-9]([A-Za-z
 HubId = Annotated[str, StringConstraints(pattern=HF_ID_PATTERN, max_length=256)]
 # Algorithms whose advantage is normalised within a prompt group: one sample per group has none.
 GROUP_NORMALISED_ALGORITHMS = ("grpo", "dapo")
-# SGLang server flags the operator sets itself (model, parallelism, address, metrics): a second
-# copy in extraArgs would silently override or contradict them.
+# SGLang server flags the operator sets itself (model, parallelism, address, metrics, the job's engine
+# key): a second copy in extraArgs would silently override or contradict them. An admin key would make
+# SGLang refuse the job's key on the weight-update endpoints (0.5.23 sglang/srt/utils/auth.py).
 OPERATOR_OWNED_SGLANG_FLAGS = (
     "--model-path", "--model", "--revision", "--tp", "--tp-size", "--tensor-parallel-size",
-    "--host", "--port", "--enable-metrics",
+    "--host", "--port", "--enable-metrics", "--api-key", "--admin-api-key",
 )
 # Flags are letters and dashes only: the same text is a Python and a CEL (RE2) pattern.
 _OWNED_FLAG_RE = "^(" + "|".join(OPERATOR_OWNED_SGLANG_FLAGS) + ")(=.*)?$"
@@ -923,7 +928,13 @@ class AutotunePrometheusSpec(ApiModel):
     address: HttpUrl | None = Field(
         default=None,
         description="Prometheus base URL, e.g. http://prometheus.monitoring:9090. Unset: the operator's "
-        "default (chart value autotune.prometheus.address, env RLJOB_PROMETHEUS_ADDRESS).",
+        "default (chart value autotune.prometheus.address, env RLJOB_PROMETHEUS_ADDRESS). Another address must "
+        "be on the chart's allow-list (autotune.prometheus.allowedAddresses) and gets only this job's own token "
+        "(bearerTokenSecretRef), never the chart's; link-local and cloud-metadata addresses and #fragments are refused.",
+        json_schema_extra=cel(
+            "!self.contains('#')", f"address {FRAGMENT_MESSAGE}",
+            f"!self.matches(r'{FORBIDDEN_HOST_PATTERN}')", f"address {FORBIDDEN_HOST_MESSAGE}",
+        ),
     )
     bearer_token_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret key holding a bearer token sent as Authorization: Bearer."
@@ -945,6 +956,14 @@ class AutotunePrometheusSpec(ApiModel):
         if any(label in labels for label in RESERVED_SELECTOR_LABELS):
             raise ValueError(_RESERVED_LABELS)
         return labels
+
+    @field_validator("address")
+    @classmethod
+    def _safe_address(cls, url: str | None) -> str | None:
+        problem = credential_target_problem(url) if url is not None else None
+        if problem:
+            raise ValueError(f"address {problem}")
+        return url
 
 
 class KnobBounds(ApiModel):
@@ -1105,6 +1124,8 @@ class VolumeMount(ApiModel):
 
 MAX_ID = 2**31 - 1  # Kubernetes' bound on uids and gids (int64 in the API, 32-bit signed on Linux)
 _ROOT_UID = "runAsUser 0 is root: every child pod runs with runAsNonRoot: true; choose a uid of 1 or more"
+# Group 0 owns root's files (/etc/shadow on many images, host paths): a pod in it reads and writes them.
+_ROOT_GID = "{field} 0 is the root group: it grants root's group access to files and volumes; choose a gid of 1 or more"
 
 
 class PodSecuritySpec(ApiModel):
@@ -1114,7 +1135,11 @@ class PodSecuritySpec(ApiModel):
 
     model_config = ConfigDict(
         json_schema_extra={
-            "x-kubernetes-validations": [rule("!has(self.runAsUser) || self.runAsUser != 0", _ROOT_UID, ".runAsUser")]
+            "x-kubernetes-validations": [
+                rule("!has(self.runAsUser) || self.runAsUser != 0", _ROOT_UID, ".runAsUser"),
+                rule("!has(self.runAsGroup) || self.runAsGroup != 0", _ROOT_GID.format(field="runAsGroup"), ".runAsGroup"),
+                rule("!has(self.fsGroup) || self.fsGroup != 0", _ROOT_GID.format(field="fsGroup"), ".fsGroup"),
+            ]
         }
     )
 
@@ -1134,6 +1159,13 @@ class PodSecuritySpec(ApiModel):
         if uid == 0:
             raise ValueError(_ROOT_UID)
         return uid
+
+    @field_validator("run_as_group", "fs_group")
+    @classmethod
+    def _not_root_group(cls, gid: int | None, info: ValidationInfo) -> int | None:
+        if gid == 0:
+            raise ValueError(_ROOT_GID.format(field=to_camel(info.field_name or "")))
+        return gid
 
 
 class PodPolicySpec(ApiModel):

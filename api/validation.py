@@ -10,6 +10,7 @@ bounds the part it can and `maxLength` the whole.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from pydantic import Field, StringConstraints
@@ -86,6 +87,33 @@ EnvVarName = Annotated[str, _string(ENV_VAR_NAME_PATTERN, ENV_VAR_NAME_MAX, 1)]
 Quantity = Annotated[str, _string(QUANTITY_PATTERN, QUANTITY_MAX, 1)]
 ImageRef = Annotated[str, _string(IMAGE_PATTERN, IMAGE_MAX, 1)]
 HttpUrl = Annotated[str, _string(HTTP_URL_PATTERN, URL_MAX, 1)]
+
+# Addresses the operator must never send a request (and a credential) to, whatever a job names: the
+# link-local ranges (169.254.0.0/16, fe80::/10), where clouds serve instance metadata and credentials,
+# and the metadata services' other names and addresses (GCP's metadata.google.internal, AWS's IPv6
+# fd00:ec2::254, Alibaba's 100.100.100.200). A host that is a bare number or hex (http://2852039166/ is
+# 169.254.169.254 to getaddrinfo) is refused too. One RE2 pattern serves CEL and Python.
+FORBIDDEN_HOST_PATTERN = (
+    r"^https?://(169\.254\.[0-9.]*|\[[fF][eE][89aAbB][0-9A-Fa-f]:[0-9A-Fa-f:.]*\]|\[[fF][dD]00:[eE][cC]2::254\]"
+    r"|100\.100\.100\.200|metadata|metadata\.google\.internal\.?|[0-9]+|0[xX][0-9A-Fa-fxX.]+|0[0-9]+\.[0-9.]*|[0-9.]*\.0[0-9]+[0-9.]*)(:[0-9]*)?([/?#].*)?$"
+)
+FORBIDDEN_HOST_MESSAGE = (
+    "must not be a link-local or cloud-metadata address (169.254.0.0/16, fe80::/10, metadata.google.internal, "
+    "fd00:ec2::254, 100.100.100.200, numeric host forms): the operator would send its request, and a token, there"
+)
+FRAGMENT_MESSAGE = "must not have a #fragment (it is never sent, and hides what the URL really reaches)"
+
+
+def credential_target_problem(url: str) -> str | None:
+    """Why the operator must not send a request with credentials to ``url`` (None: it may).
+
+    Checked at admission (pydantic here, the same pattern as a CEL rule in the CRD) for every URL a job
+    names that the operator itself calls."""
+    if "#" in url:
+        return FRAGMENT_MESSAGE
+    if re.match(FORBIDDEN_HOST_PATTERN, url):
+        return FORBIDDEN_HOST_MESSAGE
+    return None
 # An extended resource name such as nvidia.com/gpu: a qualified name whose prefix is a domain.
 ResourceName = Annotated[str, _string(rf"^{_LABEL}(\.{_LABEL})+/{_QUALIFIED_NAME}$", LABEL_KEY_MAX, 1)]
 FilePath = Annotated[str, _string(None, PATH_MAX, 1)]

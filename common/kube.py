@@ -36,6 +36,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("v1", "Pod"): "pods",
     ("v1", "Event"): "events",
+    ("v1", "Secret"): "secrets",
     ("apps/v1", "StatefulSet"): "statefulsets",
     ("apps/v1", "Deployment"): "deployments",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
@@ -55,6 +56,38 @@ class KubeError(RuntimeError):
         self.body = body
         message = body.get("message", body) if isinstance(body, dict) else body
         super().__init__(f"HTTP {status}: {message}")
+
+
+class NotOwned(KubeError):
+    """An object of a child's name exists and is not controlled by the owner the caller applies for.
+
+    Server-side apply with force would take it over (and deleting the owner would then garbage-collect
+    it), so the caller refuses instead; the message names the object and its actual controller."""
+
+    def __init__(self, obj: dict[str, Any], owner_uid: str) -> None:
+        meta = obj.get("metadata") or {}
+        controller = controller_of(obj)
+        by = f"{controller['kind']} {controller['name']} (uid {controller['uid']})" if controller else "nothing"
+        super().__init__(409, {
+            "reason": "NotOwned",
+            "message": f"{obj.get('kind', 'object')} {meta.get('name')} already exists and is controlled by {by}, "
+                       f"not by uid {owner_uid}; it is left as it is (rename or delete it to let the job proceed)",
+        })
+
+
+def controller_of(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The object's controller owner reference, if any."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((r for r in refs if r.get("controller")), None)
+
+
+def check_controlled_by(obj: dict[str, Any] | None, owner_uid: str) -> None:
+    """Raise NotOwned unless ``obj`` is absent or controlled by ``owner_uid``."""
+    if obj is None:
+        return
+    controller = controller_of(obj)
+    if controller is None or controller.get("uid") != owner_uid:
+        raise NotOwned(obj, owner_uid)
 
 
 def selector_string(selector: dict[str, str]) -> str:
@@ -131,17 +164,22 @@ class Kube:
             raise KubeError(response.status, decoded)
         return decoded if isinstance(decoded, dict) else {}
 
-    def apply(self, obj: dict[str, Any]) -> str:
+    def apply(self, obj: dict[str, Any], owner_uid: str | None = None) -> str:
         """Server-side apply one object as the operator's field manager.
 
-        Returns "created", "configured" or "unchanged" (the resourceVersion did not move).
+        Returns "created", "configured" or "unchanged" (the resourceVersion did not move). With
+        ``owner_uid``, an existing object not controlled by that owner is never touched: NotOwned.
         """
-        return self.apply_object(obj)[0]
+        return self.apply_object(obj, owner_uid)[0]
 
-    def apply_object(self, obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    def apply_object(self, obj: dict[str, Any], owner_uid: str | None = None) -> tuple[str, dict[str, Any]]:
         """`apply`, also returning the object as the API server stored it."""
         meta = obj["metadata"]
         current = self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        if owner_uid is not None:
+            if current is None:  # a read cache holds only the owner's children: ask the API server itself
+                current = Kube.get(self, obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+            check_controlled_by(current, owner_uid)
         before = current["metadata"]["resourceVersion"] if current is not None else None
         stored = self.request(
             "PATCH",
@@ -153,6 +191,13 @@ class Kube:
         if before is None:
             return "created", stored
         return ("unchanged" if before == stored["metadata"]["resourceVersion"] else "configured"), stored
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create one object (POST); KubeError 409 when one of its name exists. For objects never updated
+        afterwards (the engine-key Secret), so the operator needs no patch on them."""
+        meta = obj["metadata"]
+        return self.request("POST", collection_path(obj["apiVersion"], obj["kind"], meta["namespace"]), body=obj,
+                            query={"fieldManager": self.field_manager})
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """One object, or None when it does not exist."""

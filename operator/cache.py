@@ -271,11 +271,11 @@ class CachedKube(Kube):
             self.cache.upsert(api_version, kind, copy.deepcopy(fresh))
         return fresh
 
-    def apply_object(self, obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    def apply_object(self, obj: dict[str, Any], owner_uid: str | None = None) -> tuple[str, dict[str, Any]]:
         key = (obj["apiVersion"], obj["kind"])
         meta = obj["metadata"]
         try:
-            result, stored = super().apply_object(obj)
+            result, stored = super().apply_object(obj, owner_uid)
         except KubeError:
             if key in CACHED_KINDS:
                 self.cache.remove(*key, meta["namespace"], meta["name"])

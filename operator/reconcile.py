@@ -26,11 +26,13 @@ from rljob.operator.builders.inference import effective_pools, pool_workload_nam
 from rljob.operator.builders.meta import LABEL_JOB, LABEL_POOL, LABEL_ROLE, ROLE_INFERENCE, ROLE_TRAINER, selector_string
 from rljob.operator.builders.router import router_name
 from rljob.operator.builders.trainer import ANNOTATION_TEMPLATE_HASH, trainer_name
-from rljob.common.kube import Kube, KubeError
+from rljob.common.kube import Kube, KubeError, NotOwned, check_controlled_by
 from rljob.operator.apply_retry import ApplyRetries, Backoff, Failures
+from rljob.operator.builders.engine_key import engine_key_secret, engine_key_secret_name, new_engine_key
 from rljob.operator.keyed_locks import KeyedLocks
 from rljob.operator.node_loss import OUT_OF_SERVICE_TAINT, NodeObs, TerminatingPod, node_observation, overdue, terminating_pod
 from rljob.operator.status_queue import SeenPod, seen_under
+from rljob.operator.volume_policy import allowed_volume_types, refused_volume
 from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
 from rljob.operator.status_logic import (
     ApplyResult,
@@ -64,12 +66,14 @@ class InvalidSpec(ValueError):
 
 
 class ChildApplyError(KubeError):
-    """The API server refused a child object; the message names the object and carries the server's reason."""
+    """The API server refused a child object, or an object of its name belongs to someone else (NotOwned);
+    the message names the object and carries the reason."""
 
     def __init__(self, what: str, err: KubeError) -> None:
         message = err.body.get("message", err.body) if isinstance(err.body, dict) else err.body
         super().__init__(err.status, {"message": f"{what}: {message}"})
         self.what = what
+        self.reason = "NotOwned" if isinstance(err, NotOwned) else "ApplyFailed"
 
 
 class ChildrenNotApplied(RuntimeError):
@@ -135,13 +139,37 @@ def _status(body: dict[str, Any]) -> RLJobStatus:
 
 
 def _apply_one(kube: Kube, body: dict[str, Any], child: dict[str, Any]) -> tuple[str, str]:
-    """Apply one child (the trainer Job through its recreate rule): (what, created/configured/unchanged/waiting)."""
+    """Apply one child (the trainer Job through its recreate rule): (what, created/configured/unchanged/waiting).
+
+    An existing object of the child's name that this RLJob does not control is never applied over
+    (NotOwned): a forced apply would adopt it, and deleting the RLJob would then delete it."""
     what = f"{child['kind']} {child['metadata']['name']}"
+    uid = body["metadata"]["uid"]
     try:
-        result = _apply_trainer_job(kube, body, child) if child["kind"] == "Job" else kube.apply(child)
+        result = _apply_trainer_job(kube, body, child) if child["kind"] == "Job" else kube.apply(child, owner_uid=uid)
     except KubeError as err:
         raise ChildApplyError(what, err) from None
     return what, result
+
+
+def ensure_engine_key(kube: Kube, body: dict[str, Any]) -> str:
+    """Create the job's engine-key Secret with a fresh random key unless it exists: "created" or "unchanged".
+
+    It is created once and never updated (a new key would lock the running pods out of each other);
+    an existing Secret of its name that this RLJob does not control is refused (NotOwned). Raises
+    ChildApplyError naming it."""
+    job = JobRef.from_body(body)
+    name = engine_key_secret_name(job)
+    what = f"Secret {name}"
+    try:
+        current = kube.get("v1", "Secret", job.namespace, name)
+        check_controlled_by(current, job.uid)
+        if current is not None:
+            return "unchanged"
+        kube.create(engine_key_secret(job, new_engine_key()))
+    except KubeError as err:
+        raise ChildApplyError(what, err) from None
+    return "created"
 
 
 def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool, hold_trainer: bool = False) -> list[str]:
@@ -161,6 +189,7 @@ def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bo
     waves = [[c for c in children if c["kind"] not in _WORKLOAD_KINDS], [c for c in children if c["kind"] in _WORKLOAD_KINDS]]
     changed: dict[str, list[str]] = {}
     try:
+        changed.setdefault(ensure_engine_key(kube, body), []).append(f"Secret {engine_key_secret_name(job)}")
         with ThreadPoolExecutor(max_workers=APPLY_CONCURRENCY, thread_name_prefix="apply") as pool:
             for wave in waves:
                 for done in [pool.submit(_apply_one, kube, body, child) for child in wave]:
@@ -191,21 +220,26 @@ def _prune(kube: Kube, body: dict[str, Any], kind: tuple[str, str], selector: st
 def apply_result(
     kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bool, retried: Failures | None = None
 ) -> ApplyResult:
-    """apply_children as a result for the status: what is still waiting, or the API server's refusal.
+    """apply_children as a result for the status: what is still waiting, the API server's refusal, or the
+    operator's own (a pass-through volume type it does not allow: nothing is applied).
 
     `retried` are the consecutive failed attempts before this one (operator/apply_retry.py's count):
     the result's condition names them, and an apply that goes through after them posts an
     `AppliedAfterRetries` Event saying how many and for how long.
     """
     generation = int(body["metadata"].get("generation") or 0)
+    refused = refused_volume(spec, allowed_volume_types())
+    if refused is not None:
+        kube.post_event(body, "Warning", "VolumeNotAllowed", refused)
+        return ApplyResult(generation, error=refused, reason="VolumeNotAllowed")
     attempt = 1 + (retried.count if retried else 0)
     summary = retried.summary(time.monotonic()) if retried else ""
     try:
         held = trainer_start_held(_status(body).restarts, utcnow())
         waiting = apply_children(kube, body, spec, active, hold_trainer=held)
     except ChildApplyError as err:
-        kube.post_event(body, "Warning", "ApplyFailed", f"{err} (attempt {attempt})")
-        return ApplyResult(generation, error=str(err), attempt=attempt, retried=summary)
+        kube.post_event(body, "Warning", err.reason, f"{err} (attempt {attempt})")
+        return ApplyResult(generation, error=str(err), reason=err.reason, attempt=attempt, retried=summary)
     if retried:
         kube.post_event(body, "Normal", "AppliedAfterRetries", f"children of generation {generation} applied after {summary}")
     return ApplyResult(generation, waiting=tuple(waiting), attempt=attempt, retried=summary)
@@ -225,6 +259,7 @@ def _apply_trainer_job(kube: Kube, body: dict[str, Any], desired: dict[str, Any]
     meta = desired["metadata"]
     existing = kube.get("batch/v1", "Job", meta["namespace"], meta["name"])
     if existing is not None:
+        check_controlled_by(existing, body["metadata"]["uid"])  # never delete (recreate) someone else's Job
         if existing["metadata"].get("deletionTimestamp"):
             return "waiting"  # the old group is still stopping; its deletion event brings us back
         have = (existing["metadata"].get("annotations") or {}).get(ANNOTATION_TEMPLATE_HASH)
@@ -235,7 +270,7 @@ def _apply_trainer_job(kube: Kube, body: dict[str, Any], desired: dict[str, Any]
                 f"Job {meta['name']}: pod template changed; recreating the whole trainer group",
             )
             return "waiting"
-    return kube.apply(desired)
+    return kube.apply(desired, owner_uid=body["metadata"]["uid"])
 
 
 def _workload(obj: dict[str, Any] | None) -> WorkloadObs | None:

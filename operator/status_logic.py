@@ -93,6 +93,7 @@ class ApplyResult:
     # Which consecutive attempt this was, and what the failed ones before it were (apply_retry.Failures.summary).
     attempt: int = 1
     retried: str = ""
+    reason: str = "ApplyFailed"  # the condition's reason with an error: ApplyFailed, or NotOwned (an object not ours)
 
 
 @dataclass(frozen=True)
@@ -547,7 +548,7 @@ def compute_status(
         conds.keep("ChildrenApplied")
     elif applied.error is not None:
         conds.set(
-            "ChildrenApplied", False, "ApplyFailed",
+            "ChildrenApplied", False, applied.reason,
             f"{applied.error} (attempt {applied.attempt}; retried with capped backoff until it applies)",
         )
     elif applied.waiting:

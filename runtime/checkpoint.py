@@ -284,7 +284,7 @@ class CheckpointManager:
                 dcp.load(trainer_state, checkpoint_id=path / TRAINER_DIR, no_dist=self.distributed is None)
             leader = self.read_leader_state(path) if self.rank == 0 else None
             rng_file = path / "rng" / f"rank-{self.rank:05d}.pt"
-            rng = torch.load(rng_file, weights_only=False) if rng_file.is_file() else None
+            rng = torch.load(rng_file, weights_only=True) if rng_file.is_file() else None
         # DCP's CheckpointException derives from BaseException, not Exception.
         except (Exception, CheckpointException) as err:  # noqa: BLE001 - any failure to read means: try the one before
             # DCP's message carries every rank's traceback; its last line names the actual failure.
@@ -298,5 +298,6 @@ class CheckpointManager:
     @staticmethod
     def read_leader_state(path: Path) -> dict[str, Any]:
         """Rank 0's state.pt of the checkpoint at `path`."""
-        # weights_only=False: the state holds plain Python containers and RNG tuples we wrote ourselves.
-        return torch.load(path / LEADER_STATE, map_location="cpu", weights_only=False)
+        # weights_only=True: a checkpoint directory may be shared or restored from elsewhere, and a full
+        # unpickler runs any code a crafted file names. The state is tensors and plain containers only.
+        return torch.load(path / LEADER_STATE, map_location="cpu", weights_only=True)

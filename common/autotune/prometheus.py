@@ -93,19 +93,22 @@ class PrometheusClient:
                 f"{self.address}/api/v1/query", params=params, headers=self._headers, timeout=self.timeout_s
             )
         except httpx.HTTPError as exc:
-            raise PrometheusUnavailable(f"Prometheus at {self.address} unreachable: {exc!r}") from exc
+            raise PrometheusUnavailable(f"Prometheus at {self.address} unreachable: {type(exc).__name__}") from exc
+        # What a reply says goes nowhere (status, Events, logs): only its status code and a fixed reason.
+        # Whatever answers at the address chose the body, so echoing it would turn the autotuner into a
+        # reader of any URL a job names (SSRF with the response shown back).
         if resp.status_code >= 500 or resp.status_code in (429, 503):
-            raise PrometheusUnavailable(f"Prometheus at {self.address} answered {resp.status_code}: {resp.text[:200]}")
+            raise PrometheusUnavailable(f"Prometheus at {self.address} answered HTTP {resp.status_code}")
         try:
             body = resp.json()
         except ValueError as exc:
             raise PrometheusUnavailable(
-                f"Prometheus at {self.address} answered {resp.status_code} without JSON: {resp.text[:200]}"
+                f"Prometheus at {self.address} answered HTTP {resp.status_code} without JSON"
             ) from exc
+        if not isinstance(body, dict):
+            raise PrometheusUnavailable(f"Prometheus at {self.address} answered HTTP {resp.status_code} without a JSON object")
         if resp.status_code >= 400 or body.get("status") != "success":
-            raise PrometheusQueryError(
-                f"query {expr!r} rejected ({resp.status_code}): {body.get('errorType', '')} {body.get('error', '')}".strip()
-            )
+            raise PrometheusQueryError(f"query {expr!r} rejected (HTTP {resp.status_code}: {_error_type(body)})")
         return _parse(body.get("data") or {}, expr)
 
     async def query_value(self, expr: str, time: float | None = None) -> float:
@@ -119,6 +122,17 @@ class PrometheusClient:
         if math.isnan(value) or math.isinf(value):
             raise NoData(f"query {expr!r} returned {value}")
         return value
+
+
+# Prometheus's own errorType values (web/api/v1 errorType*): the only part of an error reply reported.
+_ERROR_TYPES = frozenset({"timeout", "canceled", "execution", "bad_data", "internal", "unavailable", "not_found",
+                          "not_acceptable"})
+
+
+def _error_type(body: dict[str, Any]) -> str:
+    """The reply's errorType when it is one Prometheus defines, else a fixed word (never its text)."""
+    kind = body.get("errorType")
+    return kind if isinstance(kind, str) and kind in _ERROR_TYPES else "not a Prometheus query reply"
 
 
 class PrometheusPool:

@@ -8,7 +8,9 @@ manager `rljob-autotuner`, with only the fields the autotuner owns.
 
 Operator settings (environment, set by the chart):
 - RLJOB_PROMETHEUS_ADDRESS: default Prometheus URL when spec.autotune.prometheus.address is unset;
-- RLJOB_PROMETHEUS_BEARER_TOKEN_FILE: default bearer token file (e.g. a projected service account token);
+- RLJOB_PROMETHEUS_BEARER_TOKEN_FILE: default bearer token file (e.g. a projected service account token),
+  sent to RLJOB_PROMETHEUS_ADDRESS only;
+- RLJOB_PROMETHEUS_ALLOWED_ADDRESSES: the addresses a job may name instead (credentials.py);
 - RLJOB_AUTOTUNE_TICK_SECONDS: the timer's tick (default 5);
 - RLJOB_AUTOTUNE_CONCURRENCY: jobs autotuned at once (default 16). Each job's tick runs on its own
   (operator/resync.py), so one job's unreachable Prometheus, which can take its whole timeout (up to
@@ -31,6 +33,7 @@ from pydantic import ValidationError
 from rljob.api.spec import API_GROUP, API_VERSION, RLJobSpec
 from rljob.api.status import RLJobStatus, utcnow
 from rljob.common.autotune import tick
+from rljob.operator.autotune.credentials import PrometheusSettings, prometheus_target
 from rljob.operator.autotune.metrics import AutotuneMetrics
 from rljob.common.autotune.prometheus import (
     PrometheusClient,
@@ -48,12 +51,6 @@ AUTOTUNE_CONCURRENCY = int(os.environ.get("RLJOB_AUTOTUNE_CONCURRENCY", "16"))
 METRICS = AutotuneMetrics()
 
 
-class PrometheusNotConfigured(PrometheusError):
-    """Neither the spec nor the operator names a Prometheus."""
-
-    kind = "unavailable"
-
-
 def _read_secret_key(namespace: str, name: str, key: str) -> str:
     secret = shared_kube().request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
     data = (secret.get("data") or {}).get(key)
@@ -63,24 +60,23 @@ def _read_secret_key(namespace: str, name: str, key: str) -> str:
 
 
 async def prometheus_client_for(spec: RLJobSpec, namespace: str, pool: PrometheusPool) -> PrometheusClient:
-    """A client for the job's Prometheus on the shared pool: address and token from the spec, else the
-    operator's settings."""
+    """A client for the job's Prometheus on the shared pool, with the token credentials.prometheus_target
+    allows: the job's own Secret's, the chart's (for the chart's address only), or none."""
     p = spec.autotune.prometheus
-    address = p.address or os.environ.get("RLJOB_PROMETHEUS_ADDRESS")
-    if not address:
-        raise PrometheusNotConfigured(
-            "no Prometheus address: set spec.autotune.prometheus.address or the chart value autotune.prometheus.address"
-        )
+    settings = PrometheusSettings.from_env()
+    target = prometheus_target(p, settings)
     token: str | None = None
-    if p.bearer_token_secret_ref is not None:
-        ref = p.bearer_token_secret_ref
+    if target.secret is not None:
+        ref = target.secret
         try:
             token = await asyncio.to_thread(_read_secret_key, namespace, ref.name, ref.key)
         except Exception as exc:
-            raise PrometheusUnavailable(f"cannot read bearer token from Secret {ref.name}/{ref.key}: {exc}") from exc
-    elif token_file := os.environ.get("RLJOB_PROMETHEUS_BEARER_TOKEN_FILE"):
-        token = Path(token_file).read_text().strip()
-    return pool.client(address, timeout_s=p.timeout_seconds, bearer_token=token)
+            # The reason's class only: an API error body is the API server's text, not ours to show.
+            raise PrometheusUnavailable(f"cannot read bearer token from Secret {ref.name}/{ref.key}: "
+                                        f"{type(exc).__name__}") from exc
+    elif target.chart_token and settings.token_file is not None:
+        token = Path(settings.token_file).read_text().strip()
+    return pool.client(target.address, timeout_s=p.timeout_seconds, bearer_token=token)
 
 
 async def run_tick(

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from rljob.api.spec import ComputeResources, EnvVar, InferencePoolSpec, ModelSpec, ResourceQuantities, RLJobSpec, RolloutSpec
+from rljob.operator.builders.engine_key import engine_key_args, engine_key_env
 from rljob.operator.builders.meta import (
     LABEL_VENDOR,
     ROLE_INFERENCE,
@@ -128,8 +129,11 @@ def pool_resources(pool: InferencePoolSpec) -> ComputeResources:
     return ComputeResources(requests=ResourceQuantities(cpu="4", memory="32Gi"), limits=ResourceQuantities(memory="96Gi"))
 
 
-def pool_container(spec: RLJobSpec, pool: InferencePoolSpec) -> dict[str, Any]:
-    """The SGLang server container of one pool (a `cpu` pool runs rljob's SGLang-protocol server)."""
+def pool_container(job: JobRef, spec: RLJobSpec, pool: InferencePoolSpec) -> dict[str, Any]:
+    """The SGLang server container of one pool (a `cpu` pool runs rljob's SGLang-protocol server).
+
+    It requires the job's engine key (``--api-key``, read from the job's Secret) on every endpoint but
+    SGLang's unauthenticated health, readiness and metrics ones, which the probes use."""
     scratch = [EnvVar(name=k, value=v) for k, v in SCRATCH_ENV]
     health = [EnvVar(name=k, value=v) for k, v in HEALTH_ENV]
     accelerators: dict[str, str] = {}
@@ -159,10 +163,11 @@ def pool_container(spec: RLJobSpec, pool: InferencePoolSpec) -> dict[str, Any]:
             # join the router at the start of a run.
             "--weight-version",
             "0",
+            *engine_key_args(),
             *pool.extra_args,
         ],
         "ports": [{"name": "http", "containerPort": SGLANG_PORT, "protocol": "TCP"}],
-        "env": files.env + merge_env(defaults, [*pool.env, *health]),
+        "env": [*files.env, *merge_env(defaults, [*pool.env, *health]), engine_key_env(job)],
         "resources": container_resources(pool_resources(pool), accelerators),
         "securityContext": hardened_container_security(),
         "startupProbe": _probe(
@@ -186,7 +191,9 @@ def pool_statefulset(
     uid = RUNTIME_UID if pool.vendor == "cpu" else SGLANG_UID
     pod_spec: dict[str, Any] = {
         **pod_base(spec.pods, uid),
-        "containers": [pool_container(spec, pool)],
+        # SGLang needs no Kubernetes API: no token for a compromised server to use.
+        "automountServiceAccountToken": False,
+        "containers": [pool_container(job, spec, pool)],
         "nodeSelector": dict(pool.node_selector),
         "volumes": pod_volumes(spec.pods, files.volumes, pool.shm_size),
     }

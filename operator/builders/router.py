@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from rljob.api.spec import RLJobSpec
+from rljob.operator.builders.engine_key import engine_key_args, engine_key_env
 from rljob.operator.builders.inference import SGLANG_PORT
 from rljob.operator.builders.meta import ROLE_ROUTER, JobRef, child_name, labels, object_meta, selector_labels
 from rljob.operator.builders.pods import container_mounts, container_resources, hardened_container_security, pod_base, pod_volumes
@@ -71,7 +72,9 @@ def router_deployment(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str, A
         "name": "router",
         "image": router.image or ROUTER_IMAGE,
         "command": ["python3", "-m", "sglang_router.launch_router"],
-        "args": router_args(spec),
+        # The router requires the job's key on every route but its probes and sends it to the workers.
+        "args": [*router_args(spec), *engine_key_args()],
+        "env": [engine_key_env(job)],
         "ports": [{"name": "http", "containerPort": SGLANG_PORT, "protocol": "TCP"}],
         "resources": container_resources(router.resources),
         "securityContext": hardened_container_security(),

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from rljob.api.spec import API_GROUP, API_VERSION, KIND, EnvVar, RLJobSpec
+from rljob.operator.builders.engine_key import engine_key_env
 from rljob.operator.builders.inference import SGLANG_PORT, worker_selector
 from rljob.operator.builders.meta import (
     ANNOTATION_CONFIG_HASH,
@@ -214,6 +215,8 @@ def trainer_container(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
             _field_env("NODE_RANK", f"metadata.annotations['{COMPLETION_INDEX_LABEL}']"),
             *files.env,
             *merge_env(defaults, trainer.env),
+            # The runtime sends the job's engine key to the workers and the router (Authorization: Bearer).
+            engine_key_env(job),
         ],
         "ports": [
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},

@@ -31,6 +31,7 @@ def build_engines(
             )
             for i in range(e.num_engines)
         ]
+    from rljob.runtime.engines.auth import api_key_from_env
     from rljob.runtime.engines.discovery import PodWorkerDiscovery
     from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
 
@@ -42,5 +43,6 @@ def build_engines(
         retries=s.max_retries,
         drain_timeout_s=s.drain_timeout_seconds,
         generate_timeout_s=s.request_timeout_seconds,
+        api_key=api_key_from_env(),
     )
     return [SGLangEngine(config)]

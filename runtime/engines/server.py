@@ -44,6 +44,7 @@ from pydantic import BaseModel, ValidationError
 
 import rljob.runtime.engines.protocol as proto
 from rljob.runtime.engines.admission import AdmissionGate
+from rljob.runtime.engines.auth import api_key_middleware
 from rljob.runtime.engines.base import EngineError, GenerateRequest, GenerateResult, WeightUpdate
 from rljob.runtime.engines.embedded import EmbeddedEngine, InvalidRequestError
 from rljob.runtime.engines.server_groups import GroupError, TPRankGroups
@@ -85,6 +86,7 @@ class ServerOptions:
     sglang_version: SGLangRelease = "0.5.23"  # the release whose behaviours are reproduced
     health_endpoint_generation: bool = True  # SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION
     health_check_timeout_s: float = DEFAULT_HEALTH_CHECK_TIMEOUT_S  # SGLANG_HEALTH_CHECK_TIMEOUT
+    api_key: str | None = None  # --api-key: every call but health/ready/metrics needs it (engines/auth.py)
 
     @property
     def legacy(self) -> bool:
@@ -211,7 +213,9 @@ class SGLangProtocolServer:
     # ----------------------------------------------------------------- app and lifecycle
 
     def _build_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._errors])
+        # The key is checked first, as SGLang's middleware does, so no handler runs for a caller without it.
+        auth = [api_key_middleware(self.options.api_key)] if self.options.api_key else []
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[*auth, self._errors])
         routes: list[tuple[str, str, Handler]] = [
             ("*", "/generate", self._generate),
             ("POST", "/abort_request", self._abort_request),
@@ -765,6 +769,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-delay", type=float, default=0.0, help="seconds to keep answering 503 after loading")
     p.add_argument("--enable-metrics", action="store_true", help="accepted for SGLang compatibility; /metrics is always on")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health*, /ready*, /metrics* "
+                   "(SGLang's --api-key); in a pod, pass it as $(RLJOB_ENGINE_API_KEY) from the job's Secret")
     p.add_argument(
         "--sglang-version", choices=SGLANG_RELEASES, default=SGLANG_RELEASES[0],
         help="the SGLang release whose HTTP behaviours to reproduce (docs/sglang_standin.md); /health reads "
@@ -805,6 +812,7 @@ def main(argv: list[str] | None = None) -> None:
         sglang_version=args.sglang_version,
         health_endpoint_generation=health_generation,
         health_check_timeout_s=health_timeout,
+        api_key=args.api_key or None,
     )
     server = SGLangProtocolServer(engine, options)
     # A short shutdown grace: pods and tests stop workers often, and callers get aborts, not hangs.

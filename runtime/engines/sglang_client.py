@@ -54,6 +54,7 @@ from typing import Any
 
 import httpx
 
+from rljob.runtime.engines.auth import bearer_headers
 from rljob.runtime.engines.base import (
     Engine,
     EngineError,
@@ -103,6 +104,7 @@ class SGLangEngine(Engine):
         self._http = httpx.AsyncClient(
             limits=httpx.Limits(max_connections=config.max_concurrency + 64, max_keepalive_connections=64),
             timeout=httpx.Timeout(config.control_timeout_s),
+            headers=bearer_headers(config.api_key),
         )
         self._caller = HttpCaller(self._http, config.retry_policy())
         self.table = WorkerTable(config, self._caller, weight_version)

@@ -38,6 +38,7 @@ class SGLangClientConfig:
     probe_backoff_max_s: float = 8.0
     manage_router: bool = True  # keep the router's worker list equal to the rotation
     router_add_grace_s: float = 10.0  # a worker the router accepted but does not list yet is posted again after this
+    api_key: str | None = None  # the job's engine key: sent as a bearer token to workers and router (engines/auth.py)
 
     def retry_policy(self) -> RetryPolicy:
         """The HTTP retry policy of control calls (http_retry.py)."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from rljob.runtime.engines.auth import router_worker_body
 from rljob.runtime.engines.base import EngineError, MemberSync
 from rljob.runtime.engines.http_retry import HttpCaller, NoReply, strip_url
 from rljob.runtime.engines.membership import (
@@ -307,7 +308,8 @@ class WorkerTable:
     async def _router_add(self, url: str) -> None:
         assert self.router_url is not None
         try:
-            resp = await self.caller.http.post(self.router_url + "/workers", json={"url": url}, timeout=self.config.probe_timeout_s)
+            body = router_worker_body(url, self.config.api_key)
+            resp = await self.caller.http.post(self.router_url + "/workers", json=body, timeout=self.config.probe_timeout_s)
             if resp.status_code == 404:  # old router API
                 resp = await self.caller.http.post(self.router_url + "/add_worker", params={"url": url},
                                              timeout=self.config.probe_timeout_s)

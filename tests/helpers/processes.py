@@ -59,16 +59,17 @@ def stop(procs: list[subprocess.Popen[bytes]], timeout: float = 15) -> None:
 
 
 def start_worker(
-    model_dir: Path, log: Path, max_batch_size: int = 8, port: int | None = None, tp_size: int = 1
+    model_dir: Path, log: Path, max_batch_size: int = 8, port: int | None = None, tp_size: int = 1,
+    extra_args: tuple[str, ...] = (),
 ) -> tuple[str, subprocess.Popen[bytes]]:
     """One SGLang-protocol server process over the embedded engine; returns (url, process).
     ``port``: bind that one (a restart on the same address), else a free one. ``tp_size``: its
-    tensor-parallel ranks in weight-update groups."""
+    tensor-parallel ranks in weight-update groups. ``extra_args``: more server flags (``--api-key K``)."""
     port = port or free_port()
     proc = spawn(
         [sys.executable, "-m", "rljob.runtime.engines.server", "--model-path", str(model_dir),
          "--host", "127.0.0.1", "--port", str(port), "--max-batch-size", str(max_batch_size),
-         "--torch-threads", "1", "--log-level", "warning", "--tp-size", str(tp_size)],
+         "--torch-threads", "1", "--log-level", "warning", "--tp-size", str(tp_size), *extra_args],
         log,
     )
     return f"http://127.0.0.1:{port}", proc
@@ -92,8 +93,11 @@ def start_workers(model_dir: Path, logs: Path, count: int, procs: list[subproces
     return urls
 
 
-def start_router(workers: list[str], log: Path, port: int | None = None) -> tuple[str, subprocess.Popen[bytes]]:
+def start_router(
+    workers: list[str], log: Path, port: int | None = None, extra_args: tuple[str, ...] = ()
+) -> tuple[str, subprocess.Popen[bytes]]:
     """The real sglang router (``sglang_router.launch_router``) over ``workers``; returns (url, process).
+    ``extra_args``: more router flags (``--api-key K``).
 
     It runs with the operator's own flags (operator/builders/router.py: no health checks, no circuit
     breaker, no retries: the runtime, not the router, decides membership), on loopback, round robin, and
@@ -107,7 +111,8 @@ def start_router(workers: list[str], log: Path, port: int | None = None) -> tupl
     args[args.index("--port") + 1] = str(port)
     proc = spawn(
         [sys.executable, "-m", "sglang_router.launch_router", *args, "--worker-urls", *workers,
-         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warn"],
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--log-level", "warn",
+         *extra_args],
         log,
     )
     return f"http://127.0.0.1:{port}", proc

@@ -22,6 +22,7 @@ import yaml
 from kubernetes import client as k8s
 
 from rljob.operator import crdgen
+from rljob.operator.volume_policy import ALLOWED_VOLUME_TYPES_ENV, RESTRICTED_VOLUME_TYPES
 from rljob.runtime.tasks.dataset import synthetic_records
 from tests.cluster.kube import wait_until
 from tests.cluster.realnode import RealCluster, mounted_runtime
@@ -98,7 +99,10 @@ class RealNodeJob:
         read_only_claim(rc, namespace, "models", model.parent)  # its root holds tiny/
         read_only_claim(rc, namespace, "data", data_files(tmp_path / "data-volume"))
         checkpoint_volume(rc, namespace, self.checkpoints, f"{NAME}-checkpoints")
-        env = {**os.environ, "KUBECONFIG": str(rc.cluster.kubeconfig)}
+        # The test job mounts the installed runtime from the host (hostPath, spec.pods.volumes): allowed as
+        # the chart's jobPods.allowHostPath would.
+        env = {**os.environ, "KUBECONFIG": str(rc.cluster.kubeconfig),
+               ALLOWED_VOLUME_TYPES_ENV: ",".join(sorted(RESTRICTED_VOLUME_TYPES | {"hostPath"}))}
         # The namespace the NetworkPolicies let scrape the metrics ports (none: no scraper outside the job).
         scraper = ["--monitoring-namespace", monitoring_namespace] if monitoring_namespace else []
         self.operator = OperatorProcess(

@@ -32,7 +32,7 @@ from kubernetes import client as k8s
 
 from tests.cluster.fixtures import PrometheusFactory
 from tests.cluster.prometheus import PrometheusServer, free_port
-from tests.integration.test_operator import (  # noqa: F401 (crd, api, kubelet and operator are fixtures)
+from tests.integration.test_operator import (  # noqa: F401 (crd, api and kubelet are fixtures)
     GROUP,
     PLURAL,
     VERSION,
@@ -42,7 +42,7 @@ from tests.integration.test_operator import (  # noqa: F401 (crd, api, kubelet a
     crd,
     get,
     kubelet,
-    operator,
+    namespaced_operator,
     wait_events,
     wait_for,
 )
@@ -166,6 +166,17 @@ def runtime(namespace: str, tmp_path: Path, builtin_policy_cached: None) -> Iter
     yield rt, job_file
     rt.stop()
     print(f"--- runtime log ({rt.log_path}) ---\n{rt.log_tail(80)}")
+
+
+@pytest.fixture
+def operator(namespace: str, crd: None, tmp_path: Path, kubelet: Any) -> Iterator[OperatorProcess]:  # noqa: F811
+    """The operator, allowed to call this test's Prometheus (a free port on loopback) for a job that names it."""
+    env = {**os.environ, "RLJOB_PROMETHEUS_ALLOWED_ADDRESSES": "http://127.0.0.1:*"}
+    op = namespaced_operator(namespace, tmp_path / "operator.log", env=env)
+    op.start()
+    yield op
+    op.stop()
+    print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(120)}")
 
 
 def test_autotune_loop_recommend_apply_and_prometheus_outage(

@@ -50,8 +50,11 @@ def unanswering_url() -> Iterator[str]:
 
 
 async def test_an_unreachable_prometheus_does_not_delay_another_jobs_decisions(
-    prometheus_factory: PrometheusFactory, runtime_metrics: tuple[RuntimeMetrics, str], unanswering_url: str
+    prometheus_factory: PrometheusFactory, runtime_metrics: tuple[RuntimeMetrics, str], unanswering_url: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # Both jobs name their own Prometheus: it must be on the operator's allow-list (credentials.py).
+    monkeypatch.setenv("RLJOB_PROMETHEUS_ALLOWED_ADDRESSES", "http://127.0.0.1:*")
     prom = scraping_first_step(prometheus_factory, runtime_metrics)
 
     # `stuck` is listed first: a loop that visits jobs in turn would reach `tuned` only after its timeout.

@@ -118,9 +118,11 @@ async def test_client_reads_observation_and_types_failures(
 
 
 async def test_tick_tunes_backs_off_while_prometheus_is_down_and_resumes(
-    prometheus_factory: PrometheusFactory, runtime_metrics: tuple[RuntimeMetrics, str]
+    prometheus_factory: PrometheusFactory, runtime_metrics: tuple[RuntimeMetrics, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     metrics, _ = runtime_metrics
+    # The job names this Prometheus itself: it must be on the operator's allow-list (credentials.py).
+    monkeypatch.setenv("RLJOB_PROMETHEUS_ALLOWED_ADDRESSES", "http://127.0.0.1:*")
     prom = scraping_first_step(prometheus_factory, runtime_metrics)
     spec = tuned_spec(prom.url, timeout_s=2)
     wire: dict[str, Any] = {}

@@ -22,6 +22,7 @@ from kubernetes import client as k8s
 
 from rljob.api.spec import RLJobSpec
 from rljob.operator.builders import JobRef, build_children
+from rljob.operator.builders.engine_key import engine_key_secret, new_engine_key
 from rljob.runtime.engines.discovery import worker_urls
 from tests.cluster.kube import wait_until
 from tests.cluster.realnode import RealCluster, mounted_runtime
@@ -54,6 +55,8 @@ def _cpu_pool_children(namespace: str, image: str, replicas: int) -> tuple[RLJob
     wanted = [c for c in build_children(job, spec, active=True)
               if c["kind"] in KINDS and c["metadata"]["name"] == "pods-infer-cpu"]
     assert sorted(c["kind"] for c in wanted) == sorted(KINDS)
+    # The pods read the job's engine key from its Secret (the operator's reconcile creates it).
+    wanted.insert(0, engine_key_secret(job, new_engine_key()))
     for child in wanted:
         child["metadata"].pop("ownerReferences", None)  # no RLJob object owns them here
     return spec, wanted
@@ -87,7 +90,9 @@ def test_cpu_pool_pods_pass_their_probes_and_serve(real_cluster: RealCluster, re
     spec, children = _cpu_pool_children(ns, image, replicas=2)
     apps, core = k8s.AppsV1Api(rc.cluster.api), rc.cluster.core()
     for child in children:
-        if child["kind"] == "Service":
+        if child["kind"] == "Secret":
+            core.create_namespaced_secret(ns, child)
+        elif child["kind"] == "Service":
             core.create_namespaced_service(ns, child)
         elif child["kind"] == "StatefulSet":
             apps.create_namespaced_stateful_set(ns, child)
@@ -124,12 +129,24 @@ def test_cpu_pool_pods_pass_their_probes_and_serve(real_cluster: RealCluster, re
     assert len(urls) == 2 and all(".pods-infer-cpu." in u for u in urls), urls
     for url in urls:
         body = json.dumps({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}})
+        # One call with the job's engine key (the pod's RLJOB_ENGINE_API_KEY), one without: prints the status
+        # code, then the reply.
         script = (
-            "import json,sys,urllib.request as u;"
-            f"r=u.urlopen(u.Request({url + '/generate'!r},data=sys.argv[1].encode(),"
-            "headers={'Content-Type':'application/json'}),timeout=60);print(r.read().decode())"
+            "import os,sys,urllib.request as u,urllib.error as e\n"
+            "h={'Content-Type':'application/json'}\n"
+            "if sys.argv[2]=='key': h['Authorization']='Bearer '+os.environ['RLJOB_ENGINE_API_KEY']\n"
+            f"try: r=u.urlopen(u.Request({url + '/generate'!r},data=sys.argv[1].encode(),headers=h),timeout=60)\n"
+            "except e.HTTPError as x: print(x.code)\n"
+            "else: print(r.status); print(r.read().decode())"
         )
-        out = rc.cluster.kubectl("exec", "-n", ns, "pods-infer-cpu-0", "--", "python", "-c", script, body).stdout
+
+        def generate(auth: str) -> list[str]:
+            return rc.cluster.kubectl("exec", "-n", ns, "pods-infer-cpu-0", "--", "python", "-c", script, body,
+                                      auth).stdout.splitlines()
+
+        assert generate("none") == ["401"], "without the key the server refuses the call, as SGLang does"
+        status, out = generate("key")
+        assert status == "200", status
         reply = json.loads(out)
         assert len(reply["output_ids"]) == 4, reply
         assert all(0 <= t < 128 for t in reply["output_ids"])

@@ -568,6 +568,65 @@ def test_a_refused_child_becomes_a_condition_and_observed_generation_waits(
     wait_events(kube_cluster, namespace, "refused", "ApplyFailed")
 
 
+def test_an_existing_object_of_a_child_name_is_never_adopted(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any,
+) -> None:
+    """Someone else's ConfigMap and Secret with the job's child names: the operator applies neither over
+    (a forced server-side apply would take them over, and deleting the RLJob would then delete them),
+    says so in ChildrenApplied (reason NotOwned) and an Event naming the object, and proceeds once the
+    object is gone."""
+    volumes("squat")
+    core = kube_cluster.core()
+    theirs = k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name="squat-config"), data={"mine": "keep"})
+    core.create_namespaced_config_map(namespace, theirs)
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("squat"))
+
+    def not_owned(name: str, what: str) -> dict[str, Any] | None:
+        cond = condition(get(api, namespace, name), "ChildrenApplied")
+        found = cond and cond["status"] == "False" and cond["reason"] == "NotOwned" and what in cond["message"]
+        return cond if found else None
+
+    cond = wait_for(lambda: not_owned("squat", "ConfigMap squat-config"), "ChildrenApplied=False NotOwned", timeout=120)
+    assert "already exists and is controlled by nothing" in cond["message"], cond["message"]
+    wait_events(kube_cluster, namespace, "squat", "NotOwned")
+    kept = core.read_namespaced_config_map("squat-config", namespace)
+    assert kept.data == {"mine": "keep"} and not kept.metadata.owner_references
+    # The engine key was created before the refusal, by the job, for the job.
+    secret = core.read_namespaced_secret("squat-engine-key", namespace)
+    assert [r.uid for r in secret.metadata.owner_references] == [get(api, namespace, "squat")["metadata"]["uid"]]
+    core.delete_namespaced_config_map("squat-config", namespace)
+    wait_phase(api, namespace, "squat", "Running")
+    # A Secret squatting the engine key's name is refused too (the key would be one its creator knows).
+    core.create_namespaced_secret(namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name="other-engine-key"),
+                                                          string_data={"api-key": "known"}))
+    volumes("other")
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("other"))
+
+    wait_for(lambda: not_owned("other", "Secret other-engine-key"), "ChildrenApplied=False NotOwned (Secret)",
+             timeout=120)
+    assert not children(kube_cluster, namespace, "other"), "nothing is applied before the key exists"
+
+
+def test_a_pass_through_volume_off_the_allow_list_is_refused_naming_the_field(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess,
+) -> None:
+    """hostPath is off unless the chart allows it (the operator runs without RLJOB_ALLOWED_VOLUME_TYPES
+    here: the restricted default): nothing of the job is applied, and the condition and the Event say
+    which volume and why."""
+    doc = rljob("hosty", pods={"volumes": [{"name": "scratch", "emptyDir": {}}, {"name": "root", "hostPath": {"path": "/"}}],
+                                "volumeMounts": [{"name": "root", "mountPath": "/host"}]})
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, doc)
+
+    def refused() -> dict[str, Any] | None:
+        cond = condition(get(api, namespace, "hosty"), "ChildrenApplied")
+        return cond if cond and cond["status"] == "False" and cond["reason"] == "VolumeNotAllowed" else None
+
+    cond = wait_for(refused, "ChildrenApplied=False VolumeNotAllowed", timeout=120)
+    assert cond["message"].startswith("spec.pods.volumes[1] (root): hostPath"), cond["message"]
+    wait_events(kube_cluster, namespace, "hosty", "VolumeNotAllowed")
+    assert not children(kube_cluster, namespace, "hosty")
+
+
 def test_status_writers_never_clobber_each_other(
     kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any,
 ) -> None:

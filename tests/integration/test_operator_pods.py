@@ -145,7 +145,7 @@ def test_a_hub_dataset_and_overridden_pod_ids_reach_the_admitted_pods(
         model={"huggingFace": "Qwen/Qwen3-0.6B", "storage": {"huggingFaceCache": cache}},
         data={"huggingFace": "openai/gsm8k", "revision": "main", "parquet": "main/train-00000-of-00001.parquet",
               "storage": {"huggingFaceCache": cache, "download": {"tokenSecretRef": {"name": "hf", "key": "token"}}}},
-        pods={"securityContext": {"runAsUser": 1000680000, "runAsGroup": 0, "fsGroup": 1000680000}},
+        pods={"securityContext": {"runAsUser": 1000680000, "runAsGroup": 1000680000, "fsGroup": 1000680000}},
     )
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, doc)
 
@@ -156,7 +156,7 @@ def test_a_hub_dataset_and_overridden_pod_ids_reach_the_admitted_pods(
     found = wait_for(created, "trainer, inference and router pods created", 120)
     for role, pod in found.items():
         ctx = pod.spec.security_context
-        assert (ctx.run_as_user, ctx.run_as_group, ctx.fs_group) == (1000680000, 0, 1000680000), role
+        assert (ctx.run_as_user, ctx.run_as_group, ctx.fs_group) == (1000680000, 1000680000, 1000680000), role
         assert ctx.run_as_non_root, role
     trainer = found["trainer"]
     (init,) = trainer.spec.init_containers

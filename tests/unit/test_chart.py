@@ -228,6 +228,15 @@ def test_operator_settings_reach_the_container(helm: Path) -> None:
     objects = render(helm, [CHART / "ci/monitoring-values.yaml"])
     env = {e["name"]: e.get("value") for e in find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["RLJOB_PROMETHEUS_ADDRESS"] == "http://prometheus-operated.monitoring:9090"
+    assert "RLJOB_PROMETHEUS_ALLOWED_ADDRESSES" not in env, "no job-chosen Prometheus unless the chart lists it"
+    volume_types = env["RLJOB_ALLOWED_VOLUME_TYPES"].split(",")
+    assert "hostPath" not in volume_types and "emptyDir" in volume_types, "hostPath only when the chart allows it"
+    host = render(helm, sets=["jobPods.allowHostPath=true"])
+    env_host = {e["name"]: e.get("value") for e in find(host, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env_host["RLJOB_ALLOWED_VOLUME_TYPES"].split(",")[-1] == "hostPath"
+    allowed = render(helm, sets=["autotune.prometheus.allowedAddresses={http://thanos.monitoring:9090,https://prom.example.com/p}"])
+    env = {e["name"]: e.get("value") for e in find(allowed, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RLJOB_PROMETHEUS_ALLOWED_ADDRESSES"] == "http://thanos.monitoring:9090,https://prom.example.com/p"
     minimal = find(render(helm, [CHART / "ci/minimal-values.yaml"]), "Deployment")["spec"]["template"]["spec"]
     assert minimal["containers"][0]["image"].startswith("registry.example.com/ml/rljob-operator@sha256:")
     assert minimal["serviceAccountName"] == "rljob-operator"
@@ -276,6 +285,7 @@ def test_operator_role_covers_every_kind_it_applies_and_what_it_grants_the_train
         "pods": ("list", "watch"),
         "jobs": ("get", "watch", "create", "patch", "delete"),
         "rljobs": ("get", "list", "watch", "patch"),
+        "secrets": ("get", "create"),  # the engine key is created once, never patched
     }
     for (api_version, _kind), resource in PLURALS.items():
         group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
@@ -298,7 +308,11 @@ def test_operator_role_covers_every_kind_it_applies_and_what_it_grants_the_train
                     assert rules_allow(rules, group, resource, verb), f"trainer Role grants {verb} {resource}"
     assert not any({"escalate", "bind", "impersonate", "*"} & set(r["verbs"]) for r in rules)
     assert not any("*" in r["resources"] or "*" in r["apiGroups"] for r in rules)
-    assert not rules_allow(rules, "", "secrets", "get"), "Secrets are readable only with rbac.readSecrets"
+    # Secrets: get and create only (engine keys, the job's own Prometheus token); never list, watch or change one.
+    secret_verbs = {v for r in rules if "secrets" in r["resources"] for v in r["verbs"]}
+    assert secret_verbs == {"get", "create"}, secret_verbs
+    # Children carry blockOwnerDeletion, which OwnerReferencesPermissionEnforcement allows only with this.
+    assert rules_allow(rules, "rljob.io", "rljobs/finalizers", "update")
     # Pods stuck on an out-of-service node: the operator reads their Node and force-deletes them.
     assert rules_allow(rules, "", "nodes", "get") and not rules_allow(rules, "", "nodes", "list")
     assert rules_allow(rules, "", "pods", "delete")

@@ -161,3 +161,44 @@ def test_no_loadable_checkpoint_means_a_fresh_start(tmp_path: Path) -> None:
     manager.save(1, _trainer(seed=0).checkpoint_state(), rng_state(), {"step": 1})
     (tmp_path / "step-00000001" / MARKER).unlink()
     assert manager.load(_trainer(seed=1).checkpoint_state()) is None
+
+
+class _Planted:
+    """What a crafted state.pt would hold: an object whose unpickling runs code (here: records a call)."""
+
+    ran: list[str] = []
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (_Planted.ran.append, ("code ran at load",))
+
+
+def test_checkpoints_load_with_weights_only_and_a_planted_object_is_refused(tmp_path: Path) -> None:
+    """Everything a checkpoint holds is plain data (tensors, dicts, lists, tuples, numbers, strings), so
+    it loads with torch.load(weights_only=True); a file that names any other object is not run but
+    skipped like a corrupt one, and the checkpoint before it is loaded."""
+    from rljob.runtime.rollout.buffer import PartialBuffer
+    from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
+
+    buffer = PartialBuffer()
+    buffer.push(Group(group_id="g3", prompt_text="1+1", prompt_index=7, samples=[
+        Sample(group_id="g3", index=0, prompt_ids=[1, 2], answer="2", response_ids=[5], logprobs=[-0.5], versions=[1],
+               status=SampleStatus.PENDING, metadata={"source": "synthetic"}),
+    ]))
+    leader = {"step": 1, "version": 1, "data": {"epoch": 0, "position": 4, "served": 4, "num_records": 8},
+              "scheduler": {"buffer": buffer.state_dict(), "truncation": {"lengths": [3, 4]}, "round": 1,
+                            "group_counter": 4},
+              "job": {"model": {"builtin": "tiny-arith"}}}
+    manager = CheckpointManager(tmp_path, keep=3)
+    trainer = _trainer(seed=0)
+    manager.save(1, trainer.checkpoint_state(), rng_state(), leader)
+    manager.save(2, trainer.checkpoint_state(), rng_state(), {**leader, "step": 2, "planted": _Planted()})
+
+    loaded = manager.load(_trainer(seed=1).checkpoint_state())
+    assert loaded is not None and loaded.path.name == "step-00000001", "the planted checkpoint must be skipped"
+    assert _Planted.ran == [], "loading must never run code a checkpoint names"
+    assert [s.path.name for s in loaded.skipped] == ["step-00000002"] and "Unpickl" in loaded.skipped[0].reason
+    assert loaded.leader_state is not None
+    restored = PartialBuffer()
+    restored.load_state_dict(loaded.leader_state["scheduler"]["buffer"])
+    assert restored.state_dict() == buffer.state_dict()
+    assert loaded.rng is not None and isinstance(loaded.rng["torch"], torch.Tensor)

@@ -363,7 +363,7 @@ def test_every_child_pod_is_hardened() -> None:
             assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"], f"{name}: no writable /tmp"
         assert "tmp" in writable
     assert {"name": "home", "mountPath": "/home/rljob"} in pods["demo-trainer"]["containers"][0]["volumeMounts"]
-    sglang_env = {e["name"]: e["value"] for e in pods["demo-infer-nv"]["containers"][0]["env"]}
+    sglang_env = {e["name"]: e["value"] for e in pods["demo-infer-nv"]["containers"][0]["env"] if "value" in e}
     assert sglang_env["HOME"].startswith("/tmp/") and sglang_env["TRITON_CACHE_DIR"].startswith("/tmp/")
 
 
@@ -441,10 +441,10 @@ def test_pods_run_as_the_images_users_unless_the_spec_names_others() -> None:
     for name, pod in _pods(build_children(JOB, _spec(), active=True)).items():
         ctx = pod["securityContext"]
         assert (ctx["runAsUser"], ctx["runAsGroup"], ctx["fsGroup"]) == (image_uids[name], image_uids[name], 1000), name
-    spec = _spec(pods={"securityContext": {"runAsUser": 1000680000, "runAsGroup": 0, "fsGroup": 1000680000}})
+    spec = _spec(pods={"securityContext": {"runAsUser": 1000680000, "runAsGroup": 1000680001, "fsGroup": 1000680000}})
     for name, pod in _pods(build_children(JOB, spec, active=True)).items():
         ctx = pod["securityContext"]
-        assert (ctx["runAsUser"], ctx["runAsGroup"], ctx["fsGroup"]) == (1000680000, 0, 1000680000), name
+        assert (ctx["runAsUser"], ctx["runAsGroup"], ctx["fsGroup"]) == (1000680000, 1000680001, 1000680000), name
         assert ctx["runAsNonRoot"] is True, name
     only_uid = _pods(build_children(JOB, _spec(pods={"securityContext": {"runAsUser": 4242}}), active=True))
     assert {(p["securityContext"]["runAsUser"], p["securityContext"]["runAsGroup"]) for p in only_uid.values()} == {
@@ -456,6 +456,8 @@ def test_pods_run_as_the_images_users_unless_the_spec_names_others() -> None:
     ({"runAsUser": -1}, "pods.securityContext.runAsUser", "greater than or equal to 0"),
     ({"runAsGroup": 2**31}, "pods.securityContext.runAsGroup", "less than or equal to"),
     ({"fsGroup": -5}, "pods.securityContext.fsGroup", "greater than or equal to 0"),
+    ({"runAsGroup": 0}, "pods.securityContext.runAsGroup", "root group"),
+    ({"fsGroup": 0}, "pods.securityContext.fsGroup", "root group"),
 ])
 def test_pod_ids_out_of_bounds_or_root_are_refused_naming_the_field(ids: dict, field: str, message: str) -> None:
     doc = {"apiVersion": "rljob.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "demo"},

@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 
 from rljob.api.spec import RLJobSpec, RouterSpec
+from rljob.operator.builders.engine_key import engine_key_args
 from rljob.operator.builders.inference import effective_pools, pool_container
+from rljob.operator.builders.meta import JobRef
 from rljob.operator.builders.router import router_args
 from rljob.runtime.engines.base import GenerateRequest
 from rljob.runtime.engines.protocol import (
@@ -163,7 +165,7 @@ def test_every_server_flag_and_env_the_operator_emits_exists(release: tuple[str,
     spec = _gpu_spec()
     environ = (source.root / "srt" / "environ.py").read_text()
     for pool in effective_pools(spec.rollout):
-        container = pool_container(spec, pool)
+        container = pool_container(JobRef("j", "ns", "uid"), spec, pool)
         flags = {a.split("=")[0] for a in container["args"] if a.startswith("--")}
         assert not flags - source.server_flags, (
             f"pool {pool.name}: sglang {version}'s launch_server has no option {sorted(flags - source.server_flags)} "
@@ -229,8 +231,11 @@ def _parse_router(version: str, arg_lists: list[list[str]]) -> list[dict[str, An
 def test_the_router_accepts_the_operators_flags_as_an_rl_job_needs_them(version: str) -> None:
     spec = RLJobSpec.model_validate({"model": {"huggingFace": "x/y"}, "data": {"synthetic": {}},
                                      "rollout": {"sglang": {"requestTimeoutSeconds": 1200}}})
-    [parsed] = _parse_router(version, [router_args(spec)])
-    assert parsed is not None, f"sglang-router {version} refuses {router_args(spec)}"
+    args = [*router_args(spec), *engine_key_args()]  # as router_deployment passes them
+    [parsed] = _parse_router(version, [args])
+    assert parsed is not None, f"sglang-router {version} refuses {args}"
+    # The key reaches the router as the env reference the kubelet expands (no key in the pod spec).
+    assert parsed["api_key"] == "$(RLJOB_ENGINE_API_KEY)"
     # The runtime owns membership: no health checks, no circuit breaker, no same-rid retries ...
     assert parsed["disable_health_check"] and parsed["disable_circuit_breaker"] and parsed["disable_retries"]
     # ... it starts empty, and it never cuts a /generate the runtime still waits for.

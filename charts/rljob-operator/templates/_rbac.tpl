@@ -56,12 +56,17 @@ it create those Roles and their RoleBindings without the `escalate` or `bind` ve
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "list", "watch", "create", "patch"]
-{{- if .Values.rbac.readSecrets }}
-# Bearer tokens named by spec.autotune.prometheus.bearerTokenSecretRef.
+# Secrets: each job's engine API key is created once (never updated, listed or deleted: the garbage
+# collector deletes it with its RLJob); get checks that an existing one of its name is the job's own, and
+# reads the Secret a job names in spec.autotune.prometheus.bearerTokenSecretRef (docs/security.md).
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get"]
-{{- end }}
+  verbs: ["get", "create"]
+# Children carry blockOwnerDeletion: the OwnerReferencesPermissionEnforcement admission plugin lets the
+# operator set it only with update on the owner's finalizers.
+- apiGroups: ["rljob.io"]
+  resources: ["rljobs/finalizers"]
+  verbs: ["update"]
 {{- end }}
 
 {{/*

@@ -349,7 +349,7 @@ egressSelections:
 	return n, []string{
 		// The Node authorizer and NodeRestriction: the kubelet gets exactly a node's rights.
 		"--authorization-mode=Node,RBAC",
-		"--enable-admission-plugins=NodeRestriction",
+		"--enable-admission-plugins=NodeRestriction,OwnerReferencesPermissionEnforcement",
 		"--kubelet-client-certificate=" + np.APIServerKubeletCert,
 		"--kubelet-client-key=" + np.APIServerKubeletKey,
 		"--kubelet-certificate-authority=" + pki.CACert,

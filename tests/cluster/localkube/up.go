@@ -247,6 +247,9 @@ func start(o upOptions, sup *supervisor, signals <-chan os.Signal, node **realNo
 		"--service-account-key-file=" + pki.SAPub,
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--authorization-mode=RBAC",
+		// As production clusters (OpenShift, hardened kubeadm) run it: setting blockOwnerDeletion on a
+		// child needs update on the owner's finalizers, so the chart's RBAC is tested against it.
+		"--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
 		"--allow-privileged=true",
 		// Loopback addresses are invalid in the "kubernetes" Endpoints object.
 		"--endpoint-reconciler-type=none",

@@ -28,6 +28,7 @@ from rljob.operator.builders.router import router_name
 from rljob.operator.builders.trainer import ANNOTATION_TEMPLATE_HASH, trainer_name
 from rljob.common.kube import Kube, KubeError
 from rljob.operator.keyed_locks import KeyedLocks
+from rljob.operator.pod_waits import pod_waits
 from rljob.operator.status_queue import SeenPod, seen_under
 from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
 from rljob.operator.status_logic import (
@@ -255,6 +256,7 @@ def observe(kube: Kube, job: JobRef, spec: RLJobSpec) -> Observed:
         ],
         inference_pod_uids={p["metadata"]["uid"] for p in inference},
         ready_inference_pods={p["metadata"]["name"]: p["metadata"]["uid"] for p in inference if _is_ready(p)},
+        waiting_pods=pod_waits(pods, kube.list("v1", "PersistentVolumeClaim", job.namespace, selector)),
     )
 
 

@@ -49,6 +49,7 @@ from rljob.operator.builders.meta import (
     selector_string,
 )
 from rljob.operator.builders.trainer import COMPLETION_INDEX_LABEL, JOB_UID_LABEL
+from rljob.operator.pod_waits import PodWait, waits_message
 
 TRAINER_CONTAINER = "trainer"
 
@@ -149,6 +150,8 @@ class Observed:
     # pods that are Ready now by name (to tell whether a lost pod's replacement is already serving).
     lost_inference_pods: list[PodObs] = field(default_factory=list)
     ready_inference_pods: dict[str, str] = field(default_factory=dict)
+    # Pods waiting on something that will not fix itself (image pull, scheduling, claim, crash loop).
+    waiting_pods: list[PodWait] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -552,6 +555,7 @@ def compute_status(
     else:
         conds.set("Degraded", False, "AsExpected" if active else "NotRunning")
     conds.set("Ready", ready, "JobReady" if ready else ("NotRunning" if not active else "NotReady"))
+    events += _blocked_pods(conds, prev, obs.waiting_pods if active else [], active)
     if active:
         conds.set("Progressing", True, "Running" if ready else ("Recovering" if degraded else "Starting"))
     else:
@@ -599,6 +603,18 @@ def compute_status(
         metrics=prev.metrics,
     )
     return Decision(status=status, active=active, restart_trainer_job=restart_job, events=events)
+
+
+def _blocked_pods(conds: _Conditions, prev: RLJobStatus, waits: list[PodWait], active: bool) -> list[EventRecord]:
+    """Set PodsBlocked from the blocked pods; a Warning Event for each pod/reason not reported before."""
+    if not waits:
+        conds.set("PodsBlocked", False, "NoneBlocked" if active else "NotRunning")
+        return []
+    message = waits_message(waits)
+    conds.set("PodsBlocked", True, waits[0].reason, message)
+    old = prev.condition("PodsBlocked")
+    said = old.message if old is not None and old.status == "True" else ""
+    return [EventRecord("Warning", w.reason, w.describe()) for w in waits if w.key not in said]
 
 
 OPERATOR_STATUS_KEYS = ("phase", "observedGeneration", "startTime", "completionTime", "rollout", "restarts", "outcome")

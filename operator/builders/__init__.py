@@ -13,6 +13,7 @@ from rljob.operator.builders.inference import (
     pool_statefulset,
 )
 from rljob.operator.builders.meta import JobRef
+from rljob.operator.builders.pods import fall_back_to_logs
 from rljob.operator.builders.router import router_deployment, router_service
 from rljob.operator.builders.trainer import (
     checkpoint_pvc,
@@ -46,4 +47,4 @@ def build_children(job: JobRef, spec: RLJobSpec, *, active: bool) -> list[dict[s
         ]
     children += [router_service(job), router_deployment(job, spec, active)]
     children += [trainer_service(job, spec), trainer_job(job, spec, active)]
-    return children
+    return fall_back_to_logs(children)

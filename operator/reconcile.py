@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from rljob.api.load import format_validation_error
 from rljob.api.spec import RLJobSpec
 from rljob.api.status import RLJobStatus, utcnow
-from rljob.operator.builders import JobRef, build_children
+from rljob.operator.builders import ImageDefaults, JobRef, build_children
 from rljob.operator.builders.inference import effective_pools, pool_workload_name
 from rljob.operator.builders.meta import LABEL_JOB, LABEL_POOL, LABEL_ROLE, ROLE_INFERENCE, ROLE_TRAINER, selector_string
 from rljob.operator.builders.router import router_name
@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 
 # Children applied concurrently per job (RLJOB_APPLY_CONCURRENCY, `--apply-concurrency`; 1: one by one).
 APPLY_CONCURRENCY = max(1, int(os.environ.get("RLJOB_APPLY_CONCURRENCY", "8")))
+# The child pods' default images (RLJOB_IMAGE_DEFAULTS, JSON, from the chart's `images`); read once,
+# so an invalid configuration stops the operator at start.
+IMAGES = ImageDefaults.from_env()
 _WORKLOAD_KINDS = ("StatefulSet", "Deployment", "Job")
 # Children the operator may prune when a pool disappears from the spec.
 _POOL_KINDS = (("apps/v1", "StatefulSet"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"))
@@ -149,7 +152,7 @@ def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bo
     trainer Job being recreated); raises ChildApplyError naming the first object the API server refused.
     """
     job = JobRef.from_body(body)
-    children = build_children(job, spec, active=active)
+    children = build_children(job, spec, active=active, images=IMAGES)
     waves = [[c for c in children if c["kind"] not in _WORKLOAD_KINDS], [c for c in children if c["kind"] in _WORKLOAD_KINDS]]
     changed: dict[str, list[str]] = {}
     try:

@@ -12,6 +12,7 @@ from rljob.operator.builders.inference import (
     pool_service,
     pool_statefulset,
 )
+from rljob.operator.builders.images import ImageDefaults, apply_image_defaults
 from rljob.operator.builders.meta import JobRef
 from rljob.operator.builders.pods import fall_back_to_logs
 from rljob.operator.builders.router import router_deployment, router_service
@@ -25,14 +26,17 @@ from rljob.operator.builders.trainer import (
     trainer_job,
 )
 
-__all__ = ["JobRef", "build_children"]
+__all__ = ["ImageDefaults", "JobRef", "build_children"]
 
 
-def build_children(job: JobRef, spec: RLJobSpec, *, active: bool) -> list[dict[str, Any]]:
+def build_children(
+    job: JobRef, spec: RLJobSpec, *, active: bool, images: ImageDefaults | None = None
+) -> list[dict[str, Any]]:
     """Every child object of one RLJob, in apply order (dependencies first).
 
     `active=False` (suspended or finished) keeps every object but scales all workloads to zero,
-    so GPUs are released while the checkpoint PVC and the config survive.
+    so GPUs are released while the checkpoint PVC and the config survive. `images`: the operator's
+    configured default images (None: the built-in ones).
     """
     children: list[dict[str, Any]] = [config_map(job, spec), service_account(job), role(job), role_binding(job)]
     pvc = checkpoint_pvc(job, spec)
@@ -47,4 +51,4 @@ def build_children(job: JobRef, spec: RLJobSpec, *, active: bool) -> list[dict[s
         ]
     children += [router_service(job), router_deployment(job, spec, active)]
     children += [trainer_service(job, spec), trainer_job(job, spec, active)]
-    return fall_back_to_logs(children)
+    return apply_image_defaults(fall_back_to_logs(children), images or ImageDefaults())

@@ -62,6 +62,10 @@ def _claim_names(pod: dict[str, Any]) -> list[str]:
 
 
 def _unscheduled(status: dict[str, Any]) -> dict[str, Any] | None:
+    """The scheduler's PodScheduled=False/Unschedulable condition of a pod still Pending (a stale one on a
+    pod that runs since is no wait)."""
+    if status.get("phase") not in (None, "Pending"):
+        return None
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
             return cond

@@ -107,7 +107,7 @@ def volumes(kube_cluster: Any, namespace: str) -> Iterator[Callable[[str], None]
                 "metadata": {"name": name},
                 "spec": {
                     "capacity": {"storage": "10Gi"},
-                    "accessModes": ["ReadWriteOnce"],
+                    "accessModes": ["ReadWriteMany"],
                     "persistentVolumeReclaimPolicy": "Retain",
                     "hostPath": {"path": f"/tmp/rljob-test/{name}"},
                     "claimRef": {"namespace": namespace, "name": f"{job}-checkpoints"},
@@ -124,7 +124,8 @@ def volumes(kube_cluster: Any, namespace: str) -> Iterator[Callable[[str], None]
 def rljob(name: str, **spec_overrides: Any) -> dict[str, Any]:
     """A small two-vendor RLJob; the trainer runs on CPU nodes so GPU nodes stay for inference."""
     spec: dict[str, Any] = {
-        "model": {"huggingFace": "Qwen/Qwen3-0.6B"},
+        # A download step (the API server refuses a Hub id no pod could resolve offline).
+        "model": {"huggingFace": "Qwen/Qwen3-0.6B", "storage": {"download": {}}},
         "data": {"synthetic": {"numPrompts": 64}},
         "rollout": {
             "rolloutBatchSize": 4,
@@ -134,6 +135,8 @@ def rljob(name: str, **spec_overrides: Any) -> dict[str, Any]:
             ],
         },
         "trainer": {"vendor": "cpu", "gpusPerReplica": 0, "nodeSelector": TRAINER_NODE_SELECTOR},
+        # Tests run gangs of 2 trainer pods: a ReadWriteOnce claim is refused for them.
+        "checkpoint": {"accessMode": "ReadWriteMany"},
         "backoffLimit": 1,
     }
     spec.update(spec_overrides)

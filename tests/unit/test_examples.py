@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from rljob.api.load import load_rljob
+from rljob.api.load import load_rljob, parse_rljob
 from rljob.api.spec import cluster_problems
 from rljob.operator.builders import JobRef, build_children
 from rljob.operator.builders.pods import pod_templates
@@ -65,3 +66,13 @@ def test_example_header_lists_what_its_pods_need(example: Path) -> None:
     missing += [f"Secret {s}" for s in secrets if f"`{s}`" not in header]
     missing += [f"node label {k}" for k in labels if k not in header]
     assert not missing, f"{example.name}: the header comment does not name {missing}"
+
+
+def test_operator_doc_sample_validates_for_a_cluster() -> None:
+    """docs/operator.md's RLJob sample is what a reader copies first: it must run on a cluster too."""
+    text = (ROOT / "docs/operator.md").read_text()
+    samples = [b.split("```", 1)[0] for b in text.split("```yaml\n")[1:] if "kind: RLJob" in b.split("```", 1)[0]]
+    assert samples, "docs/operator.md has no RLJob sample"
+    for sample in samples:
+        document = yaml.safe_load(sample)
+        assert cluster_problems(parse_rljob(document, "docs/operator.md").spec) == [], sample

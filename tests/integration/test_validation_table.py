@@ -376,29 +376,26 @@ def test_api_server_keeps_checkpoint_location_immutable(
 def test_api_server_applies_the_weight_transport_cluster_rules(api: k8s.CustomObjectsApi, table_namespace: str) -> None:
     """The CRD's CEL twin of `cluster_problems`' transport rules: the same documents refused (naming the
     field) and accepted."""
-    for case, doc, field in CLUSTER_INVALID:
+    check_cluster_rules(api, table_namespace, CLUSTER_INVALID, CLUSTER_VALID)
+
+
+def check_cluster_rules(api: k8s.CustomObjectsApi, namespace: str, refused: list[tuple[str, dict[str, Any], str]],
+                        accepted: list[tuple[str, dict[str, Any]]]) -> None:
+    """Create each document: the `refused` ones must fail with 422 naming their field, the `accepted` ones pass."""
+    for case, doc, field in refused:
         doc = copy.deepcopy(doc)
         doc["metadata"]["name"] = case[:40].rstrip("-")
         with pytest.raises(ApiException) as info:
-            create(api, table_namespace, doc)
+            create(api, namespace, doc)
         assert info.value.status == 422 and field in info.value.body, (case, info.value.body)
-    for case, doc in CLUSTER_VALID:
+    for case, doc in accepted:
         doc = copy.deepcopy(doc)
         doc["metadata"]["name"] = case[:40].rstrip("-")
-        create(api, table_namespace, doc)
+        create(api, namespace, doc)
 
 
 @pytest.mark.cluster
 def test_api_server_applies_the_hub_and_claim_cluster_rules(api: k8s.CustomObjectsApi, table_namespace: str) -> None:
     """The CRD's CEL twins of `cluster_problems`' Hub and claim rules: the same documents refused (naming
     the field) and accepted."""
-    for case, doc, field in CLUSTER_REFUSED:
-        doc = copy.deepcopy(doc)
-        doc["metadata"]["name"] = case[:40].rstrip("-")
-        with pytest.raises(ApiException) as info:
-            create(api, table_namespace, doc)
-        assert info.value.status == 422 and field in info.value.body, (case, info.value.body)
-    for case, doc in CLUSTER_ACCEPTED:
-        doc = copy.deepcopy(doc)
-        doc["metadata"]["name"] = case[:40].rstrip("-")
-        create(api, table_namespace, doc)
+    check_cluster_rules(api, table_namespace, CLUSTER_REFUSED, CLUSTER_ACCEPTED)

@@ -3,9 +3,7 @@ registry or saved as an archive, and chart values the operator accepts for exact
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -13,17 +11,13 @@ import pytest
 import yaml
 
 from rljob.operator.builders.images import ImageDefaults
+from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("build_images", ROOT / "images/build_images.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "images/build_images.py")
 
 
 def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[list[list[str]], dict]:

@@ -8,7 +8,6 @@ monitors that select the pods the builders create; the PrometheusRule built from
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -29,6 +28,7 @@ from rljob.operator.builders.meta import LABEL_ROLE, ROLE_INFERENCE, ROLE_TRAINE
 from rljob.operator.builders.trainer import role as trainer_role
 from rljob.common.kube import PLURALS
 from tests.cluster.binaries import BinariesUnavailable, binary_path, ensure_built
+from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rljob-operator"
@@ -104,12 +104,7 @@ def find(objects: list[Manifest], kind: str, name: str | None = None) -> Manifes
 
 def load_chart_sync() -> ModuleType:
     """charts/tools/chart_sync.py (a script, not a package)."""
-    spec = importlib.util.spec_from_file_location("chart_sync", ROOT / "charts/tools/chart_sync.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "charts/tools/chart_sync.py")
 
 
 # ---------------------------------------------------------------------------------------------

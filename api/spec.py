@@ -579,8 +579,8 @@ class Toleration(ApiModel):
     value: LabelValue | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = Field(
-        default=None, ge=-(2**63), le=2**63 - 1,
-        description="With effect NoExecute: how long the pod stays bound after the taint appears (unset: forever).",
+        default=None, ge=0, le=10 * 365 * DAY_S,
+        description="With effect NoExecute: seconds the pod stays bound after the taint appears (unset: forever).",
     )
 
     @model_validator(mode="after")

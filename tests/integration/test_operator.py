@@ -287,6 +287,26 @@ def test_two_vendor_job_becomes_ready_on_the_right_nodes_and_is_garbage_collecte
     wait_for(lambda: not pods(kube_cluster, namespace, "rljob.io/job-name=mixed"), "pods deleted", 120)
 
 
+def test_unschedulable_pool_is_reported_with_the_pod(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any
+) -> None:
+    """No silent wait: a pool whose pods no node takes (the real scheduler says so) turns PodsBlocked True
+    with the pod named, and a Warning Event with the reason, while the job stays Starting."""
+    volumes("stuck")
+    spec = rljob("stuck")
+    spec["spec"]["rollout"]["pools"][1]["nodeSelector"] = {"rljob.test/no-such-node": "x"}
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, spec)
+
+    def blocked() -> dict[str, Any] | None:
+        cond = condition(get(api, namespace, "stuck"), "PodsBlocked")
+        return cond if cond and cond["status"] == "True" and "stuck-infer-mi-0" in cond["message"] else None
+
+    cond = wait_for(blocked, "PodsBlocked=True naming stuck-infer-mi-0", timeout=120)
+    assert "pod stuck-infer-mi-0: Unschedulable" in cond["message"], cond
+    assert "Unschedulable" in wait_events(kube_cluster, namespace, "stuck", "Unschedulable")
+    assert get(api, namespace, "stuck")["status"]["phase"] == "Starting"
+
+
 INVALID: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("wrong type", lambda j: j["spec"]["rollout"].update(rolloutBatchSize="eight"), "spec.rollout.rolloutBatchSize"),
     ("zero batch", lambda j: j["spec"]["rollout"].update(rolloutBatchSize=0), "spec.rollout.rolloutBatchSize"),
@@ -535,9 +555,9 @@ def test_a_refused_child_becomes_a_condition_and_observed_generation_waits(
     volumes("refused")
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("refused"))
     wait_phase(api, namespace, "refused", "Running")
-    # The CRD checks each toleration field alone; the API server refuses a value with operator Exists on
-    # the Job's pod template.
-    bad = {"spec": {"trainer": {"tolerations": [{"key": "example.com/dedicated", "operator": "Exists", "value": "x"}]}}}
+    # The CRD does not match spec.pods.volumeMounts against spec.pods.volumes; the API server refuses a
+    # mount of a volume the pod template lacks (the pools' StatefulSets are applied first).
+    bad = {"spec": {"pods": {"volumeMounts": [{"name": "missing", "mountPath": "/data"}]}}}
     api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "refused", bad)
 
     def refused() -> dict[str, Any] | None:
@@ -547,7 +567,7 @@ def test_a_refused_child_becomes_a_condition_and_observed_generation_waits(
 
     job = wait_for(refused, "ChildrenApplied=False", timeout=120)
     message = condition(job, "ChildrenApplied")["message"]
-    assert "Job refused-trainer" in message and "tolerations[0]" in message, message
+    assert "StatefulSet refused-infer-" in message and "volumeMounts[" in message, message
     assert job["metadata"]["generation"] == 2 and job["status"]["observedGeneration"] == 1
     wait_events(kube_cluster, namespace, "refused", "ApplyFailed")
 

@@ -1,6 +1,8 @@
 # rljob developer entry points. Every target installs what it needs, idempotently:
 #   make quickstart   train the tiny policy with APRIL on CPU and compare against sync rollouts
 #   make test         all tests (unit, integration with the local control plane, its real node and Prometheus)
+#   make images REGISTRY=registry.example.com/ml   build every image and push it (no REGISTRY: save archives;
+#                     PLAN=1: print the commands and the chart values only)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -8,7 +10,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha1sum | cut -c1-12)
 export RLJOB_CACHE ?= $(HOME)/.cache/rljob
 
-.PHONY: install quickstart test unit cluster-build cluster-images cluster-up cluster-down benchmark crds
+.PHONY: install quickstart test unit cluster-build cluster-images cluster-up cluster-down benchmark crds images
 
 $(STAMP):
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +23,12 @@ install: $(STAMP)
 
 quickstart: install
 	$(BIN)/rljob run docs/examples/quickstart.yaml --fresh --compare-rounds 4
+
+# Every image of images/ (buildah, else docker), pushed to $(REGISTRY) or saved under $(IMAGES_OUT).
+REGISTRY   ?=
+IMAGES_OUT ?= dist/images
+images: install
+	$(BIN)/python images/build_images.py --registry "$(REGISTRY)" --out "$(IMAGES_OUT)" $(if $(PLAN),--plan)
 
 cluster-build:
 	tests/cluster/localkube.sh build

@@ -563,13 +563,48 @@ class WeightTransportSpec(ApiModel):
     keep_last: int = Field(default=2, ge=1, le=1000, description="Snapshots kept in diskDir (disk); older ones are deleted.")
 
 
+_TOLERATION_EXISTS_VALUE = "tolerations[].value must be empty when operator is Exists (Kubernetes refuses the pod)"
+_TOLERATION_EMPTY_KEY = (
+    "tolerations[].operator must be Exists when key is empty (an empty key matches every taint; Kubernetes refuses "
+    "Equal, which is the default operator)"
+)
+_TOLERATION_SECONDS = "tolerations[].tolerationSeconds applies only to effect NoExecute (Kubernetes refuses the pod)"
+
+
 class Toleration(ApiModel):
-    """A Kubernetes toleration (subset)."""
+    """A Kubernetes toleration, checked as Kubernetes checks a pod's (an invalid one would fail every child pod)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                rule("!(has(self.operator) && self.operator == 'Exists' && has(self.value) && self.value != '')",
+                     _TOLERATION_EXISTS_VALUE, ".value"),
+                rule("(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+                     _TOLERATION_EMPTY_KEY, ".operator"),
+                rule("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+                     _TOLERATION_SECONDS, ".tolerationSeconds"),
+            ]
+        }
+    )
 
     key: LabelKey | None = None
     operator: Literal["Exists", "Equal"] | None = None
     value: LabelValue | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, le=10 * 365 * DAY_S,
+        description="With effect NoExecute: seconds the pod stays bound after the taint appears (unset: forever).",
+    )
+
+    @model_validator(mode="after")
+    def _as_kubernetes(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError(_TOLERATION_EXISTS_VALUE)
+        if not self.key and self.operator != "Exists":
+            raise ValueError(_TOLERATION_EMPTY_KEY)
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(_TOLERATION_SECONDS)
+        return self
 
 
 class KeyRef(ApiModel):
@@ -1273,7 +1308,59 @@ _ONE_VENDOR = (
     f"((!has(self.rollout.pools) || size(self.rollout.pools) == 0) ? {_TRAINER_VENDOR} == '{DEFAULT_POOL_VENDOR}' "
     f": self.rollout.pools.all(p, p.vendor == {_TRAINER_VENDOR}))"
 )
+# ----------------------------------------------------------------------------------------------
+# cluster rules: Hugging Face ids the pods must resolve, claims their pods must be able to share
+
+_HUB_OFFLINE = (
+    "{key}.huggingFace on a cluster needs {key}.storage.huggingFaceCache (a claim holding the Hugging Face cache) "
+    "or {key}.storage.download (fetch it in an init container): the pods resolve the id offline, in a cache "
+    "that starts empty"
+)
+_RWO_CHECKPOINT = (
+    "checkpoint.accessMode ReadWriteOnce cannot serve trainer.replicas > 1: every trainer pod mounts the "
+    "checkpoint claim, and the pods of a gang run on different nodes; set checkpoint.accessMode: ReadWriteMany "
+    "(a storage class that offers it) or checkpoint.uri: pvc://<a ReadWriteMany claim>"
+)
+_MULTI_TRAINER = f"({cel_has('self.trainer.replicas')} && self.trainer.replicas > 1)"
+HUB_CLUSTER_RULES = [
+    rule(
+        f"!({cel_has(f'self.{key}.huggingFace')}) || ({cel_has(f'self.{key}.storage.huggingFaceCache')}) "
+        f"|| ({cel_has(f'self.{key}.storage.download')})",
+        _HUB_OFFLINE.format(key=key),
+        f".{key}.huggingFace",
+    )
+    for key in ("model", "data")
+]
+ACCESS_CLUSTER_RULES = [
+    rule(
+        f"({cel_has('self.checkpoint.uri')}) || !{_MULTI_TRAINER} "
+        f"|| ({cel_has('self.checkpoint.accessMode')} && self.checkpoint.accessMode != 'ReadWriteOnce')",
+        _RWO_CHECKPOINT,
+        ".checkpoint.accessMode",
+    ),
+]
+
+
+def _hub_problems(spec: RLJobSpec) -> list[str]:
+    """HUB_CLUSTER_RULES: a Hub id no pod could resolve (no cache claim, no download)."""
+    problems = []
+    for key, source in (("model", spec.model), ("data", spec.data)):
+        storage = source.storage
+        if source.hugging_face and (storage is None or (storage.hugging_face_cache is None and storage.download is None)):
+            problems.append(f"spec.{key}.huggingFace: {_HUB_OFFLINE.format(key=key)}")
+    return problems
+
+
+def _claim_access_problems(spec: RLJobSpec) -> list[str]:
+    """ACCESS_CLUSTER_RULES: the operator's checkpoint claim cannot serve every trainer pod."""
+    if spec.checkpoint.uri is None and spec.trainer.replicas > 1 and spec.checkpoint.access_mode == "ReadWriteOnce":
+        return [f"spec.checkpoint.accessMode: {_RWO_CHECKPOINT}"]
+    return []
+
+
 CLUSTER_RULES = [
+    *HUB_CLUSTER_RULES,
+    *ACCESS_CLUSTER_RULES,
     {"rule": f"!has(self.model.builtin) || !{_GPU_POOLS}", "message": _BUILTIN_ON_GPU, "fieldPath": ".model.builtin"},
     {
         "rule": f"!has(self.model.path) || self.model.path.startsWith('{PVC_URI_PREFIX}') || !{_GPU_POOLS}",
@@ -1308,7 +1395,7 @@ def nccl_outsiders(spec: RLJobSpec) -> list[tuple[str, str]]:
 def cluster_problems(spec: RLJobSpec) -> list[str]:
     """Why a cluster cannot run this spec (the CRD's CLUSTER_RULES, for `rljob validate --cluster`)."""
     gpu_pools = not spec.rollout.pools or any(p.vendor in GPU_VENDORS for p in spec.rollout.pools)
-    problems = []
+    problems = [*_hub_problems(spec), *_claim_access_problems(spec)]
     if gpu_pools and spec.model.builtin:
         problems.append(f"spec.model.builtin: {_BUILTIN_ON_GPU}")
     if gpu_pools and spec.model.path and not spec.model.path.startswith(PVC_URI_PREFIX):

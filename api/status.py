@@ -25,7 +25,7 @@ Phase = Literal["Pending", "Starting", "Running", "Degraded", "Suspended", "Comp
 # Condition types the operator owns; other writers (the autotuner) own their own types.
 CONDITION_TYPES: tuple[str, ...] = (
     "ChildrenApplied", "RolloutReady", "TrainerReady", "Ready", "Progressing", "Degraded", "Suspended", "Complete",
-    "Failed", "NodeUnreachable",
+    "Failed", "NodeUnreachable", "PodsBlocked",
 )
 
 # The runtime's exit code when SIGTERM stopped it before the last step (EX_TEMPFAIL: retry later), and

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from rljob.api.load import format_validation_error
 from rljob.api.spec import RLJobSpec
 from rljob.api.status import RLJobStatus, utcnow
-from rljob.operator.builders import JobRef, NetworkPolicySettings, build_children
+from rljob.operator.builders import ImageDefaults, JobRef, NetworkPolicySettings, build_children
 from rljob.operator.builders.inference import effective_pools, pool_workload_name
 from rljob.operator.builders.meta import LABEL_JOB, LABEL_POOL, LABEL_ROLE, ROLE_INFERENCE, ROLE_TRAINER, selector_string
 from rljob.operator.builders.router import router_name
@@ -31,6 +31,7 @@ from rljob.operator.apply_retry import ApplyRetries, Backoff, Failures
 from rljob.operator.builders.engine_key import engine_key_secret, engine_key_secret_name, new_engine_key
 from rljob.operator.keyed_locks import KeyedLocks
 from rljob.operator.node_loss import OUT_OF_SERVICE_TAINT, NodeObs, TerminatingPod, node_observation, overdue, terminating_pod
+from rljob.operator.pod_waits import pod_waits
 from rljob.operator.status_queue import SeenPod, seen_under
 from rljob.operator.volume_policy import allowed_volume_types, refused_volume
 from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
@@ -50,6 +51,9 @@ log = logging.getLogger(__name__)
 
 # Children applied concurrently per job (RLJOB_APPLY_CONCURRENCY, `--apply-concurrency`; 1: one by one).
 APPLY_CONCURRENCY = max(1, int(os.environ.get("RLJOB_APPLY_CONCURRENCY", "8")))
+# The child pods' default images (RLJOB_IMAGE_DEFAULTS, JSON, from the chart's `images`); read once,
+# so an invalid configuration stops the operator at start.
+IMAGES = ImageDefaults.from_env()
 _WORKLOAD_KINDS = ("StatefulSet", "Deployment", "Job")
 # Children the operator may prune when a pool disappears from the spec.
 _POOL_KINDS = (("apps/v1", "StatefulSet"), ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"))
@@ -183,7 +187,7 @@ def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bo
     `hold_trainer`: a missing trainer Job is not created (the backoff after an interruption still runs).
     """
     job = JobRef.from_body(body)
-    children = build_children(job, spec, active=active, network=NETWORK_POLICY)
+    children = build_children(job, spec, active=active, network=NETWORK_POLICY, images=IMAGES)
     if hold_trainer and kube.get("batch/v1", "Job", job.namespace, trainer_name(job)) is None:
         children = [c for c in children if c["kind"] != "Job"]
     waves = [[c for c in children if c["kind"] not in _WORKLOAD_KINDS], [c for c in children if c["kind"] in _WORKLOAD_KINDS]]
@@ -322,6 +326,7 @@ def observe(kube: Kube, job: JobRef, spec: RLJobSpec) -> Observed:
         ready_inference_pods={p["metadata"]["name"]: p["metadata"]["uid"] for p in inference if _is_ready(p)},
         terminating_pods=terminating,
         nodes=_nodes({p.node for p in overdue(terminating, utcnow())}, kube),
+        waiting_pods=pod_waits(pods, kube.list("v1", "PersistentVolumeClaim", job.namespace, selector)),
     )
 
 

@@ -53,6 +53,7 @@ from rljob.operator.builders.meta import (
 )
 from rljob.operator.builders.trainer import COMPLETION_INDEX_LABEL, JOB_UID_LABEL
 from rljob.operator.node_loss import NodeObs, TerminatingPod, stuck_pods
+from rljob.operator.pod_waits import PodWait, waits_message
 
 TRAINER_CONTAINER = "trainer"
 
@@ -160,6 +161,8 @@ class Observed:
     # The job's pods being deleted on a node, and the nodes of those deleting for long (operator/node_loss.py).
     terminating_pods: list[TerminatingPod] = field(default_factory=list)
     nodes: dict[str, NodeObs] = field(default_factory=dict)
+    # Pods waiting on something that will not fix itself (image pull, scheduling, claim, crash loop).
+    waiting_pods: list[PodWait] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -596,6 +599,7 @@ def compute_status(
     else:
         conds.set("Degraded", False, "AsExpected" if active else "NotRunning")
     conds.set("Ready", ready, "JobReady" if ready else ("NotRunning" if not active else "NotReady"))
+    events += _blocked_pods(conds, prev, obs.waiting_pods if active else [], active)
     if active:
         conds.set("Progressing", True, "Running" if ready else ("Recovering" if degraded else "Starting"))
     else:
@@ -656,6 +660,18 @@ def compute_status(
 def trainer_start_held(restarts: RestartStatus, now: datetime) -> bool:
     """Whether a new trainer group must not be created yet: the backoff after an interruption still runs."""
     return restarts.trainer_start_not_before is not None and now < restarts.trainer_start_not_before
+
+
+def _blocked_pods(conds: _Conditions, prev: RLJobStatus, waits: list[PodWait], active: bool) -> list[EventRecord]:
+    """Set PodsBlocked from the blocked pods; a Warning Event for each pod/reason not reported before."""
+    if not waits:
+        conds.set("PodsBlocked", False, "NoneBlocked" if active else "NotRunning")
+        return []
+    message = waits_message(waits)
+    conds.set("PodsBlocked", True, waits[0].reason, message)
+    old = prev.condition("PodsBlocked")
+    said = old.message if old is not None and old.status == "True" else ""
+    return [EventRecord("Warning", w.reason, w.describe()) for w in waits if w.key not in said]
 
 
 OPERATOR_STATUS_KEYS = ("phase", "observedGeneration", "startTime", "completionTime", "rollout", "restarts", "outcome")

@@ -12,8 +12,10 @@ from rljob.operator.builders.inference import (
     pool_service,
     pool_statefulset,
 )
+from rljob.operator.builders.images import ImageDefaults, apply_image_defaults
 from rljob.operator.builders.meta import JobRef
 from rljob.operator.builders.network import NetworkPolicySettings, network_policies
+from rljob.operator.builders.pods import fall_back_to_logs
 from rljob.operator.builders.router import router_deployment, router_service
 from rljob.operator.builders.trainer import (
     checkpoint_pvc,
@@ -25,17 +27,19 @@ from rljob.operator.builders.trainer import (
     trainer_job,
 )
 
-__all__ = ["JobRef", "NetworkPolicySettings", "build_children"]
+__all__ = ["ImageDefaults", "JobRef", "NetworkPolicySettings", "build_children"]
 
 
 def build_children(
-    job: JobRef, spec: RLJobSpec, *, active: bool, network: NetworkPolicySettings = NetworkPolicySettings()
+    job: JobRef, spec: RLJobSpec, *, active: bool, network: NetworkPolicySettings = NetworkPolicySettings(),
+    images: ImageDefaults | None = None,
 ) -> list[dict[str, Any]]:
     """Every child object of one RLJob, in apply order (dependencies first).
 
     `active=False` (suspended or finished) keeps every object but scales all workloads to zero,
     so GPUs are released while the checkpoint PVC and the config survive. The NetworkPolicies come
-    first, so no pod of the job ever runs unguarded.
+    first, so no pod of the job ever runs unguarded. `images`: the operator's configured default images
+    (None: the built-in ones).
     """
     children: list[dict[str, Any]] = network_policies(job, spec, network)
     children += [config_map(job, spec), service_account(job), role(job), role_binding(job)]
@@ -51,4 +55,4 @@ def build_children(
         ]
     children += [router_service(job), router_deployment(job, spec, active)]
     children += [trainer_service(job, spec), trainer_job(job, spec, active)]
-    return children
+    return apply_image_defaults(fall_back_to_logs(children), images or ImageDefaults())

@@ -121,3 +121,21 @@ def pod_volumes(policy: PodPolicySpec, own: list[dict[str, Any]], shm_size: str 
 def container_mounts(policy: PodPolicySpec, own: list[dict[str, Any]], shm: bool) -> list[dict[str, Any]]:
     """A main container's mounts, in the order of pod_volumes: /dev/shm (``shm``), /tmp, ``own``, the spec's."""
     return [*([shm_mount()] if shm else []), scratch_mount(), *own, *extra_mounts(policy)]
+
+
+def pod_templates(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pod specs of the workloads among `children` (StatefulSet, Deployment, Job)."""
+    return [c["spec"]["template"]["spec"] for c in children if c["kind"] in ("StatefulSet", "Deployment", "Job")]
+
+
+def fall_back_to_logs(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Set `terminationMessagePolicy: FallbackToLogsOnError` on every container and init container.
+
+    A container that crashes without writing /dev/termination-log (a Python traceback, SGLang failing
+    to load a model) then reports the tail of its log in its status, so `kubectl describe` and the
+    operator's Events say why instead of "exit code 1". The runtime's own message still wins when written.
+    """
+    for pod in pod_templates(children):
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            container["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    return children

@@ -38,12 +38,15 @@ METRICS_JSONL = "/var/lib/rljob/checkpoints/metrics.jsonl"
 
 
 def checkpoint_volume(rc: RealCluster, namespace: str, folder: Path, claim: str) -> None:
-    """A hostPath PV pre-bound to the operator's checkpoint claim (the cluster has no provisioner)."""
+    """A hostPath PV pre-bound to the operator's checkpoint claim (the cluster has no provisioner).
+
+    ReadWriteMany, as the example's claim asks: both trainer pods mount it (the API server refuses a
+    ReadWriteOnce checkpoint claim for more than one trainer pod)."""
     folder.mkdir(parents=True)
     folder.chmod(0o777)
     rc.cluster.core().create_persistent_volume({
         "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"ckpt-{namespace}"[:63]},
-        "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+        "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
                  "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(folder), "type": "Directory"},
                  "claimRef": {"namespace": namespace, "name": claim}},
     })

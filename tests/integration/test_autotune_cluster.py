@@ -194,7 +194,7 @@ def test_autotune_loop_recommend_apply_and_prometheus_outage(
         {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RLJob", "metadata": {"name": NAME},
          # The CRD rejects a builtin model (GPU pools cannot load it); the local runtime trains the builtin
          # policy and the autotuner only reads and writes this object's status.
-         "spec": {**job_spec(prom.url, "Recommend"), "model": {"huggingFace": "rljob/tiny-arith"}}},
+         "spec": {**job_spec(prom.url, "Recommend"), "model": {"huggingFace": "rljob/tiny-arith", "storage": {"download": {}}}}},
     )
     # The runtime loads the policy (warm-up cached on disk) and runs its first rounds.
     wait_for(lambda: rt.alive() and (value(prom, "rljob_steps_total") or 0) >= 2, "first runtime steps", timeout=600, interval=1)

@@ -50,7 +50,10 @@ _FORBIDDEN = re.compile(r"Forbidden|\bHTTP 403\b|\(403\)")
 INSTALL_VALUES = {
     "serviceMonitor": {"enabled": True},
     "podMonitors": {"sglang": {"enabled": True}, "trainer": {"enabled": True}},
-    "prometheusRule": {"enabled": True, "thresholds": {"truncationRate": 0.35}},
+    "prometheusRule": {
+        "enabled": True, "thresholds": {"truncationRate": 0.35},
+        "runbookBaseUrl": "https://wiki.example.com/ml/rljob/runbooks",
+    },
     "monitoring": {"labels": {"release": "prometheus"}},
 }
 

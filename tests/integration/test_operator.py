@@ -108,7 +108,7 @@ def volumes(kube_cluster: Any, namespace: str) -> Iterator[Callable[[str], None]
                 "metadata": {"name": name},
                 "spec": {
                     "capacity": {"storage": "10Gi"},
-                    "accessModes": ["ReadWriteOnce"],
+                    "accessModes": ["ReadWriteMany"],
                     "persistentVolumeReclaimPolicy": "Retain",
                     "hostPath": {"path": f"/tmp/rljob-test/{name}"},
                     "claimRef": {"namespace": namespace, "name": f"{job}-checkpoints"},
@@ -125,7 +125,8 @@ def volumes(kube_cluster: Any, namespace: str) -> Iterator[Callable[[str], None]
 def rljob(name: str, **spec_overrides: Any) -> dict[str, Any]:
     """A small two-vendor RLJob; the trainer runs on CPU nodes so GPU nodes stay for inference."""
     spec: dict[str, Any] = {
-        "model": {"huggingFace": "Qwen/Qwen3-0.6B"},
+        # A download step (the API server refuses a Hub id no pod could resolve offline).
+        "model": {"huggingFace": "Qwen/Qwen3-0.6B", "storage": {"download": {}}},
         "data": {"synthetic": {"numPrompts": 64}},
         "rollout": {
             "rolloutBatchSize": 4,
@@ -135,6 +136,8 @@ def rljob(name: str, **spec_overrides: Any) -> dict[str, Any]:
             ],
         },
         "trainer": {"vendor": "cpu", "gpusPerReplica": 0, "nodeSelector": TRAINER_NODE_SELECTOR},
+        # Tests run gangs of 2 trainer pods: a ReadWriteOnce claim is refused for them.
+        "checkpoint": {"accessMode": "ReadWriteMany"},
         "backoffLimit": 1,
     }
     spec.update(spec_overrides)
@@ -285,6 +288,26 @@ def test_two_vendor_job_becomes_ready_on_the_right_nodes_and_is_garbage_collecte
     api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "mixed")
     wait_for(lambda: children(kube_cluster, namespace, "mixed") == {}, "garbage collection of every child", 120)
     wait_for(lambda: not pods(kube_cluster, namespace, "rljob.io/job-name=mixed"), "pods deleted", 120)
+
+
+def test_unschedulable_pool_is_reported_with_the_pod(
+    kube_cluster: Any, namespace: str, api: k8s.CustomObjectsApi, operator: OperatorProcess, volumes: Any
+) -> None:
+    """No silent wait: a pool whose pods no node takes (the real scheduler says so) turns PodsBlocked True
+    with the pod named, and a Warning Event with the reason, while the job stays Starting."""
+    volumes("stuck")
+    spec = rljob("stuck")
+    spec["spec"]["rollout"]["pools"][1]["nodeSelector"] = {"rljob.test/no-such-node": "x"}
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, spec)
+
+    def blocked() -> dict[str, Any] | None:
+        cond = condition(get(api, namespace, "stuck"), "PodsBlocked")
+        return cond if cond and cond["status"] == "True" and "stuck-infer-mi-0" in cond["message"] else None
+
+    cond = wait_for(blocked, "PodsBlocked=True naming stuck-infer-mi-0", timeout=120)
+    assert "pod stuck-infer-mi-0: Unschedulable" in cond["message"], cond
+    assert "Unschedulable" in wait_events(kube_cluster, namespace, "stuck", "Unschedulable")
+    assert get(api, namespace, "stuck")["status"]["phase"] == "Starting"
 
 
 INVALID: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
@@ -551,9 +574,9 @@ def test_a_refused_child_becomes_a_condition_and_observed_generation_waits(
     volumes("refused")
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("refused"))
     wait_phase(api, namespace, "refused", "Running")
-    # The CRD checks each toleration field alone; the API server refuses a value with operator Exists on
-    # the Job's pod template.
-    bad = {"spec": {"trainer": {"tolerations": [{"key": "example.com/dedicated", "operator": "Exists", "value": "x"}]}}}
+    # The CRD does not match spec.pods.volumeMounts against spec.pods.volumes; the API server refuses a
+    # mount of a volume the pod template lacks (the pools' StatefulSets are applied first).
+    bad = {"spec": {"pods": {"volumeMounts": [{"name": "missing", "mountPath": "/data"}]}}}
     api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "refused", bad)
 
     def refused() -> dict[str, Any] | None:
@@ -563,7 +586,7 @@ def test_a_refused_child_becomes_a_condition_and_observed_generation_waits(
 
     job = wait_for(refused, "ChildrenApplied=False", timeout=120)
     message = condition(job, "ChildrenApplied")["message"]
-    assert "Job refused-trainer" in message and "tolerations[0]" in message, message
+    assert "StatefulSet refused-infer-" in message and "volumeMounts[" in message, message
     assert job["metadata"]["generation"] == 2 and job["status"]["observedGeneration"] == 1
     wait_events(kube_cluster, namespace, "refused", "ApplyFailed")
 

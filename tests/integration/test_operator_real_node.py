@@ -70,7 +70,8 @@ def test_chart_operator_pod_becomes_ready(real_cluster: RealCluster, real_namesp
     api = k8s.CustomObjectsApi(rc.cluster.api)
     api.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "RLJob", "metadata": {"name": "smoke"},
-        "spec": {"model": {"huggingFace": "Qwen/Qwen3-0.6B"}, "data": {"synthetic": {}}, "rollout": {"engine": "sglang"}},
+        "spec": {"model": {"huggingFace": "Qwen/Qwen3-0.6B", "storage": {"download": {}}}, "data": {"synthetic": {}},
+                 "rollout": {"engine": "sglang"}},
     })
 
     def reconciled() -> bool:

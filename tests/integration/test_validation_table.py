@@ -37,7 +37,7 @@ def base() -> dict[str, Any]:
         "kind": "RLJob",
         "metadata": {"name": "table"},
         "spec": {
-            "model": {"huggingFace": "Qwen/Qwen3-0.6B"},
+            "model": {"huggingFace": "Qwen/Qwen3-0.6B", "storage": {"huggingFaceCache": "pvc://hf-cache"}},
             "data": {"synthetic": {"numPrompts": 64}},
             "rollout": {
                 "rolloutBatchSize": 4,
@@ -112,6 +112,19 @@ INVALID: list[tuple[str, str, Any, tuple[str, ...]]] = [
     ("secret-name-not-dns", "spec.autotune.prometheus.bearerTokenSecretRef", {"name": "Bad_Secret", "key": "token"},
      ("autotune.prometheus.bearerTokenSecretRef.name",)),
     ("toleration-key-bad", "spec.rollout.pools[0].tolerations[0].key", "bad key", ("rollout.pools[0].tolerations[0].key",)),
+    # tolerations Kubernetes itself would refuse on every child pod
+    ("toleration-exists-with-value", "spec.rollout.pools[0].tolerations[0]",
+     {"key": "nvidia.com/gpu", "operator": "Exists", "value": "true"},
+     ("rollout.pools[0].tolerations[0]", "value must be empty when operator is Exists")),
+    ("toleration-empty-key-equal", "spec.rollout.pools[0].tolerations[0]", {"operator": "Equal", "value": "x"},
+     ("rollout.pools[0].tolerations[0]", "operator must be Exists when key is empty")),
+    ("toleration-empty-key-default-operator", "spec.trainer.tolerations", [{"effect": "NoSchedule"}],
+     ("trainer.tolerations[0]", "operator must be Exists when key is empty")),
+    ("toleration-seconds-without-noexecute", "spec.rollout.pools[0].tolerations[0]",
+     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 30},
+     ("rollout.pools[0].tolerations[0]", "tolerationSeconds applies only to effect NoExecute")),
+    ("toleration-effect-unknown", "spec.rollout.pools[0].tolerations[0].effect", "NoRun",
+     ("rollout.pools[0].tolerations[0].effect",)),
     ("hf-id-garbage", "spec.model.huggingFace", "not a / hub id", ("model.huggingFace",)),
     ("hf-dataset-id-garbage", "spec.data", {"huggingFace": "not a / hub id", "jsonl": "train.jsonl"},
      ("data.huggingFace",)),
@@ -192,6 +205,24 @@ CLUSTER_INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("disk-without-shared-folder", weight_sync_doc([NV_POOL, AMD_POOL], GPU_TRAINER, {"mode": "disk"}),
      "rollout.weightTransport.mode"),
 ]
+# Hub ids no pod could resolve, and a checkpoint claim that cannot serve its pods: refused (naming the
+# field) by `rljob validate --cluster` and the API server alike. (case id, document, field named)
+HUB_OFFLINE = {"huggingFace": "Qwen/Qwen3-0.6B"}
+HUB_DATA_OFFLINE = {"huggingFace": "openai/gsm8k", "jsonl": "main/train.jsonl"}
+CLUSTER_REFUSED: list[tuple[str, dict[str, Any], str]] = [
+    ("hub-model-no-cache-no-download", set_path(base(), "spec.model", HUB_OFFLINE), "model.huggingFace"),
+    ("hub-model-empty-storage", set_path(base(), "spec.model", {**HUB_OFFLINE, "storage": {}}), "model.huggingFace"),
+    ("hub-data-no-cache-no-download", set_path(base(), "spec.data", HUB_DATA_OFFLINE), "data.huggingFace"),
+    ("checkpoint-rwo-two-trainers", set_path(base(), "spec.trainer.replicas", 2), "checkpoint.accessMode"),
+]
+CLUSTER_ACCEPTED: list[tuple[str, dict[str, Any]]] = [
+    ("hub-model-download", set_path(base(), "spec.model", {**HUB_OFFLINE, "storage": {"download": {}}})),
+    ("hub-data-cache", set_path(base(), "spec.data", {**HUB_DATA_OFFLINE, "storage": {"huggingFaceCache": "pvc://hf-cache"}})),
+    ("checkpoint-rwx-two-trainers", set_path(set_path(base(), "spec.trainer.replicas", 2), "spec.checkpoint",
+                                             {"accessMode": "ReadWriteMany"})),
+    ("checkpoint-own-claim-two-trainers", set_path(set_path(base(), "spec.trainer.replicas", 2), "spec.checkpoint",
+                                                   {"uri": "pvc://shared-checkpoints"})),
+]
 # ...and what they accept: a transport every pool can take.
 CLUSTER_VALID: list[tuple[str, dict[str, Any]]] = [
     ("disk-mixed-vendors", weight_sync_doc([NV_POOL, AMD_POOL], GPU_TRAINER, {"mode": "disk"},
@@ -213,6 +244,17 @@ def test_validate_cluster_refuses_a_transport_some_pool_cannot_take(case: str, d
 
 @pytest.mark.parametrize(("case", "doc"), CLUSTER_VALID, ids=[c[0] for c in CLUSTER_VALID])
 def test_validate_cluster_accepts_a_transport_every_pool_can_take(case: str, doc: dict[str, Any]) -> None:
+    assert cluster_problems(parse_rljob(copy.deepcopy(doc), "job.yaml").spec) == [], case
+
+
+@pytest.mark.parametrize(("case", "doc", "field"), CLUSTER_REFUSED, ids=[c[0] for c in CLUSTER_REFUSED])
+def test_validate_cluster_refuses_what_no_pod_can_use(case: str, doc: dict[str, Any], field: str) -> None:
+    spec = parse_rljob(copy.deepcopy(doc), "job.yaml").spec  # a laptop run accepts it
+    assert [p.split(":")[0] for p in cluster_problems(spec)] == [f"spec.{field}"], case
+
+
+@pytest.mark.parametrize(("case", "doc"), CLUSTER_ACCEPTED, ids=[c[0] for c in CLUSTER_ACCEPTED])
+def test_validate_cluster_accepts_what_the_pods_can_use(case: str, doc: dict[str, Any]) -> None:
     assert cluster_problems(parse_rljob(copy.deepcopy(doc), "job.yaml").spec) == [], case
 
 
@@ -337,13 +379,26 @@ def test_api_server_keeps_checkpoint_location_immutable(
 def test_api_server_applies_the_weight_transport_cluster_rules(api: k8s.CustomObjectsApi, table_namespace: str) -> None:
     """The CRD's CEL twin of `cluster_problems`' transport rules: the same documents refused (naming the
     field) and accepted."""
-    for case, doc, field in CLUSTER_INVALID:
+    check_cluster_rules(api, table_namespace, CLUSTER_INVALID, CLUSTER_VALID)
+
+
+def check_cluster_rules(api: k8s.CustomObjectsApi, namespace: str, refused: list[tuple[str, dict[str, Any], str]],
+                        accepted: list[tuple[str, dict[str, Any]]]) -> None:
+    """Create each document: the `refused` ones must fail with 422 naming their field, the `accepted` ones pass."""
+    for case, doc, field in refused:
         doc = copy.deepcopy(doc)
         doc["metadata"]["name"] = case[:40].rstrip("-")
         with pytest.raises(ApiException) as info:
-            create(api, table_namespace, doc)
+            create(api, namespace, doc)
         assert info.value.status == 422 and field in info.value.body, (case, info.value.body)
-    for case, doc in CLUSTER_VALID:
+    for case, doc in accepted:
         doc = copy.deepcopy(doc)
         doc["metadata"]["name"] = case[:40].rstrip("-")
-        create(api, table_namespace, doc)
+        create(api, namespace, doc)
+
+
+@pytest.mark.cluster
+def test_api_server_applies_the_hub_and_claim_cluster_rules(api: k8s.CustomObjectsApi, table_namespace: str) -> None:
+    """The CRD's CEL twins of `cluster_problems`' Hub and claim rules: the same documents refused (naming
+    the field) and accepted."""
+    check_cluster_rules(api, table_namespace, CLUSTER_REFUSED, CLUSTER_ACCEPTED)

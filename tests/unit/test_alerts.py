@@ -26,6 +26,7 @@ REQUIRED = {
     "RLJobRewardCollapse", "RLJobWeightSyncFailures", "RLJobRuntimeMetricsAbsent",
     # operator health
     "RLJobOperatorDown", "RLJobReconcileErrors", "RLJobFailed", "RLJobDegraded", "RLJobTrainerRestarts",
+    "RLJobStuckStarting",
 }
 
 

@@ -8,7 +8,6 @@ monitors that select the pods the builders create; the PrometheusRule built from
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -29,12 +28,17 @@ from rljob.operator.builders.meta import LABEL_ROLE, ROLE_INFERENCE, ROLE_TRAINE
 from rljob.operator.builders.trainer import role as trainer_role
 from rljob.common.kube import PLURALS
 from tests.cluster.binaries import BinariesUnavailable, binary_path, ensure_built
+from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rljob-operator"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
 RULES_FILE = CHART / "files" / "rljob-alerts.rules.yaml"
+# The runbook base of the plain rules file; the chart requires prometheusRule.runbookBaseUrl with the rules.
+RUNBOOK_BASE = "https://github.com/rljob/rljob/blob/main/docs/runbooks"
+# The alerts as shipped: the rules, their runbook base, and the operator's ServiceMonitor (RLJobOperatorDown needs it).
+RULES_ON = ["prometheusRule.enabled=true", f"prometheusRule.runbookBaseUrl={RUNBOOK_BASE}", "serviceMonitor.enabled=true"]
 # helm template knows no cluster: render for the version the local control plane runs.
 KUBE_VERSION = re.search(r"^K8S_VERSION=(\S+)", (ROOT / "tests/cluster/localkube.sh").read_text(), re.M).group(1)  # type: ignore[union-attr]
 
@@ -100,12 +104,7 @@ def find(objects: list[Manifest], kind: str, name: str | None = None) -> Manifes
 
 def load_chart_sync() -> ModuleType:
     """charts/tools/chart_sync.py (a script, not a package)."""
-    spec = importlib.util.spec_from_file_location("chart_sync", ROOT / "charts/tools/chart_sync.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "charts/tools/chart_sync.py")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -397,8 +396,46 @@ def plain_rules() -> dict[str, Any]:
 
 
 def test_prometheus_rule_with_defaults_is_the_plain_rules_file(helm: Path) -> None:
-    rule = find(render(helm, sets=["prometheusRule.enabled=true"]), "PrometheusRule")
+    rule = find(render(helm, sets=RULES_ON), "PrometheusRule")
     assert rule["spec"]["groups"] == plain_rules()["groups"]
+
+
+def test_runbook_base_url_is_required_with_the_rules(helm: Path) -> None:
+    proc = run_helm(helm, *template_args(sets=["prometheusRule.enabled=true"]), check=False)
+    assert proc.returncode != 0 and "prometheusRule.runbookBaseUrl is required" in proc.stderr, proc.stderr
+
+
+def test_operator_down_needs_the_service_monitor(helm: Path) -> None:
+    def alerts(*sets: str) -> set[str]:
+        rule = find(render(helm, sets=[*RULES_ON, *sets]), "PrometheusRule")
+        return {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+
+    scraped, unscraped = alerts(), alerts("serviceMonitor.enabled=false")
+    assert "RLJobOperatorDown" in scraped and scraped - unscraped == {"RLJobOperatorDown"}
+
+
+@pytest.mark.parametrize(
+    ("sets", "hint"),
+    [
+        ([], "monitoring.labels.release=<kube-prometheus-stack release name>"),
+        ([*RULES_ON, "podMonitors.trainer.enabled=true"], "selects them by `release: <its release name>`"),
+        ([*RULES_ON, "monitoring.labels.release=prom", "serviceMonitor.enabled=false"], "RLJobOperatorDown is left out"),
+    ],
+)
+def test_notes_name_the_release_label_and_the_dropped_alert(helm: Path, tmp_path: Path, sets: list[str], hint: str) -> None:
+    # `helm template` leaves NOTES.txt out and `install --dry-run` needs a cluster: a copy of the chart
+    # renders the same text as a ConfigMap.
+    chart = tmp_path / "rljob-operator"
+    shutil.copytree(CHART, chart)
+    notes_text = (chart / "templates/NOTES.txt").read_text()
+    (chart / "templates/_notes.tpl").write_text('{{- define "notes" -}}\n' + notes_text + "\n{{- end }}\n")
+    (chart / "templates/notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: {{ include \"notes\" . | toJson }}\n"
+    )
+    notes = find(render(helm, sets=sets, chart=chart), "ConfigMap", "notes")["data"]["notes"]
+    assert hint in notes, notes
+    if "monitoring.labels.release=prom" in sets:
+        assert "selects them by" not in notes
 
 
 def test_prometheus_rule_applies_thresholds_for_severity_and_labels(helm: Path) -> None:
@@ -414,8 +451,13 @@ def test_prometheus_rule_applies_thresholds_for_severity_and_labels(helm: Path) 
     assert alerts["RLJobNoRecentStep"]["labels"]["severity"] == "critical"
     assert all(a["labels"]["team"] == "ml-platform" for a in alerts.values())
     assert all(g["interval"] == "1m" for g in rule["spec"]["groups"])
-    # Everything not overridden is the file's.
-    assert alerts["RLJobRolloutStalled"] == {**plain["RLJobRolloutStalled"], "labels": {**plain["RLJobRolloutStalled"]["labels"], "team": "ml-platform"}}
+    # Everything not overridden is the file's (the runbook under the values' base).
+    stalled = plain["RLJobRolloutStalled"]
+    runbook = "https://wiki.example.com/ml/rljob/runbooks/rljobrolloutstalled.md"
+    assert alerts["RLJobRolloutStalled"] == {
+        **stalled, "labels": {**stalled["labels"], "team": "ml-platform"},
+        "annotations": {**stalled["annotations"], "runbook_url": runbook},
+    }
 
 
 def test_threshold_sites_missing_from_the_rules_file_fail_the_render(helm: Path, tmp_path: Path) -> None:
@@ -423,7 +465,7 @@ def test_threshold_sites_missing_from_the_rules_file_fail_the_render(helm: Path,
     shutil.copytree(CHART, chart)
     edited = chart / "files/rljob-alerts.rules.yaml"
     edited.write_text(edited.read_text().replace("> 0.30", "> 0.35"))
-    proc = run_helm(helm, *template_args(sets=["prometheusRule.enabled=true"], chart=chart), check=False)
+    proc = run_helm(helm, *template_args(sets=RULES_ON, chart=chart), check=False)
     assert proc.returncode != 0
     assert 'alert RLJobTruncationRateHigh no longer contains "> 0.30"' in proc.stderr, proc.stderr
 
@@ -488,7 +530,7 @@ def test_rljob_validate_cluster_rejects_a_model_gpu_pools_cannot_load(tmp_path: 
 
 def test_runbook_urls_are_absolute_under_the_chart_value(helm: Path) -> None:
     def urls(*sets: str) -> dict[str, str]:
-        rule = find(render(helm, sets=["prometheusRule.enabled=true", *sets]), "PrometheusRule")
+        rule = find(render(helm, sets=[*RULES_ON, *sets]), "PrometheusRule")
         return {r["alert"]: r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]}
 
     default = urls()

@@ -260,9 +260,13 @@ def test_cluster_rejects_models_gpu_pools_cannot_load(model: dict[str, Any], poo
 
 
 def test_cluster_accepts_models_the_pods_can_see() -> None:
-    for model in ({"path": "pvc://models/qwen"}, {"huggingFace": "Qwen/Qwen3-4B"}):
+    for model in ({"path": "pvc://models/qwen"}, {"huggingFace": "Qwen/Qwen3-4B", "storage": {"download": {}}},
+                  {"huggingFace": "Qwen/Qwen3-4B", "storage": {"huggingFaceCache": "pvc://hf-cache"}}):
         spec = RLJobSpec.model_validate({"model": model, "data": {"synthetic": {}}})
         assert cluster_problems(spec) == []
+    # A Hub id alone: every pod would resolve it offline in an empty cache.
+    alone = RLJobSpec.model_validate({"model": {"huggingFace": "Qwen/Qwen3-4B"}, "data": {"synthetic": {}}})
+    assert [p.split(":")[0] for p in cluster_problems(alone)] == ["spec.model.huggingFace"]
 
 
 def test_model_storage_needs_a_hub_id() -> None:

@@ -85,6 +85,7 @@ def test_all_ready_is_ready_with_every_condition() -> None:
     assert [c.type for c in s.conditions] == [
         "ChildrenApplied", "RolloutReady", "TrainerReady", "Ready", "Progressing", "Degraded", "Suspended", "Complete", "Failed",
         "NodeUnreachable",
+        "PodsBlocked",
     ]
     assert all(c.observed_generation == 3 for c in s.conditions) and s.observed_generation == 3
     assert _cond(s, "Ready") == ("True", "JobReady")
@@ -384,7 +385,7 @@ def test_foreign_conditions_are_kept() -> None:
                          "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
     )
     types = [c.type for c in _run(_spec(), prev, _obs()).status.conditions]
-    assert types[-1] == "AutotuneActive" and len(types) == 11
+    assert types[-1] == "AutotuneActive" and len(types) == 12
 
 
 def test_pod_observation_keys_are_stable_across_restart_counts() -> None:

@@ -47,10 +47,29 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* Operator image reference: repository@digest when a digest is given, else repository:tag (tag defaults to appVersion). */}}
 {{- define "rljob-operator.image" -}}
 {{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- $repository := .Values.image.repository }}
+{{- with .Values.images.registry }}
+{{- $repository = printf "%s/%s" (trimSuffix "/" .) $repository }}
+{{- end }}
 {{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- printf "%s:%s" $repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's default images of RLJob children (RLJOB_IMAGE_DEFAULTS): the `images` values as JSON. */}}
+{{- define "rljob-operator.imageDefaults" -}}
+{{- toJson .Values.images }}
+{{- end }}
+
+{{/* Pull secrets of the operator pod: imagePullSecrets, then images.pullSecrets. */}}
+{{- define "rljob-operator.imagePullSecrets" -}}
+{{- $secrets := list }}
+{{- range .Values.imagePullSecrets }}{{ $secrets = append $secrets (dict "name" .name) }}{{ end }}
+{{- range .Values.images.pullSecrets }}{{ $secrets = append $secrets (dict "name" .) }}{{ end }}
+{{- with $secrets | uniq }}
+{{- toYaml . }}
 {{- end }}
 {{- end }}
 

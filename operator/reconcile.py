@@ -1,4 +1,4 @@
-"""Reconcile one RLJob: apply its children, observe them, decide (status_logic), act, write status.
+"""Reconcile one RLJob: apply its children, observe them, decide (lifecycle.py), act, write status.
 
 Level-based and idempotent: every call reads the RLJob and its children fresh, so it can be
 interrupted anywhere and simply run again (by the next event, the resync timer or a restarted
@@ -28,11 +28,11 @@ from rljob.operator.builders.router import router_name
 from rljob.operator.builders.trainer import ANNOTATION_TEMPLATE_HASH, trainer_name
 from rljob.common.kube import Kube, KubeError
 from rljob.operator.keyed_locks import KeyedLocks
-from rljob.operator.status_queue import SeenPod, seen_under
+from rljob.operator.sync_queue import SeenPod, seen_under
 from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
-from rljob.operator.status_logic import (
+from rljob.operator.lifecycle import (
     ApplyResult,
-    Decision,
+    LifecycleDecision,
     Observed,
     WorkloadObs,
     compute_status,
@@ -348,7 +348,7 @@ def _sync_once(
     obs.trainer_pods += [p for p in seen_under(extra_trainer, generation) if p.uid not in seen]
     obs.lost_inference_pods = seen_under(lost, generation)
 
-    def decide(result: ApplyResult | None) -> Decision:
+    def decide(result: ApplyResult | None) -> LifecycleDecision:
         return compute_status(job, spec, generation, prev, obs, utcnow(), applied=result)
 
     decision = decide(applied)

@@ -27,7 +27,7 @@ from rljob.api import RLJobConfigError, load_rljob
 from rljob.api.spec import RLJob, cluster_problems
 from rljob.runtime.engines.base import EngineError
 from rljob.runtime.models.errors import ExportError, ModelSourceError
-from rljob.runtime.metrics import StepRecord
+from rljob.runtime.step_record import StepRecord
 from rljob.runtime.sim.cli import add_simulate_arguments, run_simulate
 
 if TYPE_CHECKING:
@@ -66,16 +66,16 @@ def _step_table(rows: deque[StepRecord]) -> Table:
     for r in rows:
         table.add_row(
             str(r.step),
-            f"{r.reward_mean:.3f}",
+            f"{r.batch.reward_mean:.3f}",
             "" if r.eval_reward is None else f"{r.eval_reward:.3f}",
-            f"{r.rollout_tokens_per_s:.0f}",
-            f"{r.truncation_rate:.2f}",
-            f"{r.off_policy_token_ratio:.2f}",
-            str(r.staleness_max),
-            str(r.buffer_groups),
-            f"{r.length_mean:.0f}",
-            f"{r.rollout_seconds:.1f}",
-            f"{r.train_seconds:.1f}",
+            f"{r.round.rollout_tokens_per_s:.0f}",
+            f"{r.round.truncation_rate:.2f}",
+            f"{r.batch.off_policy_token_ratio:.2f}",
+            str(r.batch.staleness_max),
+            str(r.round.buffer_groups),
+            f"{r.batch.length_mean:.0f}",
+            f"{r.round.rollout_seconds:.1f}",
+            f"{r.train.train_seconds:.1f}",
         )
     return table
 
@@ -115,7 +115,7 @@ def _run_command(args: argparse.Namespace) -> int:
     try:
         if distributed.is_leader:
             return asyncio.run(_run(args, job, distributed))
-        from rljob.runtime.runner import TrainingRank
+        from rljob.runtime.ranks import TrainingRank
 
         TrainingRank(job, distributed).run()
         return 0
@@ -155,7 +155,8 @@ def _launch_ranks(args: argparse.Namespace) -> int:
 
 async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | None) -> int:
     from rljob.runtime.report import write_report
-    from rljob.runtime.runner import JobRunner, RunOptions, compare_strategies
+    from rljob.runtime.compare import compare_strategies
+    from rljob.runtime.runner import JobRunner, RunOptions
 
     output = Path(args.output or Path("runs") / job.metadata.name)
     # torchrun restarting a failed group: resume from the last checkpoint, never start over.
@@ -207,8 +208,8 @@ async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | 
         steps.update(step_task, completed=rec.step)
         if not args.live:
             console.print(
-                f"step {rec.step}: reward {rec.reward_mean:.3f} tok/s {rec.rollout_tokens_per_s:.0f} "
-                f"trunc {rec.truncation_rate:.2f} off-policy {rec.off_policy_token_ratio:.2f} buffer {rec.buffer_groups}"
+                f"step {rec.step}: reward {rec.batch.reward_mean:.3f} tok/s {rec.round.rollout_tokens_per_s:.0f} "
+                f"trunc {rec.round.truncation_rate:.2f} off-policy {rec.batch.off_policy_token_ratio:.2f} buffer {rec.round.buffer_groups}"
                 + ("" if rec.eval_reward is None else f" held-out reward {rec.eval_reward:.3f}")
             )
 

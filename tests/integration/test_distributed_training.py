@@ -143,7 +143,7 @@ def _ranks_train_then_stop(distributed, job, lead, stops: int) -> None:  # type:
     follow its orders, and after each of its `stops` "stop" orders join one gather of the full state."""
     import asyncio
 
-    from rljob.runtime.runner import TrainingRank
+    from rljob.runtime.ranks import TrainingRank
 
     if distributed.rank != 0:
         training = TrainingRank(job, distributed)
@@ -155,7 +155,7 @@ def _ranks_train_then_stop(distributed, job, lead, stops: int) -> None:  # type:
 
 
 def _stop_and_gather(runner) -> dict:  # type: ignore[no-untyped-def]
-    from rljob.runtime.runner import Order
+    from rljob.runtime.ranks import Order
 
     runner._order(Order("stop"))
     return full_state(runner.trainer)

@@ -9,9 +9,9 @@ from rljob.api.spec import RLJobSpec
 from rljob.api.status import KnobValue, RLJobStatus
 from rljob.common.autotune.tick import autotuner_status, merge_patch
 from rljob.operator.builders import JobRef
-from rljob.operator.status_logic import (
+from rljob.operator.lifecycle import (
     ApplyResult,
-    Decision,
+    LifecycleDecision,
     Observed,
     PodObs,
     TrainerJobObs,
@@ -66,7 +66,7 @@ def _pod(
 
 def _run(
     spec: RLJobSpec, prev: RLJobStatus, obs: Observed, now: datetime = T0, gen: int = 1, applied: Any = "ok"
-) -> Decision:
+) -> LifecycleDecision:
     """One evaluation; by default as after reconcile applied generation `gen` (applied=None: a plain resync)."""
     result = ApplyResult(gen) if applied == "ok" else applied
     return compute_status(JOB, spec, gen, prev, obs, now, applied=result)

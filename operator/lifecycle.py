@@ -161,7 +161,7 @@ class EventRecord:
 
 
 @dataclass
-class Decision:
+class LifecycleDecision:
     """Result of one lifecycle evaluation."""
 
     status: RLJobStatus
@@ -389,7 +389,7 @@ def compute_status(
     obs: Observed,
     now: datetime,
     applied: ApplyResult | None = None,
-) -> Decision:
+) -> LifecycleDecision:
     """Decide the new status and the actions for one RLJob from its spec, old status and children.
 
     `applied` is the result of applying this generation's children in this pass (None: no apply was
@@ -598,7 +598,7 @@ def compute_status(
         effective_knobs=_knobs(spec, prev.effective_knobs),
         metrics=prev.metrics,
     )
-    return Decision(status=status, active=active, restart_trainer_job=restart_job, events=events)
+    return LifecycleDecision(status=status, active=active, restart_trainer_job=restart_job, events=events)
 
 
 OPERATOR_STATUS_KEYS = ("phase", "observedGeneration", "startTime", "completionTime", "rollout", "restarts", "outcome")

@@ -89,13 +89,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
-    settings.execution.max_workers = 8
+    settings.execution.max_workers = workers = 8
     # kopf's own Events ("Handler 'apply' succeeded", one POST per reconcile) only for warnings and errors.
     settings.posting.level = logging.WARNING
     for group, version, plural in CHILD_KINDS:
         settings.watching.label_selectors[group, version, plural] = CHILD_SELECTOR
     # kopf's workers times the concurrent applies of one job: one pooled connection for each.
-    memo.kube = CachedKube(load_api_client(pool_maxsize=settings.execution.max_workers * APPLY_CONCURRENCY))
+    memo.kube = CachedKube(load_api_client(pool_maxsize=workers * APPLY_CONCURRENCY))
     CACHED_OBJECTS.set_function(memo.kube.cache.__len__)
     JOB_LOCKS_HELD.set_function(JOB_LOCKS.__len__)
     if METRICS_PORT:

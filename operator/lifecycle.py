@@ -33,6 +33,7 @@ from rljob.api.status import (
     EffectiveKnobs,
     KnobValue,
     Outcome,
+    Phase,
     PoolStatus,
     RLJobStatus,
     RolloutStatus,
@@ -299,7 +300,7 @@ class _Conditions:
         self.flipped: list[Condition] = []
 
     def set(self, type_: str, true: bool, reason: str, message: str = "") -> None:
-        status = "True" if true else "False"
+        status: Literal["True", "False"] = "True" if true else "False"
         old = self.prev.condition(type_)
         changed = old is None or old.status != status
         cond = Condition(
@@ -560,10 +561,12 @@ def compute_status(
     conds.set("Suspended", suspended, "JobSuspended" if suspended else "NotSuspended")
     complete = outcome is not None and outcome.result == "Complete"
     failed_job = outcome is not None and outcome.result == "Failed"
-    conds.set("Complete", complete, outcome.reason if complete else "NotComplete", outcome.message if complete else "")
-    conds.set("Failed", failed_job, outcome.reason if failed_job else "NotFailed", outcome.message if failed_job else "")
+    reason, message = (outcome.reason, outcome.message) if outcome is not None else ("", "")
+    conds.set("Complete", complete, reason if complete else "NotComplete", message if complete else "")
+    conds.set("Failed", failed_job, reason if failed_job else "NotFailed", message if failed_job else "")
 
     # Phase and times.
+    phase: Phase
     if outcome is not None:
         phase = outcome.result
     elif suspended:

@@ -306,7 +306,8 @@ def _build_model(args: argparse.Namespace) -> int:
     from rljob.runtime.models.tiny import TinyModelRecipe, build_tiny_model
     from rljob.runtime.tasks.policy import TINY_ARCHITECTURES
 
-    folder = build_tiny_model(args.dir, TinyModelRecipe(family=TINY_ARCHITECTURES[args.name], seed=args.seed))
+    family = TINY_ARCHITECTURES[args.name]  # a family name TinyModelRecipe knows (tests/unit/test_hf_models.py)
+    folder = build_tiny_model(args.dir, TinyModelRecipe(family=family, seed=args.seed))  # type: ignore[arg-type]
     console.print(f"[green]built[/] {args.name} (random weights, locally trained tokenizer) at [bold]{folder}[/]; "
                   f"use it with spec.model.path: {folder}")
     return 0

@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -22,6 +22,8 @@ from rljob.runtime.engines.base import Engine, GenerateRequest, WeightUpdate
 from rljob.runtime.rollout.scheduler import RolloutScheduler, RoundResult
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from rljob.runtime.runner import JobRunner
 
 EngineFactory = Callable[[], Engine]
@@ -157,7 +159,7 @@ async def compare_strategies(
     from rljob.runtime import job_parts as parts
 
     job = runner.job
-    model = runner.trainer.model
+    model = cast("PreTrainedModel", runner.trainer.model)  # the policy, as loaded from Hugging Face
     engines: list[Engine] = []
     schedulers = {}
     for name in strategies:

@@ -18,13 +18,15 @@ from rljob.runtime.checkpoint import CheckpointManager
 from rljob.runtime.engines.base import Engine
 from rljob.runtime.evaluation import EvalPrompt
 from rljob.runtime.metrics import RuntimeMetrics
-from rljob.runtime.rollout.sample import Group, Sample
-from rljob.runtime.rollout.scheduler import RolloutConfig, RolloutScheduler
+from rljob.runtime.rollout.sample import Group
+from rljob.runtime.rollout.scheduler import GroupScorer, RolloutConfig, RolloutScheduler
 from rljob.runtime.rollout.strategy import Strategy, make_strategy
 from rljob.runtime.rollout.truncation import TruncationPolicy
 from rljob.runtime.training.distributed import Distributed
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from rljob.runtime.tasks.dataset import PromptStream
     from rljob.runtime.trainer import Trainer
     from rljob.runtime.weights.transport import WeightTransport
@@ -115,7 +117,7 @@ def open_policy_for_training(job: RLJob) -> Any:
     return policy
 
 
-def build_engines(job: RLJob, model: torch.nn.Module, detokenize: Callable[[list[int]], str] | None = None,
+def build_engines(job: RLJob, model: PreTrainedModel, detokenize: Callable[[list[int]], str] | None = None,
                   seeded: bool = False) -> list[Engine]:
     """The job's rollout engines over `model` (embedded engines copy it; SGLang pools are found).
     `seeded`: sample with the trainer's seed (a strategy comparison gives every strategy the same)."""
@@ -189,7 +191,7 @@ def build_scheduler(
     engines: Sequence[Engine],
     prompts: PromptStream,
     stop_token_ids: list[int],
-    scorer: Callable[[Group, list[Sample]], Any],
+    scorer: GroupScorer | None,
     group_filter: Callable[[Group], bool] | None,
     strategy: str | None = None,
     recover: Callable[[], Any] | None = None,
@@ -199,7 +201,8 @@ def build_scheduler(
         engines,
         rollout_config(job, stop_token_ids),
         build_rollout_strategy(job, strategy),
-        prompts,
+        # (PromptRecord is frozen, while the rollout's Prompt protocol declares its attributes writable)
+        prompts,  # type: ignore[arg-type]
         None,
         truncation=build_truncation(job),
         group_filter=group_filter,

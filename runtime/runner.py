@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -27,16 +27,13 @@ from rljob.runtime import job_parts as parts
 from rljob.runtime.checkpoint import LoadedCheckpoint, rng_state, set_rng_state
 from rljob.runtime.engines.base import Engine
 from rljob.runtime.evaluation import EvalPrompt, EvalResult, evaluate_held_out
-from rljob.runtime.knobs import KnobSource, apply_knobs
+from rljob.runtime.knobs import KnobSource, apply_knobs, knob_values
 from rljob.runtime.ranks import SYNC_BUCKET_BYTES, Order, OrderSender
 from rljob.runtime.rollout.scheduler import RolloutScheduler
 from rljob.runtime.rollout.scoring import dynamic_sampling_filter
 from rljob.runtime.step_record import StepRecord, step_record
 from rljob.runtime.training.distributed import Distributed
 from rljob.runtime.weights.transport import SyncReport, WeightTransport
-
-if TYPE_CHECKING:
-    from rljob.runtime.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -66,17 +63,6 @@ class RunSummary:
     metrics_port: int | None
     # SIGTERM stopped the run before its last step (checkpointed): not a success.
     interrupted: bool = False
-
-
-def current_knobs(scheduler: RolloutScheduler) -> dict[str, float]:
-    """The partial-rollout knob values in force (exported with every step)."""
-    knobs = {
-        "over_sampling": float(getattr(scheduler.strategy, "over_sampling", 1.0)),
-        "max_staleness": float(scheduler.config.max_staleness),
-        "truncation_k": float(scheduler.truncation.k) if scheduler.truncation.mode == "sigma" else 0.0,
-    }
-    knobs["segment_cap_tokens"] = float(scheduler.segment_cap() or 0)
-    return knobs
 
 
 def status_metrics(rec: StepRecord) -> dict[str, float | int]:
@@ -188,7 +174,7 @@ class JobRunner:
         await self._sync_weights()
         if self.settings.metrics_port:
             self.metrics_port = self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port)
-        self.metrics.set_knobs(current_knobs(self.scheduler))
+        self.metrics.set_knobs(knob_values(self.scheduler))
 
     def _restore(self, loaded: LoadedCheckpoint) -> None:
         """Rank 0's part of a resume: data cursor, buffer, counters, RNG and the engines' generators."""
@@ -260,7 +246,7 @@ class JobRunner:
     async def run_step(self) -> StepRecord:
         """One round, one optimizer step, one weight sync; metrics and checkpoint."""
         self.poll_knobs()
-        knobs = current_knobs(self.scheduler)
+        knobs = knob_values(self.scheduler)
         t0 = time.perf_counter()
         result = await self.scheduler.run_round(self.version)
         t1 = time.perf_counter()
@@ -284,8 +270,8 @@ class JobRunner:
         )
         every = self.settings.eval_every
         if self.eval_prompts and (self.step % every == 0 or self.step == self.total_steps):
-            result = await self.evaluate()
-            record.eval_reward = result.reward_mean if result is not None else None
+            evaluation = await self.evaluate()
+            record.eval_reward = evaluation.reward_mean if evaluation is not None else None
         self.metrics.record(record)
         for listener in self.step_listeners:
             listener(record)
@@ -381,7 +367,7 @@ class JobRunner:
 
     def _write_model_config(self, folder: Path) -> None:
         """Config files beside a disk snapshot, so the engines can load it as a model folder."""
-        model = self.trainer.model
+        model: Any = self.trainer.model  # a Hugging Face model (nn.Module's attributes type as Tensor | Module)
         model.config.save_pretrained(folder)
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(folder)

@@ -137,7 +137,7 @@ def persisted_step(status: RLJobStatus) -> int | None:
 
 def _condition(status: RLJobStatus, true: bool, reason: str, message: str, generation: int, now: datetime) -> list[dict[str, Any]]:
     """The whole conditions list (merge patches replace lists) with AutotuneActive set."""
-    state = "True" if true else "False"
+    state: Literal["True", "False"] = "True" if true else "False"
     old = status.condition(CONDITION)
     cond = Condition(
         type=CONDITION,

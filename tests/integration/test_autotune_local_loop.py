@@ -16,12 +16,11 @@ from rljob.api.spec import RLJobSpec
 from rljob.runtime.engines.base import WeightUpdate
 from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.knob_sources import LocalAutotuner
-from rljob.runtime.knobs import apply_knobs
+from rljob.runtime.knobs import apply_knobs, knob_values
 from rljob.runtime.step_record import StepRecord
 from rljob.runtime.rollout.scheduler import RolloutConfig, RolloutScheduler
 from rljob.runtime.rollout.strategy import AprilStrategy
 from rljob.runtime.rollout.truncation import TruncationPolicy
-from rljob.runtime.runner import current_knobs
 from rljob.runtime.step_record import step_record
 
 from tests.helpers.tiny_model import build_tiny_model
@@ -95,7 +94,7 @@ async def test_local_autotuner_brings_truncation_into_band(engine: EmbeddedEngin
         values = tuner.poll()
         if values is not None:
             apply_knobs(scheduler, values)
-        knobs = current_knobs(scheduler)
+        knobs = knob_values(scheduler)
         caps.append(knobs["segment_cap_tokens"])
         await engine.update_weights(WeightUpdate(version=version, module=engine.model))
         result = await scheduler.run_round(version)

@@ -31,6 +31,7 @@ from rljob.runtime.step_record import StepRecord
 from rljob.runtime.sim.cli import add_simulate_arguments, run_simulate
 
 if TYPE_CHECKING:
+    from rljob.runtime.runner import JobRunner
     from rljob.runtime.training.distributed import Distributed
 
 console = Console()
@@ -153,6 +154,16 @@ def _launch_ranks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_start(runner: JobRunner) -> None:
+    """What the set-up found: the checkpoint resumed from, newer ones passed over, the metrics endpoint."""
+    if runner.resumed_from:
+        console.print(f"resumed from [bold]{runner.resumed_from}[/] at step {runner.step}")
+    for skipped in runner.skipped_checkpoints:
+        console.print(f"[yellow]skipped the newer checkpoint {skipped}[/]")
+    if runner.metrics_port:
+        console.print(f"metrics on http://{runner.settings.metrics_host}:{runner.metrics_port}/metrics")
+
+
 async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | None) -> int:
     from rljob.runtime.report import write_report
     from rljob.runtime.compare import compare_strategies
@@ -181,12 +192,7 @@ async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | 
     # Plain status lines, not a spinner: the policy warm-up shows its own progress bar, and rich
     # allows one live display at a time.
     await runner.setup(on_status=lambda msg: console.print(f"[bold]{msg}[/] …"))
-    if runner.resumed_from:
-        console.print(f"resumed from [bold]{runner.resumed_from}[/] at step {runner.step}")
-    for skipped in runner.skipped_checkpoints:
-        console.print(f"[yellow]skipped the newer checkpoint {skipped}[/]")
-    if runner.metrics_port:
-        console.print(f"metrics on http://{job.spec.metrics.host}:{runner.metrics_port}/metrics")
+    _print_start(runner)
 
     recent: deque[StepRecord] = deque(maxlen=args.table_rows)
     steps = Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

@@ -17,7 +17,7 @@ from typing import Literal
 
 from rljob.api.spec import RLJob
 from rljob.runtime.checkpoint import rng_state, set_rng_state
-from rljob.runtime.job_parts import build_checkpoints, build_trainer, open_policy_for_training
+from rljob.runtime.job_parts import build_checkpoints, build_trainer, loop_settings, open_policy_for_training
 from rljob.runtime.metrics import serve_readiness
 from rljob.runtime.rollout.sample import Group
 from rljob.runtime.training.balance import balance_by_tokens
@@ -81,14 +81,14 @@ class TrainingRank:
             raise ValueError("rank 0 runs JobRunner, not TrainingRank")
         self.job = job
         self.distributed = distributed
-        spec = job.spec
+        settings = loop_settings(job, steps=None, resume=None, metrics_port=None)
         self.checkpoints = build_checkpoints(job, distributed)
         self.trainer = build_trainer(job, open_policy_for_training(job).model, distributed)
         self.steps_trained = 0
         # Once its part is built, the pod's probe may pass: without an answer, the pods of ranks 1..N-1
         # never turned Ready and the job never left Starting (found on the real node).
-        self.probe_port = (serve_readiness(spec.metrics.host, spec.metrics.port)
-                           if spec.metrics.port and distributed.env.answers_pod_probe else None)
+        self.probe_port = (serve_readiness(settings.metrics_host, settings.metrics_port)
+                           if settings.metrics_port and distributed.env.answers_pod_probe else None)
 
     def run(self) -> int:
         """Follow rank 0's orders until it says stop; returns the steps trained here."""

@@ -157,7 +157,7 @@ def _ranks_train_then_stop(distributed, job, lead, stops: int) -> None:  # type:
 def _stop_and_gather(runner) -> dict:  # type: ignore[no-untyped-def]
     from rljob.runtime.ranks import Order
 
-    runner._order(Order("stop"))
+    runner.orders.send(Order("stop"))
     return full_state(runner.trainer)
 
 
@@ -288,7 +288,7 @@ async def test_a_checkpoint_of_two_ranks_resumes_in_one_process(tmp_path: Path) 
         resumed["state"] = full_state(runner.trainer)
         assert_same_job_state(saved, resumed, "2 -> 1")
         record = await runner.run_step()  # and the single process trains on from there
-        assert record.step == 3 and record.loss == record.loss
+        assert record.step == 3 and record.train.loss == record.train.loss
     finally:
         await runner.close()
 

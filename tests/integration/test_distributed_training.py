@@ -182,7 +182,7 @@ async def _lead_resume_and_step(job, distributed, out: Path) -> None:  # type: i
     record = leader_record(runner)
     record["state"] = _stop_and_gather(runner)
     step = await runner.run_step()  # and the job trains on from there, at its own world size
-    record["next"] = (step.step, step.loss)
+    record["next"] = (step.step, step.train.loss)
     _stop_and_gather(runner)
     await runner.close()
     torch.save(record, out / "resumed.pt")

@@ -1,4 +1,4 @@
-"""The single-process training backend on the tiny transformer, and the bucketing both backends share."""
+"""The single-process training backend on the tiny transformer (bucketing: tests/unit/test_weight_buckets.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rljob.runtime.models.precision import MasterWeightAdamW
-from rljob.runtime.training.backend import SingleProcessBackend, bucketed, build_backend
+from rljob.runtime.training.backend import SingleProcessBackend, build_backend
 
 from tests.helpers.tiny_model import build_tiny_model
 
@@ -23,14 +23,6 @@ def loss_of(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 def weights(backend: SingleProcessBackend) -> dict[str, torch.Tensor]:
     return {n: t.clone() for bucket in backend.iter_full_weights(1 << 20) for n, t in bucket}
-
-
-def test_bucketed_groups_tensors_by_bytes_and_gives_a_large_one_its_own_bucket():
-    named = [("a", torch.zeros(4)), ("b", torch.zeros(4)), ("big", torch.zeros(64)), ("c", torch.zeros(2))]
-    buckets = list(bucketed(iter(named), bucket_bytes=32))  # float32: 16, 16, 256, 8 bytes
-    assert [[n for n, _ in b] for b in buckets] == [["a", "b"], ["big"], ["c"]]
-    with pytest.raises(ValueError, match="bucket_bytes must be >= 1"):
-        list(bucketed(iter(named), 0))
 
 
 def test_without_ranks_the_backend_is_the_model_itself():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -46,7 +46,7 @@ from rljob.api.validation import (
 
 API_GROUP = "rljob.io"
 API_VERSION = "v1alpha1"
-KIND = "RLJob"
+KIND: Final = "RLJob"
 # Child names are built from the job name (Services must be DNS-1035 labels; StatefulSet pod names
 # plus the controller-revision-hash label must fit in 63 characters).
 MAX_JOB_NAME = 40
@@ -112,7 +112,7 @@ GPU_VENDORS = ("nvidia", "amd")
 # Vendors of inference pools; `cpu` pools run rljob's SGLang-protocol server. One type for spec and status.
 PoolVendor = Literal["nvidia", "amd", "cpu"]
 # The vendor of the one pool a job without `rollout.pools` gets (operator/builders/inference.py).
-DEFAULT_POOL_VENDOR = "nvidia"
+DEFAULT_POOL_VENDOR: Final = "nvidia"
 
 
 class ApiModel(BaseModel):
@@ -1388,7 +1388,7 @@ def nccl_outsiders(spec: RLJobSpec) -> list[tuple[str, str]]:
     backend = rollout.weight_transport.backend or ("gloo" if spec.trainer.vendor == "cpu" else "nccl")
     if rollout.transport_mode != "distributed" or backend != "nccl":
         return []
-    pools = [(p.name, p.vendor) for p in rollout.pools] or [("default", DEFAULT_POOL_VENDOR)]
+    pools: list[tuple[str, PoolVendor]] = [(p.name, p.vendor) for p in rollout.pools] or [("default", DEFAULT_POOL_VENDOR)]
     return [(name, vendor) for name, vendor in pools if vendor != spec.trainer.vendor]
 
 
@@ -1465,7 +1465,7 @@ SPEC_RULES: list[dict[str, Any]] = [
 class RLJobSpec(ApiModel):
     """Everything one RL job needs; the same spec runs locally and on a cluster."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": SPEC_RULES})
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": SPEC_RULES})  # type: ignore[dict-item]
 
     model: ModelSpec = Field(json_schema_extra=IMMUTABLE)
     data: DataSpec = Field(json_schema_extra=IMMUTABLE)
@@ -1517,7 +1517,8 @@ class ObjectMeta(ApiModel):
 class RLJob(ApiModel):
     """A whole RLJob document. `status` is owned by the operator and ignored by `rljob run`."""
 
-    api_version: Literal["rljob.io/v1alpha1"] = Field(default=f"{API_GROUP}/{API_VERSION}", alias="apiVersion")
+    # (an f-string is a str to mypy, not the literal it equals)
+    api_version: Literal["rljob.io/v1alpha1"] = Field(default=f"{API_GROUP}/{API_VERSION}", alias="apiVersion")  # type: ignore[arg-type]
     kind: Literal["RLJob"] = KIND
     metadata: ObjectMeta
     spec: RLJobSpec

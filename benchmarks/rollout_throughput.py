@@ -19,7 +19,8 @@ from rich.console import Console
 from rljob.api import load_rljob
 from rljob.runtime.cli import comparison_view
 from rljob.runtime.report import comparison_plot
-from rljob.runtime.runner import JobRunner, RunOptions, compare_strategies
+from rljob.runtime.compare import compare_strategies
+from rljob.runtime.runner import JobRunner, RunOptions
 from machine_info import describe, load_average  # benchmarks/machine_info.py
 
 ROOT = Path(__file__).resolve().parents[1]

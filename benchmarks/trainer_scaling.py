@@ -74,7 +74,7 @@ def _batch(groups: int) -> list[Any]:
 
 def _rank(rank: int, world: int, port: int, threads: int, args: argparse.Namespace, out: str) -> None:
     from rljob.api.spec import AlgorithmSpec
-    from rljob.runtime.runner import group_tokens
+    from rljob.runtime.ranks import group_tokens
     from rljob.runtime.trainer import Trainer
     from rljob.runtime.training.balance import balance_by_tokens
 

@@ -8,7 +8,7 @@ watched object lands in one ObjectCache (operator/cache.py) that the reconcile r
 LISTing the API on each resync. The cache is fed by kopf *index* handlers: kopf runs no other handler
 before every indexed kind has been listed, so no reconcile ever reads a half-filled cache.
 
-Child events do not compute the status themselves: they ask the StatusQueue (operator/status_queue.py),
+Child events do not compute the status themselves: they ask the StatusQueue (operator/sync_queue.py),
 which coalesces a job's events into one sync on its own threads, so the applies of new jobs on kopf's
 threads never wait behind status work.
 
@@ -44,8 +44,8 @@ from rljob.operator.cache import RLJOB_API_VERSION, CachedKube
 from rljob.operator.metrics import CACHED_OBJECTS, JOB_LOCKS_HELD, JOB_PHASES, STATUS_SYNCS_PENDING, serve
 from rljob.operator.reconcile import APPLY_CONCURRENCY, JOB_LOCKS, InvalidSpec, reconcile_or_schedule_retry, sync_status
 from rljob.operator.resync import ResyncLoop, list_rljobs
-from rljob.operator.status_logic import pod_observation
-from rljob.operator.status_queue import SeenPod, StatusQueue
+from rljob.operator.lifecycle import pod_observation
+from rljob.operator.sync_queue import SeenPod, StatusQueue
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Reconcile one RLJob: apply its children, observe them, decide (status_logic), act, write status.
+"""Reconcile one RLJob: apply its children, observe them, decide (lifecycle.py), act, write status.
 
 Level-based and idempotent: every call reads the RLJob and its children fresh, so it can be
 interrupted anywhere and simply run again (by the next event, the resync timer or a restarted
@@ -32,12 +32,12 @@ from rljob.operator.builders.engine_key import engine_key_secret, engine_key_sec
 from rljob.operator.keyed_locks import KeyedLocks
 from rljob.operator.node_loss import OUT_OF_SERVICE_TAINT, NodeObs, TerminatingPod, node_observation, overdue, terminating_pod
 from rljob.operator.pod_waits import pod_waits
-from rljob.operator.status_queue import SeenPod, seen_under
+from rljob.operator.sync_queue import SeenPod, seen_under
 from rljob.operator.volume_policy import allowed_volume_types, refused_volume
 from rljob.operator.metrics import JOB_PHASES, RECONCILE_ERRORS, RECONCILE_SECONDS, RESTARTS
-from rljob.operator.status_logic import (
+from rljob.operator.lifecycle import (
     ApplyResult,
-    Decision,
+    LifecycleDecision,
     Observed,
     WorkloadObs,
     compute_status,
@@ -481,7 +481,7 @@ def _sync_once(
     obs.trainer_pods += [p for p in seen_under(extra_trainer, generation) if p.uid not in seen]
     obs.lost_inference_pods = seen_under(lost, generation)
 
-    def decide(result: ApplyResult | None) -> Decision:
+    def decide(result: ApplyResult | None) -> LifecycleDecision:
         return compute_status(job, spec, generation, prev, obs, utcnow(), applied=result)
 
     decision = decide(applied)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rljob.runtime.rollout.sample import Group
 from rljob.runtime.rollout.staleness import stale_token_count
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in [0, 100]); 0 for an empty list."""
     if not values:
         return 0.0

@@ -214,6 +214,7 @@ class CheckpointManager:
             dcp.save(trainer_state, checkpoint_id=tmp / TRAINER_DIR, no_dist=self.distributed is None)
         torch.save(rng, tmp / "rng" / f"rank-{self.rank:05d}.pt")
         if self.rank == 0:
+            assert leader_state is not None  # checked before any file was written
             world = self.distributed.world_size if self.distributed is not None else 1
             torch.save({**leader_state, "world_size": world}, tmp / LEADER_STATE)
         _fsync_tree(tmp)  # this rank's files (and, harmlessly, the others') reach the disk before the marker

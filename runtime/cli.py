@@ -26,9 +26,9 @@ from rich.table import Table
 from rljob.api import RLJobConfigError, load_rljob
 from rljob.api.spec import RLJob, cluster_problems
 from rljob.runtime.engines.base import EngineError
-from rljob.runtime.metrics import StepRecord
 from rljob.runtime.models.errors import ExportError, ModelSourceError
 from rljob.runtime.rollout.round import RewardCollapse
+from rljob.runtime.step_record import StepRecord
 from rljob.runtime.sim.cli import add_simulate_arguments, run_simulate
 
 if TYPE_CHECKING:
@@ -68,16 +68,16 @@ def _step_table(rows: deque[StepRecord]) -> Table:
     for r in rows:
         table.add_row(
             str(r.step),
-            f"{r.reward_mean:.3f}",
+            f"{r.batch.reward_mean:.3f}",
             "" if r.eval_reward is None else f"{r.eval_reward:.3f}",
-            f"{r.rollout_tokens_per_s:.0f}",
-            f"{r.truncation_rate:.2f}",
-            f"{r.off_policy_token_ratio:.2f}",
-            str(r.staleness_max),
-            str(r.buffer_groups),
-            f"{r.length_mean:.0f}",
-            f"{r.rollout_seconds:.1f}",
-            f"{r.train_seconds:.1f}",
+            f"{r.round.rollout_tokens_per_s:.0f}",
+            f"{r.round.truncation_rate:.2f}",
+            f"{r.batch.off_policy_token_ratio:.2f}",
+            str(r.batch.staleness_max),
+            str(r.round.buffer_groups),
+            f"{r.batch.length_mean:.0f}",
+            f"{r.round.rollout_seconds:.1f}",
+            f"{r.train.train_seconds:.1f}",
         )
     return table
 
@@ -117,7 +117,7 @@ def _run_command(args: argparse.Namespace) -> int:
     try:
         if distributed.is_leader:
             return asyncio.run(_run(args, job, distributed))
-        from rljob.runtime.runner import TrainingRank
+        from rljob.runtime.ranks import TrainingRank
 
         TrainingRank(job, distributed).run()
         return 0
@@ -155,9 +155,20 @@ def _launch_ranks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_start(runner: JobRunner) -> None:
+    """What the set-up found: the checkpoint resumed from, newer ones passed over, the metrics endpoint."""
+    if runner.resumed_from:
+        console.print(f"resumed from [bold]{runner.resumed_from}[/] at step {runner.step}")
+    for skipped in runner.skipped_checkpoints:
+        console.print(f"[yellow]skipped the newer checkpoint {skipped}[/]")
+    if runner.metrics_port:
+        console.print(f"metrics on http://{runner.settings.metrics_host}:{runner.metrics_port}/metrics")
+
+
 async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | None) -> int:
     from rljob.runtime.report import write_report
-    from rljob.runtime.runner import JobRunner, RunOptions, compare_strategies
+    from rljob.runtime.compare import compare_strategies
+    from rljob.runtime.runner import JobRunner, RunOptions
 
     output = Path(args.output or Path("runs") / job.metadata.name)
     # torchrun restarting a failed group: resume from the last checkpoint, never start over.
@@ -182,12 +193,7 @@ async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | 
     # Plain status lines, not a spinner: the policy warm-up shows its own progress bar, and rich
     # allows one live display at a time.
     await runner.setup(on_status=lambda msg: console.print(f"[bold]{msg}[/] …"))
-    if runner.resumed_from:
-        console.print(f"resumed from [bold]{runner.resumed_from}[/] at step {runner.step}")
-    for skipped in runner.skipped_checkpoints:
-        console.print(f"[yellow]skipped the newer checkpoint {skipped}[/]")
-    if runner.metrics_port:
-        console.print(f"metrics on http://{job.spec.metrics.host}:{runner.metrics_port}/metrics")
+    _print_start(runner)
 
     recent: deque[StepRecord] = deque(maxlen=args.table_rows)
     steps = Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -211,8 +217,8 @@ async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | 
             _rebuild_report(output)
         if not args.live:
             console.print(
-                f"step {rec.step}: reward {rec.reward_mean:.3f} tok/s {rec.rollout_tokens_per_s:.0f} "
-                f"trunc {rec.truncation_rate:.2f} off-policy {rec.off_policy_token_ratio:.2f} buffer {rec.buffer_groups}"
+                f"step {rec.step}: reward {rec.batch.reward_mean:.3f} tok/s {rec.round.rollout_tokens_per_s:.0f} "
+                f"trunc {rec.round.truncation_rate:.2f} off-policy {rec.batch.off_policy_token_ratio:.2f} buffer {rec.round.buffer_groups}"
                 + ("" if rec.eval_reward is None else f" held-out reward {rec.eval_reward:.3f}")
             )
 
@@ -383,7 +389,8 @@ def _build_model(args: argparse.Namespace) -> int:
     from rljob.runtime.models.tiny import TinyModelRecipe, build_tiny_model
     from rljob.runtime.tasks.policy import TINY_ARCHITECTURES
 
-    folder = build_tiny_model(args.dir, TinyModelRecipe(family=TINY_ARCHITECTURES[args.name], seed=args.seed))
+    family = TINY_ARCHITECTURES[args.name]  # a family name TinyModelRecipe knows (tests/unit/test_hf_models.py)
+    folder = build_tiny_model(args.dir, TinyModelRecipe(family=family, seed=args.seed))  # type: ignore[arg-type]
     console.print(f"[green]built[/] {args.name} (random weights, locally trained tokenizer) at [bold]{folder}[/]; "
                   f"use it with spec.model.path: {folder}")
     return 0

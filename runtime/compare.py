@@ -12,13 +12,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from rljob.runtime.batch_stats import summarize_batch
 from rljob.runtime.engines.base import Engine, GenerateRequest, WeightUpdate
 from rljob.runtime.rollout.scheduler import RolloutScheduler, RoundResult
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from rljob.runtime.runner import JobRunner
 
 EngineFactory = Callable[[], Engine]
 
@@ -140,3 +146,53 @@ def comparison_table(results: dict[str, StrategyResult], ceiling: float) -> list
             }
         )
     return rows
+
+
+async def compare_strategies(
+    runner: JobRunner,
+    rounds: int,
+    strategies: tuple[str, ...] = ("sync", "april"),
+    warmup_rounds: int = 1,
+    on_round: Callable[[str, int, RoundResult], None] = lambda _s, _i, _r: None,
+) -> dict[str, Any]:
+    """Rollout-only comparison of strategies on the runner's current policy, each on engines of its own."""
+    from rljob.runtime import job_parts as parts
+
+    job = runner.job
+    model = cast("PreTrainedModel", runner.trainer.model)  # the policy, as loaded from Hugging Face
+    engines: list[Engine] = []
+    schedulers = {}
+    for name in strategies:
+        engine_set = parts.build_engines(job, model, detokenize=runner.tokenizer.decode, seeded=True)
+        engines += engine_set
+        schedulers[name] = parts.build_scheduler(
+            job, engine_set, parts.build_prompts(job, runner.tokenizer), runner.policy.stop_token_ids,
+            runner.scheduler.scoring.scorer, runner.scheduler.scoring.keep, strategy=name,
+        )
+    ceiling_engine = parts.build_engines(job, model, seeded=True)[0]
+    engines.append(ceiling_engine)
+    await asyncio.gather(*(e.start() for e in engines))
+    try:
+        results = await compare_rollouts(
+            schedulers, rounds, warmup_rounds=warmup_rounds, on_round=on_round, weights=model
+        )
+        first = runner.prompts.records[0]
+        prompt_ids = runner.prompts.renderer.render(first.prompt, first.messages).ids
+        num_engines, batch = parts.embedded_engine_count(job)
+        # One engine measured, scaled by the engine count: engines share nothing but the CPU.
+        ceiling = num_engines * await measure_ceiling(
+            ceiling_engine,
+            batch=batch,
+            tokens=max(8, runner.settings.max_new_tokens // 2),
+            prompt_ids=prompt_ids,
+        )
+    finally:
+        await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)
+    rows = comparison_table(results, ceiling)
+    return {
+        "rounds": rounds,
+        "warmup_rounds": warmup_rounds,
+        "ceiling_tokens_per_s": ceiling,
+        "rows": rows,
+        "results": {name: asdict(r) for name, r in results.items()},
+    }

@@ -82,13 +82,13 @@ async def evaluate_held_out(
             raise next(e for e in errors if not isinstance(e, EngineError))
         log.warning("held-out evaluation at step %d skipped: %s", step, errors[0])
         return None
-    results = [r for r in results if not isinstance(r, BaseException)]
-    rewards = await score(prompts, [r.output_ids for r in results])
+    outputs = [r.output_ids for r in results if not isinstance(r, BaseException)]
+    rewards = await score(prompts, outputs)
     return EvalResult(
         step=step,
         policy_version=policy_version,
         reward_mean=sum(rewards) / len(rewards),
-        length_mean=sum(len(r.output_ids) for r in results) / len(results),
+        length_mean=sum(len(ids) for ids in outputs) / len(outputs),
         prompts=len(prompts),
         seconds=time.perf_counter() - started,
     )

@@ -36,7 +36,7 @@ from rljob.common.autotune.controller import (
     knobs_in_force,
 )
 from rljob.runtime.knobs import KnobSource, KnobValues
-from rljob.runtime.metrics import StepRecord
+from rljob.runtime.step_record import StepRecord
 
 log = logging.getLogger(__name__)
 
@@ -220,13 +220,13 @@ class LocalAutotuner:
         window = [r for r in same if r.time >= now - self.spec.autotune.window_seconds] or same[-1:]
         n = len(window)
         obs = Observation(
-            truncation_rate=sum(r.truncation_rate for r in window) / n,
-            length_mean=sum(r.length_mean for r in window) / n,
-            length_std=sum(r.length_std for r in window) / n,
-            tokens_per_second=sum(r.rollout_tokens_per_s for r in window) / n,
-            ceiling_tokens_per_second=(sum(r.ceiling_tokens_per_s for r in window) / n) or None,
-            off_policy_ratio=sum(r.off_policy_token_ratio for r in window) / n,
-            entropy=sum(r.entropy for r in window) / n,
+            truncation_rate=sum(r.round.truncation_rate for r in window) / n,
+            length_mean=sum(r.batch.length_mean for r in window) / n,
+            length_std=sum(r.batch.length_std for r in window) / n,
+            tokens_per_second=sum(r.round.rollout_tokens_per_s for r in window) / n,
+            ceiling_tokens_per_second=(sum(r.round.ceiling_tokens_per_s for r in window) / n) or None,
+            off_policy_ratio=sum(r.batch.off_policy_token_ratio for r in window) / n,
+            entropy=sum(r.train.entropy for r in window) / n,
             steps=self._records[-1].step,
         )
         return obs, knobs

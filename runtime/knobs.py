@@ -50,3 +50,14 @@ def apply_knobs(scheduler: RolloutScheduler, knobs: KnobValues) -> list[str]:
         t.max_tokens = knobs.truncation_max_tokens
         t.mode = "tokens"
     return changes
+
+
+def knob_values(scheduler: RolloutScheduler) -> dict[str, float]:
+    """The partial-rollout knob values in force (exported with every step)."""
+    knobs = {
+        "over_sampling": float(getattr(scheduler.strategy, "over_sampling", 1.0)),
+        "max_staleness": float(scheduler.config.max_staleness),
+        "truncation_k": float(scheduler.truncation.k) if scheduler.truncation.mode == "sigma" else 0.0,
+    }
+    knobs["segment_cap_tokens"] = float(scheduler.segment_cap() or 0)
+    return knobs

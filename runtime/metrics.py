@@ -1,4 +1,4 @@
-"""Runtime metrics: one StepRecord per training step, exported to Prometheus and JSON lines.
+"""Runtime metrics: one StepRecord (runtime/step_record.py) per training step, exported to Prometheus and JSON lines.
 
 Metric names are part of the API: the alerts, the dashboard and the autotuner read them.
 Each RuntimeMetrics owns its registry (no process-global state), so tests and the benchmark can
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,77 +16,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from rljob.api.metrics import METRIC_PREFIX
 from rljob.runtime.evaluation import EvalResult
+from rljob.runtime.step_record import StepRecord
 
 # What first sets a measured gauge: a training step, or a held-out evaluation.
 SetBy = Literal["step", "eval"]
-
-
-
-@dataclass
-class StepRecord:
-    """Everything measured in one step (rollout round + train + weight sync)."""
-
-    step: int
-    policy_version: int
-    strategy: str
-    time: float
-    step_seconds: float = 0.0
-    rollout_seconds: float = 0.0
-    train_seconds: float = 0.0
-    sync_seconds: float = 0.0
-    tokens_generated: int = 0
-    rollout_tokens_per_s: float = 0.0
-    ceiling_tokens_per_s: float = 0.0
-    truncation_rate: float = 0.0
-    cap_hit_rate: float = 0.0
-    launched_samples: int = 0
-    partial_samples: int = 0
-    resumed_samples: int = 0
-    regenerated_samples: int = 0
-    resumed_prefix_tokens: int = 0
-    off_policy_token_ratio: float = 0.0
-    fork_off_policy_ratio: float = 0.0
-    staleness_max: int = 0
-    staleness_mean: float = 0.0
-    buffer_groups: int = 0
-    surplus_groups: int = 0
-    dropped_groups: int = 0
-    wasted_tokens: int = 0
-    abort_drain_seconds: float = 0.0
-    engine_errors: int = 0
-    weight_sync_failures: int = 0  # engine ranks the step's weight sync did not reach
-    # Data rows skipped since the job began (resumes included), by reason (tasks.dataset.SKIP_REASONS).
-    data_rows_skipped: dict[str, int] = field(default_factory=dict)
-    engines_in_rotation: int = 0  # engine ranks serving policy_version after the sync
-    # Ledger (see ledger_imbalance): where the round's groups and response tokens went.
-    new_groups: int = 0
-    buffer_groups_before: int = 0
-    trained_groups: int = 0
-    buffered_groups: int = 0  # pushed to the buffer this round
-    discarded_groups: int = 0  # baseline strategies without partial rollout
-    discarded_stale_tokens: int = 0
-    discarded_tokens: int = 0
-    trained_tokens: int = 0
-    buffer_tokens_before: int = 0
-    buffer_tokens_after: int = 0
-    length_mean: float = 0.0
-    length_std: float = 0.0
-    length_p50: float = 0.0
-    length_p99: float = 0.0
-    length_max: int = 0
-    reward_mean: float = 0.0
-    eval_reward: float | None = None  # held-out evaluation after this step, when one ran
-    entropy: float = 0.0
-    kl: float = 0.0
-    clip_fraction: float = 0.0
-    loss: float = 0.0
-    grad_norm: float = 0.0
-    knobs: dict[str, float] = field(default_factory=dict)
-    staleness: list[int] = field(default_factory=list)
-    lengths: list[int] = field(default_factory=list)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
 
 
 def ledger_imbalance(rec: StepRecord | dict[str, Any]) -> tuple[int, int]:
@@ -99,7 +31,7 @@ def ledger_imbalance(rec: StepRecord | dict[str, Any]) -> tuple[int, int]:
     ``discarded_stale_tokens``. Tokens: what the buffer held plus what the round generated was
     trained, is in the buffer, or was discarded (stale, filtered or by a baseline).
     """
-    r = rec if isinstance(rec, dict) else asdict(rec)
+    r = rec if isinstance(rec, dict) else rec.flat()
     groups_in = r["buffer_groups_before"] + r["new_groups"]
     groups_out = r["trained_groups"] + r["buffered_groups"] + r["dropped_groups"] + r["discarded_groups"]
     tokens_in = r["buffer_tokens_before"] + r["tokens_generated"]
@@ -229,43 +161,44 @@ class RuntimeMetrics:
 
     def record(self, rec: StepRecord) -> None:
         """Publish one step to Prometheus and append it to the JSON-lines file."""
+        r = rec.flat()
         with self._lock:
-            self.tokens_per_s.set(rec.rollout_tokens_per_s)
-            self.ceiling.set(rec.ceiling_tokens_per_s)
-            self.truncation_rate.set(rec.truncation_rate)
-            self.cap_hit_rate.set(rec.cap_hit_rate)
-            self.off_policy.set(rec.off_policy_token_ratio)
-            self.fork_off_policy.set(rec.fork_off_policy_ratio)
-            self.buffer.set(rec.buffer_groups)
+            self.tokens_per_s.set(r["rollout_tokens_per_s"])
+            self.ceiling.set(r["ceiling_tokens_per_s"])
+            self.truncation_rate.set(r["truncation_rate"])
+            self.cap_hit_rate.set(r["cap_hit_rate"])
+            self.off_policy.set(r["off_policy_token_ratio"])
+            self.fork_off_policy.set(r["fork_off_policy_ratio"])
+            self.buffer.set(r["buffer_groups"])
             for stat in ("mean", "std", "p50", "p99", "max"):
-                self.length.labels(stat).set(getattr(rec, f"length_{stat}"))
-            self.reward.set(rec.reward_mean)
-            self.entropy.set(rec.entropy)
-            self.kl.set(rec.kl)
-            self.clip.set(rec.clip_fraction)
-            self.loss.set(rec.loss)
+                self.length.labels(stat).set(r[f"length_{stat}"])
+            self.reward.set(r["reward_mean"])
+            self.entropy.set(r["entropy"])
+            self.kl.set(r["kl"])
+            self.clip.set(r["clip_fraction"])
+            self.loss.set(r["loss"])
             for phase in ("step", "rollout", "train", "sync"):
-                self.phase_seconds.labels(phase).set(getattr(rec, f"{phase}_seconds"))
-            self.version.set(rec.policy_version)
-            self.set_knobs(rec.knobs)
-            self.drain.set(rec.abort_drain_seconds)
-            self.last_step.set(rec.time)
+                self.phase_seconds.labels(phase).set(r[f"{phase}_seconds"])
+            self.version.set(r["policy_version"])
+            self.set_knobs(r["knobs"])
+            self.drain.set(r["abort_drain_seconds"])
+            self.last_step.set(r["time"])
             self.steps.inc()
-            self.tokens.inc(rec.tokens_generated)
-            self.resumed.inc(rec.resumed_samples)
-            self.regenerated.inc(rec.regenerated_samples)
-            self.dropped.inc(rec.dropped_groups)
-            self.wasted.inc(rec.wasted_tokens)
-            self.engine_errors.inc(rec.engine_errors)
-            self.sync_failures.inc(rec.weight_sync_failures)
-            for reason, rows in rec.data_rows_skipped.items():
+            self.tokens.inc(r["tokens_generated"])
+            self.resumed.inc(r["resumed_samples"])
+            self.regenerated.inc(r["regenerated_samples"])
+            self.dropped.inc(r["dropped_groups"])
+            self.wasted.inc(r["wasted_tokens"])
+            self.engine_errors.inc(r["engine_errors"])
+            self.sync_failures.inc(r["weight_sync_failures"])
+            for reason, rows in r["data_rows_skipped"].items():
                 self.data_skipped.labels(reason).set(rows)
-            self.in_rotation.set(rec.engines_in_rotation)
-            self.new_groups.inc(rec.new_groups)
-            self.trained_groups.inc(rec.trained_groups)
-            self.buffered_groups.inc(rec.buffered_groups)
-            self.discarded_stale.inc(rec.discarded_stale_tokens)
-            for s in rec.staleness:
+            self.in_rotation.set(r["engines_in_rotation"])
+            self.new_groups.inc(r["new_groups"])
+            self.trained_groups.inc(r["trained_groups"])
+            self.buffered_groups.inc(r["buffered_groups"])
+            self.discarded_stale.inc(r["discarded_stale_tokens"])
+            for s in r["staleness"]:
                 self.staleness.observe(s)
             self._export("step")
             if self.jsonl_path is not None:

@@ -278,9 +278,9 @@ class Trainer:
             stale_mask[row, :n] = torch.tensor(it.stale)
             rollout_logp[row, :n] = torch.tensor(it.rollout_logp)
             if old_logp is not None:
-                old_logp[row, :n] = it.old_logp
+                old_logp[row, :n] = it.old_logp  # type: ignore[assignment]  # have_old: all are set
             if ref_logp is not None:
-                ref_logp[row, :n] = it.ref_logp
+                ref_logp[row, :n] = it.ref_logp  # type: ignore[assignment]  # have_ref: all are set
         dev = self.device
         return _MicroBatch(
             input_ids=input_ids.to(dev),

@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.runs < 1:
         parser.error("--runs: at least 1")
     if not pytest_args:
-        parser.error("give the pytest selection after --, e.g. -- tests/unit/test_status_queue.py")
+        parser.error("give the pytest selection after --, e.g. -- tests/unit/operator/test_sync_queue.py")
     label = args.label or ("stress" if args.stress else "idle")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out: Path = args.out or REPO / "runs" / "repeat" / f"{stamp}-{label}"

@@ -162,7 +162,7 @@ class TunerState:
 
 
 @dataclass(frozen=True)
-class Decision:
+class TunerDecision:
     """Outcome of one decision. `knobs` equals the current knobs when `changed` is False."""
 
     knobs: Knobs
@@ -306,7 +306,7 @@ def decide(
     now: float,
     mode: Mode = "Apply",
     in_force: Knobs | None = None,
-) -> Decision:
+) -> TunerDecision:
     """One step of the control law.
 
     `current` are the knobs the tuner last decided (or the spec's); `in_force` the values the
@@ -315,8 +315,8 @@ def decide(
     like Apply; the caller only publishes the result.
     """
 
-    def hold(reason: str, message: str, new_state: TunerState = state) -> Decision:
-        return Decision(knobs=current, changed=False, reason=reason, message=message, state=new_state)
+    def hold(reason: str, message: str, new_state: TunerState = state) -> TunerDecision:
+        return TunerDecision(knobs=current, changed=False, reason=reason, message=message, state=new_state)
 
     if mode == "Off":
         return hold("AutotuneOff", "autotune mode is Off", TunerState(state.last_change_time, state.last_change_step))
@@ -342,7 +342,7 @@ def decide(
     ):
         done = obs.steps - state.last_change_step
         return hold("Settling", f"{proposal.message} after {cfg.settle_rounds} rounds on the last knobs ({done} so far)")
-    return Decision(
+    return TunerDecision(
         knobs=proposal.knobs,
         changed=True,
         reason=proposal.reason,

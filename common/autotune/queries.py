@@ -105,6 +105,7 @@ async def read_observation(client: PrometheusClient, q: JobQueries, step: int | 
         client.query(q.knobs),
         *(_optional(client, expr) for expr in optional.values()),
     )
-    obs = Observation(truncation_rate=rate, steps=step, **dict(zip(optional, values, strict=True)))
-    in_force = {s.labels.get("knob", ""): s.value for s in knobs}
+    # (gather over mixed awaitables types every result as the union of their types)
+    obs = Observation(truncation_rate=rate, steps=step, **dict(zip(optional, values, strict=True)))  # type: ignore[arg-type]
+    in_force = {s.labels.get("knob", ""): s.value for s in knobs}  # type: ignore[union-attr]
     return Reading(observation=obs, in_force=in_force, query=q.truncation_rate)

@@ -27,7 +27,7 @@ from rljob.api.status import (
 )
 from rljob.common.autotune.controller import (
     ControllerConfig,
-    Decision,
+    TunerDecision,
     Knobs,
     TruncationUnit,
     TunerState,
@@ -64,7 +64,7 @@ class TickResult:
 
     patch: dict[str, Any] = field(default_factory=dict)
     events: list[AutotuneEvent] = field(default_factory=list)
-    decision: Decision | None = None
+    decision: TunerDecision | None = None
     failure: str | None = None  # failure reason, when the read failed
 
 
@@ -137,7 +137,7 @@ def persisted_step(status: RLJobStatus) -> int | None:
 
 def _condition(status: RLJobStatus, true: bool, reason: str, message: str, generation: int, now: datetime) -> list[dict[str, Any]]:
     """The whole conditions list (merge patches replace lists) with AutotuneActive set."""
-    state = "True" if true else "False"
+    state: Literal["True", "False"] = "True" if true else "False"
     old = status.condition(CONDITION)
     cond = Condition(
         type=CONDITION,
@@ -159,7 +159,7 @@ def _autotune_patch(a: AutotuneStatus) -> dict[str, Any]:
     return wire
 
 
-def _knob_values(knobs: Knobs, decision: Decision, query: str, now: datetime, source: Literal["spec", "autotune"]) -> dict[str, Any]:
+def _knob_values(knobs: Knobs, decision: TunerDecision, query: str, now: datetime, source: Literal["spec", "autotune"]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "overSampling": KnobValue(
             value=knobs.over_sampling, unit="ratio", source=source, reason=decision.message, query=query, time=now

@@ -173,7 +173,7 @@ def model_storage(spec: RLJobSpec) -> PodStorage:
 
 def _data_uris(spec: RLJobSpec) -> list[str]:
     files = (spec.data.jsonl, spec.data.parquet, spec.evaluation.jsonl, spec.evaluation.parquet)
-    return [f for f in files if is_pvc(f)]
+    return [f for f in files if f is not None and is_pvc(f)]
 
 
 def data_volume_name(claim: str) -> str:

@@ -3,7 +3,7 @@
 The group runs to completion: one Indexed Job with `parallelism = completions = replicas`, every pod
 running `torchrun` with its completion index as node rank and index 0's stable hostname as the
 rendezvous. The Job never retries a rank by itself (`backoffLimit: 0`): the operator restarts the whole
-group by deleting and recreating the Job (status_logic decides, reconcile acts). The pod template is
+group by deleting and recreating the Job (lifecycle.py decides, reconcile acts). The pod template is
 immutable, so any change to it (config, image, replicas) also recreates the Job as a whole instead of
 rolling pods one at a time.
 """

@@ -136,7 +136,7 @@ class _Stream:
 
     async def train_step(self, step: int, started: float) -> float:
         """Take a batch, train, sync the weights, record the step; returns when it ended."""
-        from rljob.runtime.sim.runner import StepRecord, _batch_tokens, _sync_weights
+        from rljob.runtime.sim.runner import SimStepRecord, _batch_tokens, _sync_weights
 
         sim, q, version = self.sim, self.sim.q, self.version
         batch = await self.take_batch(version)
@@ -151,7 +151,7 @@ class _Stream:
         # Versions never decrease within a sample here (one engine set, one sync at a time): bisect.
         off = sum(bisect.bisect_left(s.versions, version) for g in batch for s in g.samples)
         c = self.counters
-        sim.records.append(StepRecord(
+        sim.records.append(SimStepRecord(
             step=step, round_kind="stream", rollout_s=now - started, train_s=train_s, sync_s=sync_s,
             step_s=now - started, tokens_generated=c.generated * q, trained_tokens=trained * q,
             off_policy_tokens=off * q, fork_off_policy_ratio=0.0,
@@ -166,7 +166,7 @@ class _Stream:
 
 
 async def run_stream(sim: _Sim) -> None:
-    """Run `scenario.steps` trained steps of the stream; append one StepRecord per step."""
+    """Run `scenario.steps` trained steps of the stream; append one SimStepRecord per step."""
     stream = _Stream(sim)
     production = asyncio.ensure_future(stream.producer())
     last = asyncio.get_running_loop().time()

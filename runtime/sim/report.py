@@ -9,11 +9,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from rljob.runtime.sim.runner import StrategyResult
+from rljob.runtime.sim.runner import SimStrategyResult
 from rljob.runtime.sim.scenario import Scenario
 
 
-def gain_over_sync(results: Sequence[StrategyResult], result: StrategyResult) -> float | None:
+def gain_over_sync(results: Sequence[SimStrategyResult], result: SimStrategyResult) -> float | None:
     """Rollout-throughput gain of `result` over the run's sync baseline, in percent."""
     base = next((r for r in results if r.kind == "sync"), None)
     if base is None or not base.rollout_throughput:
@@ -21,7 +21,7 @@ def gain_over_sync(results: Sequence[StrategyResult], result: StrategyResult) ->
     return 100.0 * (result.rollout_throughput / base.rollout_throughput - 1.0)
 
 
-def results_table(scenario: Scenario, results: Sequence[StrategyResult]) -> Table:
+def results_table(scenario: Scenario, results: Sequence[SimStrategyResult]) -> Table:
     """One row per strategy: both throughput metrics (every generated token, and trained tokens,
     per rollout second), ceiling share, bubble, off-policy share, step time, waste and the sync
     tail statistics (share of round time after 90 % of requests finished, longest ÷ median)."""
@@ -42,7 +42,7 @@ def results_table(scenario: Scenario, results: Sequence[StrategyResult]) -> Tabl
     return table
 
 
-def results_json(scenario: Scenario, results: Sequence[StrategyResult]) -> dict:
+def results_json(scenario: Scenario, results: Sequence[SimStrategyResult]) -> dict:
     """Scenario, per-strategy summary and per-step records, as plain data."""
     return {
         "scenario": scenario.model_dump(mode="json"),
@@ -54,7 +54,7 @@ def results_json(scenario: Scenario, results: Sequence[StrategyResult]) -> dict:
     }
 
 
-def plot_results(scenario: Scenario, results: Sequence[StrategyResult], path: Path) -> None:
+def plot_results(scenario: Scenario, results: Sequence[SimStrategyResult], path: Path) -> None:
     """Bar charts of rollout throughput (with the ceiling), step time and off-policy share."""
     import matplotlib
 
@@ -79,7 +79,7 @@ def plot_results(scenario: Scenario, results: Sequence[StrategyResult], path: Pa
     plt.close(fig)
 
 
-def write_outputs(scenario: Scenario, results: Sequence[StrategyResult], out_dir: Path) -> list[Path]:
+def write_outputs(scenario: Scenario, results: Sequence[SimStrategyResult], out_dir: Path) -> list[Path]:
     """Write `<name>.json` and `<name>.png` under out_dir; returns the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{scenario.name}-{scenario.gpus}gpu"
@@ -89,5 +89,5 @@ def write_outputs(scenario: Scenario, results: Sequence[StrategyResult], out_dir
     return [json_path, png_path]
 
 
-def print_results(console: Console, scenario: Scenario, results: Sequence[StrategyResult]) -> None:
+def print_results(console: Console, scenario: Scenario, results: Sequence[SimStrategyResult]) -> None:
     console.print(results_table(scenario, results))

@@ -44,12 +44,12 @@ from rljob.runtime.sim.scenario import (
     load_calibration,
     train_seconds,
 )
-from rljob.runtime.sim.strategies import TailBatchingStrategy, build_strategy
+from rljob.runtime.sim.strategies import TailBatchingStrategy, build_sim_strategy
 from rljob.runtime.sim.virtual_loop import run_virtual
 
 
 @dataclass
-class StepRecord:
+class SimStepRecord:
     """One training step of a simulated run (tokens are real tokens, not quanta)."""
 
     step: int
@@ -81,7 +81,7 @@ class StepRecord:
 
 
 @dataclass
-class StrategyResult:
+class SimStrategyResult:
     """A strategy's run on a scenario, with the figures the report prints."""
 
     name: str
@@ -90,7 +90,7 @@ class StrategyResult:
     gpus: int
     rollout_gpus: int
     ceiling_tokens_per_s: float  # bubble-free ceiling of the rollout engines
-    records: list[StepRecord]
+    records: list[SimStepRecord]
     warmup: int
     busy_seconds: float = 0.0
     retractions: int = 0
@@ -100,7 +100,7 @@ class StrategyResult:
     resumed_requests: int = 0  # async stream: interrupted by weight updates, resumed at once
 
     @property
-    def measured(self) -> list[StepRecord]:
+    def measured(self) -> list[SimStepRecord]:
         return self.records[self.warmup:]
 
     def _sum(self, attr: str) -> float:
@@ -211,7 +211,7 @@ class _Sim:
     train_gpus: int
     ceiling: float
     rewards: RewardModel | None = None
-    records: list[StepRecord] = field(default_factory=list)
+    records: list[SimStepRecord] = field(default_factory=list)
     finished: list[tuple[float, int]] = field(default_factory=list)  # (virtual time, length units)
     stream_resumed: int = 0  # async stream: requests interrupted by a weight update and re-posted
 
@@ -269,7 +269,7 @@ def _build(scenario: Scenario, spec: StrategySpec) -> _Sim:
         finished.append((loop.time(), sample.response_length))
         return rewards.score(sample) if rewards is not None else 0.0
 
-    scheduler = RolloutScheduler(engines, config, build_strategy(spec, batch), source, score=score,
+    scheduler = RolloutScheduler(engines, config, build_sim_strategy(spec, batch), source, score=score,
                                  truncation=truncation, group_filter=dynamic_sampling_filter if rewards else None,
                                  clock=loop.time)
     return _Sim(scenario, spec, engines, scheduler, rollout_gpus, train_gpus, ceiling * n_engines,
@@ -303,7 +303,7 @@ async def _run_round(sim: _Sim, version: int) -> tuple[RoundResult, int, float, 
 
 def _record(sim: _Sim, step: int, kind: str, result: RoundResult, trainer_version: int,
             train_s: float, sync_s: float, step_s: float, wasted: int = 0, drafts: int = 0,
-            tail: tuple[float, float] = (0.0, 0.0)) -> StepRecord:
+            tail: tuple[float, float] = (0.0, 0.0)) -> SimStepRecord:
     q = sim.q
     trained = sum(s.response_length for g in result.groups for s in g.samples)
     # A sample's versions never decrease (segments are appended in time order): bisect, don't scan.
@@ -311,7 +311,7 @@ def _record(sim: _Sim, step: int, kind: str, result: RoundResult, trainer_versio
     st = result.stats
     # Accepted draft tokens came back as output tokens but were verified, not generated.
     generated = st.tokens_generated - drafts
-    return StepRecord(
+    return SimStepRecord(
         step=step, round_kind=kind, rollout_s=st.rollout_seconds, train_s=train_s, sync_s=sync_s, step_s=step_s,
         tokens_generated=generated * q, trained_tokens=trained * q, off_policy_tokens=off * q,
         fork_off_policy_ratio=st.fork_off_policy_ratio, resumed_prefix_tokens=st.resumed_prefix_tokens * q,
@@ -410,7 +410,7 @@ async def _tail_batching_loop(sim: _Sim) -> None:
                                    drafts=drafts, tail=(tail, spread)))
 
 
-async def _simulate(scenario: Scenario, spec: StrategySpec) -> StrategyResult:
+async def _simulate(scenario: Scenario, spec: StrategySpec) -> SimStrategyResult:
     sim = _build(scenario, spec)
     if isinstance(spec, TailBatchingSpec):
         await _tail_batching_loop(sim)
@@ -422,7 +422,7 @@ async def _simulate(scenario: Scenario, spec: StrategySpec) -> StrategyResult:
         await _rounds_loop(sim)
     counters = [e.counters for e in sim.engines]
     q = scenario.token_quantum
-    return StrategyResult(
+    return SimStrategyResult(
         name=spec.name, kind=spec.kind, engines=len(sim.engines), gpus=scenario.gpus, rollout_gpus=sim.rollout_gpus,
         ceiling_tokens_per_s=sim.ceiling, records=sim.records, warmup=scenario.warmup_steps,
         busy_seconds=sum(c.busy_seconds for c in counters), retractions=sum(c.retractions for c in counters),
@@ -431,12 +431,12 @@ async def _simulate(scenario: Scenario, spec: StrategySpec) -> StrategyResult:
     )
 
 
-def simulate_strategy(scenario: Scenario, spec: StrategySpec) -> StrategyResult:
+def simulate_strategy(scenario: Scenario, spec: StrategySpec) -> SimStrategyResult:
     """Simulate one strategy of `scenario` on a fresh virtual-time loop."""
     result, _ = run_virtual(_simulate(scenario, spec))
     return result
 
 
-def simulate(scenario: Scenario) -> list[StrategyResult]:
+def simulate(scenario: Scenario) -> list[SimStrategyResult]:
     """Simulate every strategy of `scenario`, in order."""
     return [simulate_strategy(scenario, spec) for spec in scenario.strategies]

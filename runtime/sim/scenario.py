@@ -102,7 +102,7 @@ class Calibration(_Strict):
 # ---------------------------------------------------------------------------------- strategies
 
 
-class TruncationSpec(_Strict):
+class SimTruncationSpec(_Strict):
     mode: Literal["none", "sigma", "tokens"] = "none"
     k: float = 2.0
     max_tokens: int | None = None
@@ -125,7 +125,7 @@ class AprilSpec(_Strict):
     kind: Literal["april"]
     name: str = "april"
     over_sampling: float = Field(2.0, ge=1.0)
-    truncation: TruncationSpec = TruncationSpec()
+    truncation: SimTruncationSpec = SimTruncationSpec()
     refill_factor: float | None = _REFILL
 
 

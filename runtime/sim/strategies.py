@@ -58,7 +58,7 @@ def _refill(spec: SyncSpec | AprilSpec, batch_size: int) -> int | None:
     return None if spec.refill_factor is None else max(1, math.ceil(spec.refill_factor * batch_size))
 
 
-def build_strategy(spec: StrategySpec, batch_size: int) -> Strategy:
+def build_sim_strategy(spec: StrategySpec, batch_size: int) -> Strategy:
     """The runtime Strategy object a strategy spec runs with (batch_size N sizes chunked refills)."""
     if isinstance(spec, AprilSpec):
         return AprilStrategy(name=spec.name, over_sampling=spec.over_sampling,

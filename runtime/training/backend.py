@@ -39,8 +39,17 @@ class TrainingBackend(Protocol):
 
     rank: int
     world_size: int
-    model: nn.Module  # the policy as the trainer runs it (under FSDP2 its parameters are DTensor shards)
-    optimizer: Optimizer
+
+    # Read-only to the trainer, so a backend may hold a narrower type (FSDP2: an FSDPModule, AdamW).
+    @property
+    def model(self) -> nn.Module:
+        """The policy as the trainer runs it (under FSDP2 its parameters are DTensor shards)."""
+        ...
+
+    @property
+    def optimizer(self) -> Optimizer:
+        """The optimizer over the model's (local) parameters."""
+        ...
 
     def forward(self, fn: Callable[..., T], *args: Any) -> T:
         """Collective (FSDP2): `fn(model, *args)` with the model's parameters usable (gathered)."""
@@ -134,7 +143,8 @@ def _master_checkpoint_state(model: nn.Module, optim: MasterWeightAdamW) -> dict
 
     names = _master_names(model, optim)
     masters = {p.data_ptr(): m.detach() for p, m in zip(optim.params, optim.master, strict=True)}
-    model_state = {k: masters.get(v.data_ptr(), v) for k, v in get_model_state_dict(model).items()}
+    # (a model state dict holds tensors; its declared value type is every state-dict value)
+    model_state = {k: masters.get(v.data_ptr(), v) for k, v in get_model_state_dict(model).items()}  # type: ignore[union-attr]
     inner = optim.inner
     for m in optim.master:
         if m not in inner.state:

@@ -45,7 +45,8 @@ def _run(self: nn.Module, fn: Callable[..., Any], *args: Any) -> Any:
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks of a Hugging Face decoder (model.model.layers), each an FSDP unit."""
-    body = model.get_decoder() if callable(getattr(model, "get_decoder", None)) else None
+    # (nn.Module types unknown attributes as Tensor | Module; callable() was checked)
+    body = model.get_decoder() if callable(getattr(model, "get_decoder", None)) else None  # type: ignore[operator]
     layers = getattr(body, "layers", None)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
         raise ValueError(f"{type(model).__name__}: no decoder layers (model.get_decoder().layers) to shard")
@@ -121,7 +122,7 @@ class FSDP2Backend:
         for name, tensor in state.items():
             aliases.setdefault(id(tensor), []).append(name)
         done: set[int] = set()
-        for name, tensor in state.items():
+        for tensor in state.values():
             key = id(tensor)
             if key in done:
                 continue

@@ -31,7 +31,8 @@ def runtime_metric_names() -> set[str]:
     """Series names of the runtime (RuntimeMetrics), after one step and one evaluation: the measured
     gauges join the registry only once set."""
     from rljob.runtime.evaluation import EvalResult
-    from rljob.runtime.metrics import RuntimeMetrics, StepRecord
+    from rljob.runtime.metrics import RuntimeMetrics
+    from rljob.runtime.step_record import StepRecord
 
     metrics = RuntimeMetrics("introspection")
     metrics.record(StepRecord(step=1, policy_version=1, strategy="april", time=0.0))

@@ -16,12 +16,12 @@ from rljob.api.spec import RLJobSpec
 from rljob.runtime.engines.base import WeightUpdate
 from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.knob_sources import LocalAutotuner
-from rljob.runtime.knobs import apply_knobs
-from rljob.runtime.metrics import StepRecord
+from rljob.runtime.knobs import apply_knobs, knob_values
+from rljob.runtime.step_record import StepRecord
 from rljob.runtime.rollout.scheduler import RolloutConfig, RolloutScheduler
 from rljob.runtime.rollout.strategy import AprilStrategy
 from rljob.runtime.rollout.truncation import TruncationPolicy
-from rljob.runtime.runner import current_knobs, step_record
+from rljob.runtime.step_record import step_record
 
 from tests.helpers.tiny_model import build_tiny_model
 
@@ -94,7 +94,7 @@ async def test_local_autotuner_brings_truncation_into_band(engine: EmbeddedEngin
         values = tuner.poll()
         if values is not None:
             apply_knobs(scheduler, values)
-        knobs = current_knobs(scheduler)
+        knobs = knob_values(scheduler)
         caps.append(knobs["segment_cap_tokens"])
         await engine.update_weights(WeightUpdate(version=version, module=engine.model))
         result = await scheduler.run_round(version)
@@ -104,11 +104,11 @@ async def test_local_autotuner_brings_truncation_into_band(engine: EmbeddedEngin
         clock["t"] += 5.0
         # Settled: three rounds on the same knobs whose mean rate is in the band (±0.05 of round noise).
         last = records[-3:]
-        mean = sum(r.truncation_rate for r in last) / len(last)
+        mean = sum(r.round.truncation_rate for r in last) / len(last)
         if len(last) == 3 and all(r.knobs == rec.knobs for r in last) and BAND[0] - 0.05 <= mean <= BAND[1] + 0.05:
             break
-    rates = [round(r.truncation_rate, 2) for r in records]
-    assert records[0].truncation_rate > BAND[1] + 0.1, f"must start above the band: {rates}"
+    rates = [round(r.round.truncation_rate, 2) for r in records]
+    assert records[0].round.truncation_rate > BAND[1] + 0.1, f"must start above the band: {rates}"
     assert len(records) < MAX_ROUNDS, f"did not settle in the band within {MAX_ROUNDS} rounds: rates {rates}, caps {caps}"
     # Every change was one bounded step, and the knobs each round ran with are those in the record.
     steps = [b - a for a, b in itertools.pairwise(caps) if b != a]

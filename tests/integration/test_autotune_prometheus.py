@@ -23,7 +23,8 @@ from rljob.common.autotune.prometheus import (
 )
 from rljob.common.autotune.queries import JobQueries, read_observation
 from rljob.operator.autotune.timer import run_tick
-from rljob.runtime.metrics import RuntimeMetrics, StepRecord
+from rljob.runtime.metrics import RuntimeMetrics
+from rljob.runtime.step_record import BatchPart, RoundPart, StepRecord, TrainPart
 
 from tests.cluster.fixtures import PrometheusFactory
 from tests.cluster.kube import wait_until
@@ -34,9 +35,9 @@ pytestmark = pytest.mark.prometheus
 
 def step(n: int, rate: float, cap: float) -> StepRecord:
     return StepRecord(
-        step=n, policy_version=n, strategy="april", time=time.time(), truncation_rate=rate,
-        length_mean=40.0, length_std=20.0, rollout_tokens_per_s=500.0, ceiling_tokens_per_s=1000.0,
-        off_policy_token_ratio=0.3, entropy=1.2,
+        step=n, policy_version=n, strategy="april", time=time.time(),
+        round=RoundPart(truncation_rate=rate, rollout_tokens_per_s=500.0, ceiling_tokens_per_s=1000.0),
+        batch=BatchPart(length_mean=40.0, length_std=20.0, off_policy_token_ratio=0.3), train=TrainPart(entropy=1.2),
         knobs={"over_sampling": 2.0, "max_staleness": 2.0, "truncation_k": 0.0, "segment_cap_tokens": cap},
     )
 

@@ -143,7 +143,7 @@ def _ranks_train_then_stop(distributed, job, lead, stops: int) -> None:  # type:
     follow its orders, and after each of its `stops` "stop" orders join one gather of the full state."""
     import asyncio
 
-    from rljob.runtime.runner import TrainingRank
+    from rljob.runtime.ranks import TrainingRank
 
     if distributed.rank != 0:
         training = TrainingRank(job, distributed)
@@ -155,9 +155,9 @@ def _ranks_train_then_stop(distributed, job, lead, stops: int) -> None:  # type:
 
 
 def _stop_and_gather(runner) -> dict:  # type: ignore[no-untyped-def]
-    from rljob.runtime.runner import Order
+    from rljob.runtime.ranks import Order
 
-    runner._order(Order("stop"))
+    runner.orders.send(Order("stop"))
     return full_state(runner.trainer)
 
 
@@ -182,7 +182,7 @@ async def _lead_resume_and_step(job, distributed, out: Path) -> None:  # type: i
     record = leader_record(runner)
     record["state"] = _stop_and_gather(runner)
     step = await runner.run_step()  # and the job trains on from there, at its own world size
-    record["next"] = (step.step, step.loss)
+    record["next"] = (step.step, step.train.loss)
     _stop_and_gather(runner)
     await runner.close()
     torch.save(record, out / "resumed.pt")
@@ -288,7 +288,7 @@ async def test_a_checkpoint_of_two_ranks_resumes_in_one_process(tmp_path: Path) 
         resumed["state"] = full_state(runner.trainer)
         assert_same_job_state(saved, resumed, "2 -> 1")
         record = await runner.run_step()  # and the single process trains on from there
-        assert record.step == 3 and record.loss == record.loss
+        assert record.step == 3 and record.train.loss == record.train.loss
     finally:
         await runner.close()
 

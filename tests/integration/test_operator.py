@@ -655,7 +655,7 @@ def test_status_writers_never_clobber_each_other(
 ) -> None:
     """Operator, autotuner and trainer each server-side apply their own fields (own field manager)."""
     from rljob.common.kube import Kube, load_api_client
-    from rljob.common.status_reporter import kubernetes_sender
+    from rljob.common.progress_reporter import kubernetes_sender
 
     volumes("shared")
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, rljob("shared"))

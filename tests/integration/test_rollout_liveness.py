@@ -27,7 +27,8 @@ import httpx
 import pytest
 
 from rljob.api import parse_rljob
-from rljob.runtime.metrics import StepRecord, read_jsonl
+from rljob.runtime.metrics import read_jsonl
+from rljob.runtime.step_record import StepRecord
 from rljob.runtime.runner import JobRunner, RunOptions
 from tests.helpers.processes import start_router, start_worker, start_workers, stop, wait_http
 from tests.helpers.waiting import wait_until

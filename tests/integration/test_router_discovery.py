@@ -12,7 +12,7 @@ would, and a real SGLang-protocol server process listens on each of those loopba
 weights travel over the `distributed` transport (real gloo broadcasts) from a real tiny model.
 
 That the operator leaves the trainer and router pods alone (same uid) when a pool scales is shown
-against the operator itself in tests/integration/test_operator_pods.py; here the one router process
+against the operator itself in tests/integration/test_pool_scaling_and_admission.py; here the one router process
 lives through the scale and fills up without a restart.
 """
 

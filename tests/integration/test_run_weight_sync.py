@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from rljob.api import parse_rljob
-from rljob.runtime.metrics import StepRecord, ledger_imbalance, read_jsonl
+from rljob.runtime.metrics import ledger_imbalance, read_jsonl
+from rljob.runtime.step_record import StepRecord
 from rljob.runtime.runner import JobRunner, RunOptions
 from tests.helpers.processes import start_router, start_workers, stop, wait_http
 from tests.integration.test_runner_resume import job_doc, tiny_policy

@@ -31,7 +31,7 @@ async def test_runner_writes_step_checkpoint_and_metrics_into_status(
     monkeypatch.setenv("RLJOB_NAME", doc["metadata"]["name"])
 
     runner = JobRunner(parse_rljob(doc), RunOptions(output_dir=tmp_path / "out"))
-    assert runner.status_reporter is not None
+    assert runner.progress_reporter is not None
     await runner.setup()
     await runner.run()
 

@@ -8,7 +8,7 @@ import pytest
 
 from rljob.api.status import RLJobStatus
 from rljob.operator.apply_retry import ApplyRetries, Backoff
-from rljob.operator.status_logic import ApplyResult
+from rljob.operator.lifecycle import ApplyResult
 from tests.unit.test_operator_status import _obs, _run, _spec
 
 

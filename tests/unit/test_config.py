@@ -93,7 +93,7 @@ def test_metrics_carry_the_namespace_of_the_rljob_the_trainer_reports_to() -> No
     """The autotuner selects on rljob_namespace: a trainer started for an RLJob (RLJOB_NAMESPACE, as the
     status reporter uses it) must export that namespace even when its job file names none."""
     from rljob.api import parse_rljob
-    from rljob.runtime.runner import metrics_namespace
+    from rljob.runtime.job_parts import metrics_namespace
 
     job = parse_rljob({"apiVersion": "rljob.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "j"},
                        "spec": {"model": {"builtin": "tiny-arith"}, "data": {"synthetic": {}}}})

@@ -258,7 +258,7 @@ def test_a_status_sync_applies_only_what_the_current_generation_already_applied(
     recreate it."""
     from rljob.api.status import RLJobStatus
     from rljob.operator.reconcile import current_generation_applied, needs_apply
-    from rljob.operator.status_logic import Observed, TrainerJobObs
+    from rljob.operator.lifecycle import Observed, TrainerJobObs
 
     recreating = {"type": "ChildrenApplied", "status": "False", "reason": "Recreating", "observedGeneration": 2,
                   "lastTransitionTime": "2026-01-01T00:00:00Z"}

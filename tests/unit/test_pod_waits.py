@@ -13,7 +13,7 @@ from rljob.api.status import RLJobStatus
 from rljob.operator.builders import JobRef, build_children
 from rljob.operator.builders.pods import pod_templates
 from rljob.operator.pod_waits import PodWait, pod_wait, pod_waits
-from rljob.operator.status_logic import Observed, TrainerJobObs, WorkloadObs, compute_status
+from rljob.operator.lifecycle import Observed, TrainerJobObs, WorkloadObs, compute_status
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

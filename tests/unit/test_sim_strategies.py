@@ -13,7 +13,7 @@ import pytest
 from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
 from rljob.runtime.sim.length_model import LengthModel
 from rljob.runtime.sim.reward_model import RewardModel
-from rljob.runtime.sim.runner import StrategyResult, simulate_strategy, tail_statistics
+from rljob.runtime.sim.runner import SimStrategyResult, simulate_strategy, tail_statistics
 from rljob.runtime.sim.scenario import (
     AprilSpec,
     BoundedStalenessSpec,
@@ -35,7 +35,7 @@ def scenario(**update: object) -> Scenario:
     return Scenario.model_validate({**base, **update})
 
 
-def run(spec: StrategySpec, **update: object) -> StrategyResult:
+def run(spec: StrategySpec, **update: object) -> SimStrategyResult:
     return simulate_strategy(scenario(**update), spec)
 
 

@@ -4,7 +4,7 @@ The runtime calls it at the end of each step; patches are rate-limited (the newe
 and sent at the next allowed moment or on `flush()`), and a failed patch is logged, never raised:
 training must not stop because the API server is briefly unreachable.
 
-    reporter = StatusReporter.from_env()        # None outside the operator's trainer pods
+    reporter = ProgressReporter.from_env()        # None outside the operator's trainer pods
     if reporter:
         reporter.report(step=3, policy_version=3, metrics={"truncation_rate": 0.12, "entropy": 1.9})
         reporter.report_checkpoint(step=5, uri="/var/lib/rljob/checkpoints/step-5")
@@ -103,7 +103,7 @@ def kubernetes_sender() -> PatchSender:
     return send
 
 
-class StatusReporter:
+class ProgressReporter:
     """Rate-limited writer of the trainer's progress into `status` of one RLJob."""
 
     def __init__(
@@ -124,7 +124,7 @@ class StatusReporter:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_env(cls, min_interval_seconds: float = 10.0) -> StatusReporter | None:
+    def from_env(cls, min_interval_seconds: float = 10.0) -> ProgressReporter | None:
         """A reporter for the RLJob named by RLJOB_NAMESPACE/RLJOB_NAME when RLJOB_STATUS_REPORT=1, else None."""
         if os.environ.get("RLJOB_STATUS_REPORT") != "1":
             return None

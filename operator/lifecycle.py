@@ -34,6 +34,7 @@ from rljob.api.status import (
     EffectiveKnobs,
     KnobValue,
     Outcome,
+    Phase,
     PoolStatus,
     RestartStatus,
     RLJobStatus,
@@ -175,7 +176,7 @@ class EventRecord:
 
 
 @dataclass
-class Decision:
+class LifecycleDecision:
     """Result of one lifecycle evaluation."""
 
     status: RLJobStatus
@@ -317,7 +318,7 @@ class _Conditions:
         self.flipped: list[Condition] = []
 
     def set(self, type_: str, true: bool, reason: str, message: str = "") -> None:
-        status = "True" if true else "False"
+        status: Literal["True", "False"] = "True" if true else "False"
         old = self.prev.condition(type_)
         changed = old is None or old.status != status
         cond = Condition(
@@ -409,7 +410,7 @@ def compute_status(
     obs: Observed,
     now: datetime,
     applied: ApplyResult | None = None,
-) -> Decision:
+) -> LifecycleDecision:
     """Decide the new status and the actions for one RLJob from its spec, old status and children.
 
     `applied` is the result of applying this generation's children in this pass (None: no apply was
@@ -613,10 +614,12 @@ def compute_status(
         conds.set("NodeUnreachable", False, "NoPodStuck", "no pod of the job is stuck terminating on an unreachable node")
     complete = outcome is not None and outcome.result == "Complete"
     failed_job = outcome is not None and outcome.result == "Failed"
-    conds.set("Complete", complete, outcome.reason if complete else "NotComplete", outcome.message if complete else "")
-    conds.set("Failed", failed_job, outcome.reason if failed_job else "NotFailed", outcome.message if failed_job else "")
+    reason, message = (outcome.reason, outcome.message) if outcome is not None else ("", "")
+    conds.set("Complete", complete, reason if complete else "NotComplete", message if complete else "")
+    conds.set("Failed", failed_job, reason if failed_job else "NotFailed", message if failed_job else "")
 
     # Phase and times.
+    phase: Phase
     if outcome is not None:
         phase = outcome.result
     elif suspended:
@@ -651,7 +654,7 @@ def compute_status(
         effective_knobs=_knobs(spec, prev.effective_knobs),
         metrics=prev.metrics,
     )
-    return Decision(
+    return LifecycleDecision(
         status=status, active=active, restart_trainer_job=restart_job, events=events,
         force_delete=[s.pod for s in stuck if s.force_delete],
     )

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from rljob.operator.metrics import RECONCILE_ERRORS
-from rljob.operator.status_logic import PodObs
+from rljob.operator.lifecycle import PodObs
 
 log = logging.getLogger(__name__)
 

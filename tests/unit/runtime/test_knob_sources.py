@@ -17,7 +17,7 @@ from rljob.runtime.knob_sources import (
     knob_sources_for,
 )
 from rljob.runtime.knobs import KnobValues
-from rljob.runtime.metrics import StepRecord
+from rljob.runtime.step_record import BatchPart, RoundPart, StepRecord
 
 
 def job_spec(**autotune: Any) -> RLJobSpec:
@@ -143,8 +143,8 @@ def test_status_source_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def record(step: int, rate: float, cap: float, t: float) -> StepRecord:
     return StepRecord(
-        step=step, policy_version=step, strategy="april", time=t, truncation_rate=rate,
-        length_mean=20.0, length_std=10.0,
+        step=step, policy_version=step, strategy="april", time=t, round=RoundPart(truncation_rate=rate),
+        batch=BatchPart(length_mean=20.0, length_std=10.0),
         knobs={"over_sampling": 2.0, "max_staleness": 2.0, "truncation_k": 0.0, "segment_cap_tokens": cap},
     )
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from rljob.api.status import RLJobStatus
-from rljob.common.status_reporter import StatusReporter, progress_patch
+from rljob.common.progress_reporter import ProgressReporter, progress_patch
 
 
 class Recorder:
@@ -35,7 +35,7 @@ def test_patch_uses_the_status_schema() -> None:
 def test_rate_limit_keeps_newest_values_and_checkpoints_go_out_at_once() -> None:
     now = [100.0]
     sent = Recorder()
-    reporter = StatusReporter("ns", "job", min_interval_seconds=10, sender=sent, clock=lambda: now[0])
+    reporter = ProgressReporter("ns", "job", min_interval_seconds=10, sender=sent, clock=lambda: now[0])
     assert reporter.report(step=1, metrics={"reward_mean": 0.1})
     assert not reporter.report(step=2, metrics={"reward_mean": 0.2})
     assert not reporter.report(step=3)
@@ -53,7 +53,7 @@ def test_rate_limit_keeps_newest_values_and_checkpoints_go_out_at_once() -> None
 
 def test_failures_are_logged_and_retried_not_raised(caplog: pytest.LogCaptureFixture) -> None:
     sender = Recorder(fail=True)
-    reporter = StatusReporter("ns", "job", min_interval_seconds=0, sender=sender)
+    reporter = ProgressReporter("ns", "job", min_interval_seconds=0, sender=sender)
     assert not reporter.report(step=1)
     assert "could not report status" in caplog.text
     sender.fail = False
@@ -63,9 +63,9 @@ def test_failures_are_logged_and_retried_not_raised(caplog: pytest.LogCaptureFix
 
 def test_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RLJOB_STATUS_REPORT", raising=False)
-    assert StatusReporter.from_env() is None
+    assert ProgressReporter.from_env() is None
     monkeypatch.setenv("RLJOB_STATUS_REPORT", "1")
     monkeypatch.setenv("RLJOB_NAMESPACE", "ns")
     monkeypatch.setenv("RLJOB_NAME", "job")
-    reporter = StatusReporter.from_env()
+    reporter = ProgressReporter.from_env()
     assert reporter is not None and (reporter.namespace, reporter.name) == ("ns", "job")

@@ -9,9 +9,9 @@ from rljob.api.spec import RLJobSpec
 from rljob.api.status import KnobValue, RLJobStatus
 from rljob.common.autotune.tick import autotuner_status, merge_patch
 from rljob.operator.builders import JobRef
-from rljob.operator.status_logic import (
+from rljob.operator.lifecycle import (
     ApplyResult,
-    Decision,
+    LifecycleDecision,
     Observed,
     PodObs,
     TrainerJobObs,
@@ -66,7 +66,7 @@ def _pod(
 
 def _run(
     spec: RLJobSpec, prev: RLJobStatus, obs: Observed, now: datetime = T0, gen: int = 1, applied: Any = "ok"
-) -> Decision:
+) -> LifecycleDecision:
     """One evaluation; by default as after reconcile applied generation `gen` (applied=None: a plain resync)."""
     result = ApplyResult(gen) if applied == "ok" else applied
     return compute_status(JOB, spec, gen, prev, obs, now, applied=result)
@@ -446,7 +446,7 @@ def _interrupted(uid: str, job_uid: str = "job-1") -> PodObs:
 
 
 def test_interruptions_back_off_and_past_the_cap_the_job_fails() -> None:
-    from rljob.operator.status_logic import trainer_start_held
+    from rljob.operator.lifecycle import trainer_start_held
 
     policy = {"failurePolicy": {"maxInterruptions": 3, "interruptionBackoffSeconds": 10, "interruptionBackoffMaxSeconds": 30}}
     spec = _spec(**policy)

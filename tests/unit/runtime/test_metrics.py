@@ -5,7 +5,8 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from rljob.runtime.evaluation import EvalResult
-from rljob.runtime.metrics import RuntimeMetrics, StepRecord
+from rljob.runtime.metrics import RuntimeMetrics
+from rljob.runtime.step_record import RoundPart, StepRecord, TrainPart
 
 
 def exposed(metrics: RuntimeMetrics) -> dict[str, float]:
@@ -35,8 +36,10 @@ def test_measured_gauges_are_absent_until_the_first_step_sets_them() -> None:
     after_eval = exposed(metrics)
     assert after_eval["rljob_eval_reward_mean"] == 0.25 and "rljob_truncation_rate" not in after_eval
 
-    metrics.record(StepRecord(step=1, policy_version=1, strategy="april", time=5.0, truncation_rate=1.0, entropy=0.7))
-    metrics.record(StepRecord(step=2, policy_version=2, strategy="april", time=6.0, truncation_rate=0.5, entropy=0.6))
+    metrics.record(StepRecord(step=1, policy_version=1, strategy="april", time=5.0, round=RoundPart(truncation_rate=1.0),
+                              train=TrainPart(entropy=0.7)))
+    metrics.record(StepRecord(step=2, policy_version=2, strategy="april", time=6.0, round=RoundPart(truncation_rate=0.5),
+                              train=TrainPart(entropy=0.6)))
     after = exposed(metrics)
     assert after["rljob_truncation_rate"] == 0.5 and after["rljob_policy_entropy"] == 0.6
     assert after["rljob_policy_version"] == 2.0 and after["rljob_steps_total"] == 2.0

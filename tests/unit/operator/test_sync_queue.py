@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from rljob.operator.status_logic import PodObs
-from rljob.operator.status_queue import SeenPod, PendingSyncs, StatusQueue, seen_under
+from rljob.operator.lifecycle import PodObs
+from rljob.operator.sync_queue import SeenPod, PendingSyncs, StatusQueue, seen_under
 
 from tests.helpers.waiting import wait_until
 

@@ -1,0 +1,122 @@
+"""The rank protocol of a multi-rank job (torchrun, `rljob run --nproc N`; docs/distributed.md).
+
+- rank 0 runs `JobRunner` (runner.py): the rollout scheduler, the engines, the buffer, evaluation,
+  status, metrics and the checkpoint's scheduler state. Each step it hands every rank its share of the
+  accepted groups (balanced by tokens, `OrderSender.hand_out`) and trains its own share;
+- ranks 1..N-1 run `TrainingRank`: they train the groups rank 0 sends them and join every
+  collective (FSDP2, the weight gather of a sync, the checkpoint), and do nothing else.
+
+Rank 0's `Order`s keep the ranks in step: resume, train, sync, checkpoint, stop. Every order after
+which rank 0 pushes weights (resume, train, sync) has every rank join the gather of the full weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rljob.api.spec import RLJob
+from rljob.runtime.checkpoint import rng_state, set_rng_state
+from rljob.runtime.job_parts import build_checkpoints, build_trainer, loop_settings, open_policy_for_training
+from rljob.runtime.metrics import serve_readiness
+from rljob.runtime.rollout.sample import Group
+from rljob.runtime.training.balance import balance_by_tokens
+from rljob.runtime.training.distributed import Distributed
+
+# Full weights gathered from the FSDP2 shards for a sync, at most this much at a time per bucket.
+SYNC_BUCKET_BYTES = 64 << 20
+
+
+@dataclass
+class Order:
+    """Rank 0's instruction to the other ranks, scattered on the control group (one per rank)."""
+
+    # resume: load `path` (if any) and join the start's weight sync; train: train `groups`, join the sync;
+    # sync: join a catch-up sync of the unchanged weights (mid-round); checkpoint; stop.
+    kind: Literal["resume", "train", "sync", "checkpoint", "stop"]
+    version: int = 0  # train: the policy version the groups were generated against
+    step: int = 0  # checkpoint: the step being saved
+    groups: list[Group] = field(default_factory=list)  # train: this rank's share
+    # resume: the checkpoint directory, whose newest loadable complete checkpoint every rank loads
+    # together (CheckpointManager.load); None: start fresh.
+    path: str | None = None
+
+
+def group_tokens(group: Group) -> int:
+    """Prompt plus response tokens of a group: the work it costs a trainer rank."""
+    return sum(len(s.prompt_ids) + s.response_length for s in group.samples)
+
+
+@dataclass
+class OrderSender:
+    """Rank 0's side of the protocol; sends nothing in a single-process job (`distributed` None)."""
+
+    distributed: Distributed | None
+
+    def send(self, order: Order, shares: list[list[Group]] | None = None) -> None:
+        """Send `order` to ranks 1..N-1 (with shares[r] as rank r's groups)."""
+        if self.distributed is None:
+            return
+        world = self.distributed.world_size
+        self.distributed.scatter([
+            Order(order.kind, order.version, order.step, shares[r] if shares else [], order.path) for r in range(world)
+        ])
+
+    def hand_out(self, groups: list[Group], version: int) -> list[Group]:
+        """Send every other rank its token-balanced share of the round's groups; returns rank 0's."""
+        if self.distributed is None:
+            return groups
+        indices = balance_by_tokens([group_tokens(g) for g in groups], self.distributed.world_size)
+        shares = [[groups[i] for i in share] for share in indices]
+        self.send(Order("train", version=version), shares)
+        return shares[0]
+
+
+class TrainingRank:
+    """Ranks 1..N-1 of a multi-rank job: train the groups rank 0 hands out and join every collective
+    (FSDP2's, the weight gather of a sync, the checkpoint). No engines, data, metrics or status."""
+
+    def __init__(self, job: RLJob, distributed: Distributed) -> None:
+        if distributed.is_leader:
+            raise ValueError("rank 0 runs JobRunner, not TrainingRank")
+        self.job = job
+        self.distributed = distributed
+        settings = loop_settings(job, steps=None, resume=None, metrics_port=None)
+        self.checkpoints = build_checkpoints(job, distributed)
+        self.trainer = build_trainer(job, open_policy_for_training(job).model, distributed)
+        self.steps_trained = 0
+        # Once its part is built, the pod's probe may pass: without an answer, the pods of ranks 1..N-1
+        # never turned Ready and the job never left Starting (found on the real node).
+        self.probe_port = (serve_readiness(settings.metrics_host, settings.metrics_port)
+                           if settings.metrics_port and distributed.env.answers_pod_probe else None)
+
+    def run(self) -> int:
+        """Follow rank 0's orders until it says stop; returns the steps trained here."""
+        while True:
+            order: Order = self.distributed.scatter()
+            if order.kind == "resume":
+                if order.path is not None:
+                    self._load_checkpoint()
+                self._join_weight_sync()  # every start syncs, resumed or not
+            elif order.kind == "sync":
+                self._join_weight_sync()
+            elif order.kind == "train":
+                self.trainer.train_step(order.groups, order.version)
+                self.steps_trained += 1
+                self._join_weight_sync()
+            elif order.kind == "checkpoint":
+                self.checkpoints.save(order.step, self.trainer.checkpoint_state(), rng_state())
+            elif order.kind == "stop":
+                return self.steps_trained
+
+    def _load_checkpoint(self) -> None:
+        template = self.trainer.checkpoint_state()
+        loaded = self.checkpoints.load(template)  # collective: rank 0 picks, all must load it
+        if loaded is not None:
+            self.trainer.load_checkpoint_state(template)
+            if loaded.rng is not None:
+                set_rng_state(loaded.rng)
+
+    def _join_weight_sync(self) -> None:
+        for _ in self.trainer.backend.iter_full_weights(SYNC_BUCKET_BYTES):
+            pass  # the gathers run; the buckets go to rank 0 only

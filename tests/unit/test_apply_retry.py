@@ -9,7 +9,7 @@ import pytest
 from rljob.api.status import RLJobStatus
 from rljob.operator.apply_retry import ApplyRetries, Backoff
 from rljob.operator.lifecycle import ApplyResult
-from tests.unit.test_operator_status import _obs, _run, _spec
+from tests.unit.operator.test_lifecycle import _obs, _run, _spec
 
 
 def test_backoff_doubles_up_to_its_cap_and_never_overflows() -> None:

@@ -12,7 +12,7 @@ from rljob.operator.node_loss import (
     stuck_pods,
     terminating_pod,
 )
-from tests.unit.test_operator_status import _cond, _obs, _run, _spec
+from tests.unit.operator.test_lifecycle import _cond, _obs, _run, _spec
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

@@ -24,6 +24,7 @@ EXPORTED_KEYS = {
     "buffer_tokens_before", "buffer_tokens_after", "length_mean", "length_std", "length_p50", "length_p99",
     "length_max", "reward_mean", "eval_reward", "entropy", "kl", "clip_fraction", "loss", "grad_norm", "knobs",
     "staleness", "lengths",
+    "data_rows_skipped",  # added after the split (bad data rows skipped, by reason)
 }
 
 

@@ -103,7 +103,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         settings.watching.label_selectors[group, version, plural] = CHILD_SELECTOR
     # kopf's workers times the concurrent applies of one job: one pooled connection for each.
     memo.apply_retries = ApplyRetries()
-    memo.kube = CachedKube(load_api_client(pool_maxsize=settings.execution.max_workers * APPLY_CONCURRENCY))
+    memo.kube = CachedKube(load_api_client(pool_maxsize=HANDLER_WORKERS * APPLY_CONCURRENCY))
     CACHED_OBJECTS.set_function(memo.kube.cache.__len__)
     JOB_LOCKS_HELD.set_function(JOB_LOCKS.__len__)
     if METRICS_PORT:

@@ -580,7 +580,7 @@ def compute_status(
             parts = short + ([] if router_ready else ["router not ready"])
             conds.set("RolloutReady", False, "ReplicasNotReady", "; ".join(parts))
         held = trainer_start_held(restarts, now)
-        if held and not trainer_ok and obs.trainer is None:
+        if held and not trainer_ok and obs.trainer is None and restarts.trainer_start_not_before is not None:
             conds.set(
                 "TrainerReady", False, "BackingOff",
                 f"interruption {restarts.interrupted}: the trainer group restarts at "

@@ -122,15 +122,15 @@ def export_checkpoint(
     # The saved weights are fp32 masters when the job trained in bf16 (both backends keep them):
     # the default output is the precision the job trained in, not the masters' precision.
     out_dtype = torch_dtype(dtype or job.spec.trainer.dtype)
-    model = load_causal_lm(base, field=field, dtype=trained)
-    _load_weights(model, trainer_dir, source, field, base)
-    model.to(out_dtype)
-    model.config.dtype = out_dtype  # recorded in config.json, read by SGLang's --dtype auto
+    policy = load_causal_lm(base, field=field, dtype=trained)
+    _load_weights(policy, trainer_dir, source, field, base)
+    policy.to(out_dtype)
+    policy.config.dtype = out_dtype  # recorded in config.json, read by SGLang's --dtype auto
     tokenizer = load_tokenizer(base)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        model.save_pretrained(staging)
+        policy.save_pretrained(staging)
         tokenizer.save(staging)
         info = {"checkpoint": str(source), "step": state.get("step"), "policy_version": state.get("version"),
                 "job": job.metadata.name, "base_model": str(base)}

@@ -72,7 +72,8 @@ def loop_settings(job: RLJob, steps: int | None, resume: bool | None, metrics_po
 def build_checkpoints(job: RLJob, distributed: Distributed | None) -> CheckpointManager:
     """The job's checkpoint folder (every rank writes its part of a checkpoint)."""
     c = job.spec.checkpoint
-    return CheckpointManager(c.dir, keep=c.keep, distributed=distributed)
+    # RLJob fills the per-job default (runs/<name>/checkpoints): a folder is always set by now.
+    return CheckpointManager(c.dir or f"runs/{job.metadata.name}/checkpoints", keep=c.keep, distributed=distributed)
 
 
 def metrics_namespace(job: RLJob, environ: Mapping[str, str]) -> str:

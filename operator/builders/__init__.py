@@ -30,8 +30,11 @@ from rljob.operator.builders.trainer import (
 __all__ = ["ImageDefaults", "JobRef", "NetworkPolicySettings", "build_children"]
 
 
+_DEFAULT_NETWORK = NetworkPolicySettings()  # frozen: one shared default is safe
+
+
 def build_children(
-    job: JobRef, spec: RLJobSpec, *, active: bool, network: NetworkPolicySettings = NetworkPolicySettings(),
+    job: JobRef, spec: RLJobSpec, *, active: bool, network: NetworkPolicySettings = _DEFAULT_NETWORK,
     images: ImageDefaults | None = None,
 ) -> list[dict[str, Any]]:
     """Every child object of one RLJob, in apply order (dependencies first).

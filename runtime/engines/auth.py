@@ -19,6 +19,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from rljob.api.engine_auth import ENGINE_API_KEY_ENV
 
@@ -38,7 +39,7 @@ def request_allowed(method: str, path: str, authorization: str | None, api_key: 
     return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), api_key.encode())
 
 
-def api_key_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def api_key_middleware(api_key: str) -> Middleware:
     """aiohttp middleware refusing requests without the key (401, SGLang's body)."""
 
     @web.middleware

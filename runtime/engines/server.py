@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -213,7 +214,7 @@ class SGLangProtocolServer:
 
     def _build_app(self) -> web.Application:
         # The key is checked first, as SGLang's middleware does, so no handler runs for a caller without it.
-        auth = [api_key_middleware(self.options.api_key)] if self.options.api_key else []
+        auth: list[Middleware] = [api_key_middleware(self.options.api_key)] if self.options.api_key else []
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[*auth, self._errors])
         routes: list[tuple[str, str, Handler]] = [
             ("*", "/generate", self._generate),

@@ -33,7 +33,7 @@ import torch
 from rljob.api.spec import RLJob
 from rljob.common.status_reporter import StatusReporter
 from rljob.runtime.batch_stats import summarize_batch
-from rljob.runtime.checkpoint import CheckpointManager, LoadedCheckpoint, rng_state, set_rng_state
+from rljob.runtime.checkpoint import CheckpointManager, LoadedCheckpoint, checkpoint_store, rng_state, set_rng_state
 from rljob.runtime.engines.base import Engine
 from rljob.runtime.evaluation import EvalPrompt, EvalResult, evaluate_held_out
 from rljob.runtime.knobs import KnobSource, apply_knobs
@@ -281,7 +281,7 @@ class JobRunner:
         self.engines: list[Engine] = []
         self.transport: WeightTransport | None = None
         self.checkpoints = CheckpointManager(self.spec.checkpoint.dir, keep=self.spec.checkpoint.keep,
-                                             distributed=distributed)
+                                             distributed=distributed, store=checkpoint_store(self.spec.checkpoint))
         jsonl = Path(self.spec.metrics.jsonl) if self.spec.metrics.jsonl else self.output_dir / "metrics.jsonl"
         self.metrics = RuntimeMetrics(job.metadata.name, jsonl, namespace=metrics_namespace(job, os.environ))
         self.metrics_port: int | None = None
@@ -360,7 +360,7 @@ class JobRunner:
                 assert loaded.leader_state is not None
                 self.trainer.load_checkpoint_state(template)
                 self._restore(loaded)
-                self.resumed_from = str(loaded.path)
+                self.resumed_from = self.checkpoints.location(loaded.path)
                 self.skipped_checkpoints = [str(s) for s in loaded.skipped]
                 self.metrics.checkpoints_skipped.inc(len(loaded.skipped))
         # Resumed or not, the engines get the weights this run starts from: live workers may serve another
@@ -524,7 +524,7 @@ class JobRunner:
         rng = {**rng_state(), "engines": [e.sampling_state() for e in self.engines]}
         path = self.checkpoints.save(self.step, self.trainer.checkpoint_state(), rng, self.leader_state())
         if self.status_reporter is not None:
-            self.status_reporter.report_checkpoint(self.step, str(path))
+            self.status_reporter.report_checkpoint(self.step, self.checkpoints.location(path))
         return path
 
     def _stop_on_sigterm(self) -> None:

@@ -68,10 +68,15 @@ async def test_save_resume_torn_fallback_prune_and_export(s3_env: S3Server, tmp_
     uri = f"s3://{s3_env.bucket}/runs/resume"
     store = ObjectStore(ObjectUri.parse(uri))
 
+    async def start(run: int) -> JobRunner:
+        """A runner as on a fresh machine: its own, empty staging folder and output."""
+        doc = s3_job(model, tmp_path / f"staging-{run}", uri, s3_env.endpoint, steps=6)
+        runner = JobRunner(parse_rljob(doc), RunOptions(output_dir=tmp_path / f"out-{run}"))
+        await runner.setup()
+        return runner
+
     # First run: three steps, a checkpoint each, keep=2: the store holds steps 2 and 3, both marked.
-    first = JobRunner(parse_rljob(s3_job(model, tmp_path / "staging-1", uri, s3_env.endpoint, steps=6)),
-                      RunOptions(output_dir=tmp_path / "out-1"))
-    await first.setup()
+    first = await start(1)
     assert first.resumed_from is None
     for _ in range(3):
         await first.run_step()
@@ -79,9 +84,7 @@ async def test_save_resume_torn_fallback_prune_and_export(s3_env: S3Server, tmp_
     assert folders(store) == {"step-00000002": True, "step-00000003": True}
 
     # A second runner on a fresh machine (empty staging folder) resumes from the store's newest.
-    second = JobRunner(parse_rljob(s3_job(model, tmp_path / "staging-2", uri, s3_env.endpoint, steps=6)),
-                       RunOptions(output_dir=tmp_path / "out-2"))
-    await second.setup()
+    second = await start(2)
     assert (second.step, second.version) == (3, 3)
     assert second.resumed_from == f"{uri}/step-00000003"
     assert second.skipped_checkpoints == []
@@ -90,9 +93,7 @@ async def test_save_resume_torn_fallback_prune_and_export(s3_env: S3Server, tmp_
     # Tear the newest in the store the way a crash mid-upload does: its objects without the marker.
     obstore.delete(store._store, f"step-00000003/{MARKER}")  # noqa: SLF001 - the test plays the crash
     assert folders(store) == {"step-00000002": True, "step-00000003": False}
-    third = JobRunner(parse_rljob(s3_job(model, tmp_path / "staging-3", uri, s3_env.endpoint, steps=6)),
-                      RunOptions(output_dir=tmp_path / "out-3"))
-    await third.setup()
+    third = await start(3)
     assert (third.step, third.version) == (2, 2)
     assert third.resumed_from == f"{uri}/step-00000002"
     assert third.skipped_checkpoints and third.skipped_checkpoints[0].startswith("step-00000003 (no completion marker")

@@ -13,7 +13,6 @@ AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN (on a cluster the operator fills the
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -27,8 +26,6 @@ from obstore.store import S3Store
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig
-
-log = logging.getLogger(__name__)
 
 S3_SCHEME = "s3://"
 # The region signed requests name when nothing sets one: S3-compatible stores accept any, AWS's default.

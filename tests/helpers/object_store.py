@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,21 +58,28 @@ def _identities(access_key: str, secret_key: str) -> dict[str, object]:
     }
 
 
-def _create_bucket(weed: Path, master: str, bucket: str, log: Path) -> None:
-    """`s3.bucket.create` through `weed shell`: the admin path, so the test needs no S3 client of its own."""
-    proc = subprocess.run(
-        [str(weed), "shell", f"-master={master}"],
-        input=f"s3.bucket.create -name {bucket}\n",
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    with log.open("a") as out:
-        out.write(proc.stdout + proc.stderr)
-    # The shell exits 0 after a command error too: success is its own report.
-    if proc.returncode != 0 or f"created bucket {bucket}" not in proc.stdout:
-        raise RuntimeError(f"weed shell s3.bucket.create failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}")
+def _create_bucket(weed: Path, master: str, bucket: str, log: Path, deadline: float) -> None:
+    """`s3.bucket.create` through `weed shell`: the admin path, so the test needs no S3 client of its own.
+    Retried until `deadline` (monotonic): the filer the shell needs may register after the gateway answers."""
+    while True:
+        proc = subprocess.run(
+            [str(weed), "shell", f"-master={master}"],
+            input=f"s3.bucket.create -name {bucket}\n",
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        with log.open("a") as out:
+            out.write(proc.stdout + proc.stderr)
+        # The shell exits 0 after a command error too: success is its own report.
+        if proc.returncode == 0 and f"created bucket {bucket}" in proc.stdout:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"weed shell s3.bucket.create failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}"
+            )
+        time.sleep(1.0)
 
 
 @pytest.fixture(scope="session")
@@ -103,9 +111,10 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     try:
         endpoint = f"http://127.0.0.1:{s3}"
         # The S3 gateway answers its health check only once the filer behind it is up.
+        deadline = time.monotonic() + START_TIMEOUT_S
         wait_http(f"{endpoint}/healthz", START_TIMEOUT_S, proc, log)
         # host:port.grpcPort: SeaweedFS's address form for a gRPC port that is not port + 10000.
-        _create_bucket(weed, f"127.0.0.1:{master}.{grpc[0]}", BUCKET, log)
+        _create_bucket(weed, f"127.0.0.1:{master}.{grpc[0]}", BUCKET, log, deadline)
         yield S3Server(endpoint, BUCKET, access_key, secret_key)
     finally:
         stop([proc])

@@ -105,6 +105,9 @@ LIST_MAP_BY_NAME: dict[str, Any] = {"x-kubernetes-list-type": "map", "x-kubernet
 # `pvc://<claim>[/<path inside the claim>]`: a file tree on a PersistentVolumeClaim of the job's namespace.
 PVC_URI_PREFIX = "pvc://"
 PVC_URI_PATTERN = r"^pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/.*)?$"
+S3_URI_PREFIX = "s3://"
+# An s3:// URI: a bucket (S3's naming rules: 3-63 lowercase letters, digits, '.', '-') and a key prefix.
+S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$"
 # A pvc:// URI: the claim (a DNS-1123 subdomain) and a path inside it.
 PvcUri = Annotated[str, StringConstraints(pattern=PVC_URI_PATTERN, max_length=6 + 253 + PATH_MAX)]
 # GPU vendors of inference pools: their SGLang pods load a Hugging Face model folder they must see.
@@ -898,6 +901,28 @@ class TrainerSpec(ApiModel):
     shm_size: Quantity = Field(default="16Gi", description="On a cluster: size limit of /dev/shm.")
 
 
+class CheckpointS3Spec(ApiModel):
+    """How to reach the object store of an s3:// checkpoint.uri (AWS S3, MinIO, SeaweedFS, Ceph RGW...)."""
+
+    endpoint: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="S3 API base URL, e.g. http://minio.storage:9000 for MinIO or SeaweedFS; unset: "
+        "AWS_ENDPOINT_URL from the environment, else AWS S3 itself.",
+    )
+    region: str | None = Field(
+        default=None, min_length=1, max_length=63, pattern=r"^[a-z0-9-]+$",
+        description="Region the requests are signed for; unset: AWS_REGION, else us-east-1.",
+    )
+    credentials_secret: DNS1123Subdomain | None = Field(
+        default=None,
+        description="On a cluster: a Secret in the RLJob's namespace with keys AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN optional), passed to the trainer. Unset: the trainer "
+        "pod's own environment (e.g. a workload identity).",
+    )
+
+
 class CheckpointSpec(ApiModel):
     """Checkpoints hold model, optimizer, data cursor, RNG and the partial-rollout buffer."""
 
@@ -912,13 +937,18 @@ class CheckpointSpec(ApiModel):
         default=None,
         min_length=1,
         max_length=2048,
-        description="On a cluster: pvc://<claim> mounts an existing claim; any other URI is passed to the runtime "
-        "as the checkpoint directory. Unset: the operator creates a PVC. Cannot be added, removed or changed.",
+        description="pvc://<claim> (on a cluster: mounts an existing claim) or s3://<bucket>/<prefix> (an "
+        "S3-compatible object store, see checkpoint.s3; `dir` then stages each checkpoint before upload). "
+        "Unset: on a cluster the operator creates a PVC. Cannot be added, removed or changed.",
         json_schema_extra=cel(
             f"!self.startsWith('pvc://') || (self.size() <= 259 && self.substring(6).matches(r'{DNS1123_SUBDOMAIN_PATTERN}'))",
             "the claim of a pvc:// uri must be a DNS-1123 subdomain (lowercase alphanumerics, '-', '.')",
+            f"self.startsWith('pvc://') || self.matches(r'{S3_URI_PATTERN}')",
+            "must be pvc://CLAIM or s3://BUCKET/PREFIX (a bucket of 3-63 lowercase letters, digits, '.', '-'); "
+            "the runtime cannot write other schemes or paths",
         ),
     )
+    s3: CheckpointS3Spec | None = Field(default=None, description="Object store settings of an s3:// uri.")
     storage_size: Quantity = Field(default="10Gi", description="On a cluster: size of the checkpoint PVC (a quantity).")
     storage_class_name: DNS1123Subdomain | None = Field(
         default=None, description="On a cluster: storage class of the PVC; cannot change."
@@ -931,10 +961,24 @@ class CheckpointSpec(ApiModel):
 
     @field_validator("uri")
     @classmethod
-    def _claim_name(cls, uri: str | None) -> str | None:
-        if uri is not None and uri.startswith("pvc://") and not re.match(DNS1123_SUBDOMAIN_PATTERN, uri[6:]):
-            raise ValueError("the claim of a pvc:// uri must be a DNS-1123 subdomain (lowercase alphanumerics, '-', '.')")
+    def _writable_uri(cls, uri: str | None) -> str | None:
+        if uri is None:
+            return uri
+        if uri.startswith(PVC_URI_PREFIX):
+            if not re.match(DNS1123_SUBDOMAIN_PATTERN, uri[len(PVC_URI_PREFIX):]):
+                raise ValueError("the claim of a pvc:// uri must be a DNS-1123 subdomain (lowercase alphanumerics, '-', '.')")
+        elif not re.match(S3_URI_PATTERN, uri):
+            raise ValueError(
+                f"{uri!r} must be pvc://CLAIM or s3://BUCKET/PREFIX (a bucket of 3-63 lowercase letters, digits, "
+                "'.', '-'); the runtime cannot write other schemes or paths (a local folder goes in checkpoint.dir)"
+            )
         return uri
+
+    @model_validator(mode="after")
+    def _s3_needs_s3_uri(self) -> CheckpointSpec:
+        if self.s3 is not None and not (self.uri or "").startswith(S3_URI_PREFIX):
+            raise ValueError("checkpoint.s3 is set but checkpoint.uri is not an s3:// URI; set uri: s3://BUCKET/PREFIX")
+        return self
 
 
 class MetricsSpec(ApiModel):
@@ -1426,6 +1470,12 @@ _ONE_HUB_CACHE = (
 _GROUP_ALGOS = "[" + ", ".join(f"'{a}'" for a in GROUP_NORMALISED_ALGORITHMS) + "]"
 # Rules on the whole spec (cross-field, and transition rules comparing with the stored object).
 # Guards with has() because CEL sees the object after defaulting, but must compile for any shape.
+_S3_ONE_TRAINER_POD = (
+    "checkpoint.uri: an s3:// store needs trainer.replicas 1: the ranks stage each checkpoint in one pod's "
+    "folder before upload; for several trainer pods use a ReadWriteMany pvc:// claim"
+)
+
+
 SPEC_RULES: list[dict[str, Any]] = [
     rule(
         "!has(self.evaluation) || !has(self.evaluation.everySteps) || self.evaluation.everySteps == 0 "
@@ -1450,6 +1500,12 @@ SPEC_RULES: list[dict[str, Any]] = [
         "|| self.model.storage.huggingFaceCache == self.data.storage.huggingFaceCache",
         _ONE_HUB_CACHE,
         ".data.storage.huggingFaceCache",
+    ),
+    rule(
+        f"!({cel_has('self.checkpoint.uri')}) || !self.checkpoint.uri.startsWith('{S3_URI_PREFIX}') "
+        f"|| !({cel_has('self.trainer.replicas')}) || self.trainer.replicas <= 1",
+        _S3_ONE_TRAINER_POD,
+        ".checkpoint.uri",
     ),
     *(
         rule(expr, f"spec.{path} is immutable: it cannot be added, removed or changed once the RLJob exists", f".{path}")
@@ -1495,6 +1551,8 @@ class RLJobSpec(ApiModel):
         caches = {s.hugging_face_cache for s in (self.model.storage, self.data.storage) if s and s.hugging_face_cache}
         if len(caches) > 1:
             raise ValueError(_ONE_HUB_CACHE)
+        if (self.checkpoint.uri or "").startswith(S3_URI_PREFIX) and t.replicas > 1:
+            raise ValueError(_S3_ONE_TRAINER_POD)
         return self
 
 

@@ -22,6 +22,12 @@ whole pre-marker checkpoint from one a crash tore (its files were never fsynced;
 read back as zeros and load without an error). If the newest marked checkpoint fails to load, the one
 before it is loaded: `load` says which folders it skipped and why (LoadedCheckpoint.skipped).
 In a multi-rank job the directory must be one shared filesystem (a ReadWriteMany volume on a cluster).
+
+With an object store (`checkpoint.uri: s3://bucket/prefix`) the directory is a local staging folder:
+each checkpoint is written there as above, then rank 0 uploads it to `<prefix>/step-XXXXXXXX/` with
+the marker LAST, so the same rule holds in the store: a folder without its marker is torn. Resume
+plans from the store's listing and downloads the checkpoint it tries into the staging folder;
+pruning removes old and torn folders from the store too (`rljob.runtime.object_store` does the I/O).
 """
 
 from __future__ import annotations
@@ -41,7 +47,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from rljob.runtime.object_store import ObjectStore, ObjectUri, StoreSettings, is_object_uri
+
 if TYPE_CHECKING:
+    from rljob.api.spec import CheckpointSpec
     from rljob.runtime.training.distributed import Distributed
 
 log = logging.getLogger(__name__)
@@ -118,6 +127,25 @@ def plan_resume(listing: Iterable[tuple[Path, bool]]) -> ResumePlan:
     return ResumePlan(candidates, unmarked)
 
 
+def plan_prune(listing: Iterable[tuple[Path, bool]], keep: int, newest: int) -> list[Path]:
+    """From (folder, has marker) pairs: what to delete after `newest` was saved. The complete checkpoints
+    beyond the newest `keep`, and the unmarked folders older than `newest` (torn by an earlier crash, or
+    pre-marker folders a complete checkpoint has superseded). Unmarked newer ones may be in progress."""
+    entries = [(step, path, marked) for path, marked in listing if (step := step_of(path)) is not None]
+    complete = sorted(((step, path) for step, path, marked in entries if marked), key=lambda t: t[0], reverse=True)
+    torn = [path for step, path, marked in entries if not marked and step < newest]
+    return [path for _, path in complete[keep:]] + torn
+
+
+def checkpoint_store(spec: CheckpointSpec) -> ObjectStore | None:
+    """The object store `spec.uri` names (s3://), or None when checkpoints live in `spec.dir` alone."""
+    if spec.uri is None or not is_object_uri(spec.uri):
+        return None
+    s3 = spec.s3
+    settings = StoreSettings() if s3 is None else StoreSettings(endpoint=s3.endpoint, region=s3.region)
+    return ObjectStore(ObjectUri.parse(spec.uri), settings)
+
+
 def _fsync(path: Path) -> None:
     """Flush a file or a directory (its entries: creations, renames) to stable storage."""
     fd = os.open(path, os.O_RDONLY)
@@ -147,13 +175,16 @@ class LoadedCheckpoint:
 
 
 class CheckpointManager:
-    """Writes, lists, loads and prunes the checkpoints of one directory. `save` and `load` are
-    collective in a multi-rank job (`distributed`): every rank calls them, in the same order."""
+    """Writes, lists, loads and prunes the checkpoints of one directory, mirrored to `store` when one is
+    given (the directory then stages them). `save` and `load` are collective in a multi-rank job
+    (`distributed`): every rank calls them, in the same order; only rank 0 talks to the store."""
 
-    def __init__(self, directory: str | Path, keep: int = 2, distributed: Distributed | None = None) -> None:
+    def __init__(self, directory: str | Path, keep: int = 2, distributed: Distributed | None = None,
+                 store: ObjectStore | None = None) -> None:
         self.directory = Path(directory)
         self.keep = keep
         self.distributed = distributed
+        self.store = store
 
     @property
     def rank(self) -> int:
@@ -163,11 +194,30 @@ class CheckpointManager:
         if self.distributed is not None:
             self.distributed.barrier()
 
-    def plan(self) -> ResumePlan:
-        """What `plan_resume` makes of the directory as it is now."""
+    def _local_listing(self) -> list[tuple[Path, bool]]:
         if not self.directory.is_dir():
-            return ResumePlan([], [])
-        return plan_resume((p, (p / MARKER).is_file()) for p in self.directory.iterdir() if p.is_dir())
+            return []
+        return [(p, (p / MARKER).is_file()) for p in self.directory.iterdir() if p.is_dir()]
+
+    def _store_listing(self, store: ObjectStore) -> list[tuple[Path, bool]]:
+        """The store's folders as the staging paths they download to, with whether each has its marker."""
+        return [(self.directory / name, MARKER in keys)
+                for name, keys in store.folders().items() if step_of(Path(name)) is not None]
+
+    def plan(self) -> ResumePlan:
+        """What `plan_resume` makes of the store (or, without one, the directory) as it is now. With a
+        store the paths are where `fetch` puts each checkpoint in the staging directory."""
+        return plan_resume(self._store_listing(self.store) if self.store is not None else self._local_listing())
+
+    def location(self, path: Path) -> str:
+        """Where the checkpoint staged at `path` is kept: its store URI, or the path itself."""
+        return self.store.uri.child(path.name) if self.store is not None else str(path)
+
+    def fetch(self, path: Path) -> Path:
+        """Make the checkpoint `path` (from `plan`) readable locally: download it from the store, if any."""
+        if self.store is not None:
+            self.store.download_folder(path.name, path)
+        return path
 
     def set_aside(self, stamp: str) -> Path | None:
         """Move every step folder into `previous-<stamp>/` (a fresh run's start), so that neither this run's
@@ -227,20 +277,20 @@ class CheckpointManager:
                 shutil.rmtree(final)
             os.replace(tmp, final)
             _fsync(self.directory)  # the rename itself
+            if self.store is not None:
+                self.store.upload_folder(final, final.name, last=MARKER)
             self._prune(step)
-            log.info("checkpoint written: %s", final)
+            log.info("checkpoint written: %s", self.location(final))
         self._barrier()  # nobody reads or prunes while rank 0 renames
         return final
 
     def _prune(self, newest: int) -> None:
-        """Keep the newest `keep` complete checkpoints; remove older ones and the unmarked folders older
-        than `newest` (torn by an earlier crash, or pre-marker folders a complete checkpoint has superseded)."""
-        for old in self.checkpoints()[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        for path in self.directory.iterdir():
-            step = step_of(path)
-            if step is not None and step < newest and not (path / MARKER).is_file():
-                shutil.rmtree(path, ignore_errors=True)
+        """Apply `plan_prune` to the directory and to the store."""
+        for path in plan_prune(self._local_listing(), self.keep, newest):
+            shutil.rmtree(path, ignore_errors=True)
+        if self.store is not None:
+            for path in plan_prune(self._store_listing(self.store), self.keep, newest):
+                self.store.delete_folder(path.name)
 
     def load(self, trainer_state: dict[str, Any]) -> LoadedCheckpoint | None:
         """Load the newest complete checkpoint that loads on every rank (collective; rank 0 decides
@@ -254,6 +304,8 @@ class CheckpointManager:
         candidates = iter(plan.candidates)
         while True:
             path = next(candidates, None) if self.rank == 0 else None
+            if path is not None:
+                self.fetch(path)  # rank 0 downloads into the staging folder every rank reads
             if self.distributed is not None:
                 path = self.distributed.broadcast(path)
             if path is None:

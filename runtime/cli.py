@@ -459,7 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write the policy of an rljob checkpoint as a Hugging Face model folder: safetensors "
         "weights, config.json, generation_config.json and the tokenizer of the job's model.",
     )
-    export.add_argument("checkpoint", help="a checkpoint folder (step-N), its state.pt, or a checkpoint dir (newest)")
+    export.add_argument("checkpoint", help="a checkpoint folder (step-N), its state.pt, a checkpoint dir (newest), or an "
+                        "s3://bucket/prefix[/step-N] URI (store from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)")
     export.add_argument("dir", help="output folder (must be empty or absent unless --force)")
     export.add_argument("--dtype", choices=["float32", "bfloat16"], help="weight precision (default: as trained)")
     export.add_argument("--force", action="store_true", help="replace a non-empty output folder")

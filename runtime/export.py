@@ -15,14 +15,15 @@ import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
 
 from rljob.api.spec import RLJob
-from rljob.runtime.checkpoint import LEADER_STATE, TRAINER_DIR, CheckpointManager
+from rljob.runtime.checkpoint import LEADER_STATE, MARKER, TRAINER_DIR, CheckpointManager, step_of
 from rljob.runtime.models.errors import ExportError
 from rljob.runtime.models.loading import load_causal_lm
+from rljob.runtime.object_store import ObjectStore, ObjectStoreError, ObjectUri, is_object_uri
 
 EXPORT_INFO = "rljob_export.json"
 
@@ -32,7 +33,7 @@ class ExportResult:
     """What an export wrote."""
 
     directory: Path
-    checkpoint: Path
+    checkpoint: str  # the folder or s3:// URI exported
     step: int
     policy_version: int
     dtype: str
@@ -49,6 +50,32 @@ def find_checkpoint(path: Path) -> Path:
     if latest is None:
         raise ExportError(f"CHECKPOINT: {path} holds no checkpoint (no state.pt, no step-* folder with one)")
     return latest
+
+
+def fetch_checkpoint(uri: str, into: Path) -> Path:
+    """Download the checkpoint an s3:// URI names into `into`: a step-N folder (it must hold its
+    completion marker), or under a prefix the newest complete one. The store is reached through the
+    AWS environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)."""
+    try:
+        parsed = ObjectUri.parse(uri, field="CHECKPOINT")
+    except ValueError as err:
+        raise ExportError(str(err)) from None
+    key = PurePosixPath(parsed.prefix)
+    try:
+        if step_of(Path(key.name)) is not None:
+            parent = ObjectUri(parsed.bucket, "" if str(key.parent) == "." else str(key.parent))
+            store = ObjectStore(parent)
+            manager = CheckpointManager(into, store=store)
+            if not store.exists(f"{key.name}/{MARKER}"):
+                raise ExportError(f"CHECKPOINT: {uri} has no {MARKER} marker: the upload was torn; export another step")
+            return manager.fetch(into / key.name)
+        manager = CheckpointManager(into, store=ObjectStore(parsed))
+        latest = manager.latest()
+        if latest is None:
+            raise ExportError(f"CHECKPOINT: {uri} holds no complete checkpoint (no step-* folder with {MARKER})")
+        return manager.fetch(latest)
+    except ObjectStoreError as err:
+        raise ExportError(f"CHECKPOINT: {err}") from None
 
 
 def _saved_dtype(trainer_dir: Path) -> torch.dtype:
@@ -99,16 +126,24 @@ def export_checkpoint(
     checkpoint: str | Path, target: str | Path, dtype: str | None = None, force: bool = False,
     model: str | Path | None = None,
 ) -> ExportResult:
-    """Write the policy of `checkpoint` as a Hugging Face model folder at `target`.
+    """Write the policy of `checkpoint` (a folder, or an s3:// URI) as a Hugging Face model folder at `target`.
 
     `dtype` (float32 / bfloat16) defaults to the precision the policy was trained in. `model` is the base
     model folder (config, tokenizer) when the job's own model source does not resolve here: a cluster
     checkpoint names the path the model had inside the trainer pod.
     """
+    if isinstance(checkpoint, str) and is_object_uri(checkpoint):
+        with tempfile.TemporaryDirectory(prefix="rljob-export-") as scratch:
+            return _export(fetch_checkpoint(checkpoint, Path(scratch)), checkpoint, target, dtype, force)
+    source = find_checkpoint(Path(checkpoint))
+    return _export(source, str(source), target, dtype, force)
+
+
+def _export(source: Path, origin: str, target: str | Path, dtype: str | None, force: bool) -> ExportResult:
+    """export_checkpoint of the local checkpoint folder `source`, recorded as coming from `origin`."""
     from rljob.runtime.models.loading import torch_dtype
     from rljob.runtime.tasks.tokenizer import HFTokenizer, load_tokenizer
 
-    source = find_checkpoint(Path(checkpoint))
     out = Path(target)
     if out.exists() and any(out.iterdir()) and not force:
         raise ExportError(f"DIR: {out} exists and is not empty; choose another folder or pass --force to replace it")
@@ -132,7 +167,7 @@ def export_checkpoint(
     try:
         policy.save_pretrained(staging)
         tokenizer.save(staging)
-        info = {"checkpoint": str(source), "step": state.get("step"), "policy_version": state.get("version"),
+        info = {"checkpoint": origin, "step": state.get("step"), "policy_version": state.get("version"),
                 "job": job.metadata.name, "base_model": str(base)}
         (staging / EXPORT_INFO).write_text(json.dumps(info, indent=2))
         if out.exists():
@@ -141,4 +176,4 @@ def export_checkpoint(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     name = str(out_dtype).removeprefix("torch.")
-    return ExportResult(out, source, int(state.get("step", 0)), int(state.get("version", 0)), name, isinstance(tokenizer, HFTokenizer))
+    return ExportResult(out, origin, int(state.get("step", 0)), int(state.get("version", 0)), name, isinstance(tokenizer, HFTokenizer))

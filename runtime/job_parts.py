@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rljob.api.spec import RLJob
-from rljob.runtime.checkpoint import CheckpointManager
+from rljob.runtime.checkpoint import CheckpointManager, checkpoint_store
 from rljob.runtime.engines.base import Engine
 from rljob.runtime.evaluation import EvalPrompt
 from rljob.runtime.metrics import RuntimeMetrics
@@ -73,7 +73,8 @@ def build_checkpoints(job: RLJob, distributed: Distributed | None) -> Checkpoint
     """The job's checkpoint folder (every rank writes its part of a checkpoint)."""
     c = job.spec.checkpoint
     # RLJob fills the per-job default (runs/<name>/checkpoints): a folder is always set by now.
-    return CheckpointManager(c.dir or f"runs/{job.metadata.name}/checkpoints", keep=c.keep, distributed=distributed)
+    return CheckpointManager(c.dir or f"runs/{job.metadata.name}/checkpoints", keep=c.keep, distributed=distributed,
+                             store=checkpoint_store(c))
 
 
 def metrics_namespace(job: RLJob, environ: Mapping[str, str]) -> str:

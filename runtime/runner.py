@@ -165,7 +165,7 @@ class JobRunner:
                 assert loaded.leader_state is not None
                 self.trainer.load_checkpoint_state(template)
                 self._restore(loaded)
-                self.resumed_from = str(loaded.path)
+                self.resumed_from = self.checkpoints.location(loaded.path)
                 self.skipped_checkpoints = [str(s) for s in loaded.skipped]
                 self.metrics.checkpoints_skipped.inc(len(loaded.skipped))
         # Resumed or not, the engines get the weights this run starts from: live workers may serve another
@@ -310,7 +310,7 @@ class JobRunner:
         rng = {**rng_state(), "engines": [e.sampling_state() for e in self.engines]}
         path = self.checkpoints.save(self.step, self.trainer.checkpoint_state(), rng, self.leader_state())
         if self.progress_reporter is not None:
-            self.progress_reporter.report_checkpoint(self.step, str(path))
+            self.progress_reporter.report_checkpoint(self.step, self.checkpoints.location(path))
         return path
 
     def _stop_on_sigterm(self) -> None:

@@ -41,6 +41,10 @@ RENDEZVOUS_PORT = 29500
 PVC_URI_PREFIX = "pvc://"
 # The runtime image's home (HOME, working directory, runs/ output, Hugging Face cache): writable emptyDir.
 HOME_DIR = "/home/rljob"
+S3_STAGING_DIR = f"{HOME_DIR}/checkpoint-staging"
+# The keys a checkpoint.s3.credentialsSecret holds, passed under the same names (the AWS SDKs' and obstore's).
+S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+S3_OPTIONAL_SECRET_KEYS = ("AWS_SESSION_TOKEN",)
 # The runtime checkpoints on SIGTERM (suspend, restart); give it time to finish.
 TERMINATION_GRACE_SECONDS = 300
 # Set by the Job controller on every pod of an Indexed Job (label and annotation).
@@ -92,10 +96,9 @@ def runtime_document(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
         rollout.pop(operator_only, None)
     wire.pop("pods", None)
     runtime_paths(spec, wire)
-    if spec.checkpoint.uri is None or spec.checkpoint.uri.startswith(PVC_URI_PREFIX):
-        wire["checkpoint"]["dir"] = CHECKPOINT_DIR
-    else:
-        wire["checkpoint"]["dir"] = spec.checkpoint.uri
+    # A claim is mounted at CHECKPOINT_DIR; an s3:// store is staged in the pod's home (the runtime
+    # uploads each checkpoint, and downloads the one it resumes from).
+    wire["checkpoint"]["dir"] = CHECKPOINT_DIR if checkpoint_claim_name(job, spec) is not None else S3_STAGING_DIR
     wire["metrics"] = {**wire.get("metrics", {}), "port": METRICS_PORT, "host": "0.0.0.0"}
     if spec.trainer.vendor != "cpu":
         # ROCm builds of PyTorch expose AMD GPUs as the "cuda" device too.
@@ -214,6 +217,7 @@ def trainer_container(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
             _field_env("POD_IP", "status.podIP"),
             _field_env("NODE_RANK", f"metadata.annotations['{COMPLETION_INDEX_LABEL}']"),
             *files.env,
+            *s3_credentials_env(spec),
             *merge_env(defaults, trainer.env),
             # The runtime sends the job's engine key to the workers and the router (Authorization: Bearer).
             engine_key_env(job),
@@ -228,6 +232,17 @@ def trainer_container(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
         "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 10},
         "volumeMounts": mounts,
     }
+
+
+def s3_credentials_env(spec: RLJobSpec) -> list[dict[str, Any]]:
+    """The object store's keys from checkpoint.s3.credentialsSecret, as the standard AWS variables."""
+    s3 = spec.checkpoint.s3
+    if s3 is None or s3.credentials_secret is None:
+        return []
+    def ref(key: str, optional: bool) -> dict[str, Any]:
+        selector = {"name": s3.credentials_secret, "key": key, **({"optional": True} if optional else {})}
+        return {"name": key, "valueFrom": {"secretKeyRef": selector}}
+    return [ref(k, False) for k in S3_SECRET_KEYS] + [ref(k, True) for k in S3_OPTIONAL_SECRET_KEYS]
 
 
 def trainer_storage(spec: RLJobSpec) -> PodStorage:

@@ -1,4 +1,4 @@
-"""Locate the cached localkube, kwok, helm, promtool and prometheus binaries, building them once.
+"""Locate the cached localkube, kwok, helm, promtool, prometheus and weed binaries, building them once.
 
 `localkube.sh` owns the versions and the cache layout; this module only asks it for paths, so the
 two can never disagree.
@@ -25,7 +25,7 @@ class BinariesUnavailable(RuntimeError):
 
 
 def binary_path(name: str) -> Path:
-    """Return the cache path of `name` (one of BINARIES); the file may not exist yet."""
+    """Return the cache path of `name` (one of BINARIES, or any name `localkube.sh path` knows); the file may not exist yet."""
     out = subprocess.run(
         [str(LOCALKUBE_SH), "path", name],
         check=True,

@@ -7,7 +7,7 @@
 #   localkube.sh down | status | env   stop / report / print `export KUBECONFIG=...`
 #   localkube.sh images [NAME ...]     build or reuse the real node's images (tests/cluster/images.py)
 #   localkube.sh node-clean            remove what a killed real node left behind (waits for its lock)
-#   localkube.sh path NAME             path of a binary (localkube, kwok, helm, nodekube, coredns, kube-router, ...)
+#   localkube.sh path NAME             path of a binary (localkube, kwok, helm, nodekube, coredns, kube-router, weed, ...)
 #   localkube.sh helm|promtool|prometheus   shorthand for `path NAME`
 #
 # Environment: RLJOB_CACHE (binary cache root, default ~/.cache/rljob), LOCALKUBE_DIR (state of
@@ -23,6 +23,9 @@ COREDNS_VERSION=v1.15.0
 # Network's kube-network-policies needs nftables' `queue` expression, which this machine's kernel
 # lacks (CONFIG_NFT_QUEUE unset, no loadable modules); see docs/development.md, "The real node".
 KUBE_ROUTER_VERSION=v2.1.0
+# The S3-compatible object store the checkpoint tests write to (tests/helpers/object_store.py).
+# SeaweedFS (Apache-2.0); MinIO's server is AGPL. A pseudo-version: the module has no semver tags.
+SEAWEEDFS_VERSION=v0.0.0-20261109003541-7506e5f91cd6
 # The real node (`up --real-node`): one per machine, so its state and lock are machine-wide.
 REAL_NODE_LOCK=/run/rljob-real-node.lock
 REAL_NODE_ROOT=/var/lib/rljob-real-node
@@ -51,6 +54,7 @@ helm_dir() { echo "$BIN/helm-$HELM_VERSION"; }
 cni_dir() { echo "$BIN/cni-plugins-$CNI_PLUGINS_VERSION"; }
 coredns_dir() { echo "$BIN/coredns-$COREDNS_VERSION-$(src_hash "$HERE/coredns")"; }
 kube_router_dir() { echo "$BIN/kube-router-$KUBE_ROUTER_VERSION"; }
+seaweedfs_dir() { echo "$BIN/seaweedfs-$SEAWEEDFS_VERSION"; }
 pause_dir() { echo "$BIN/pause-$(src_hash "$HERE/pause")"; }
 # The Debian version is only known after download, so the newest extracted one is used.
 deb_dir() { find "$BIN" -maxdepth 1 -type d -name "$1-[0-9]*" 2>/dev/null | sort -V | tail -n 1; }
@@ -67,6 +71,7 @@ path_of() {
     cni-plugins) echo "$(cni_dir)" ;; # a folder: bridge, host-local, loopback, portmap
     coredns) echo "$(coredns_dir)/coredns" ;;
     kube-router) echo "$(kube_router_dir)/kube-router" ;;
+    weed) echo "$(seaweedfs_dir)/weed" ;;
     pause) echo "$(pause_dir)/pause" ;;
     containerd) local d; d="$(deb_dir containerd)"; echo "${d:-$BIN/containerd-MISSING}/usr/bin" ;; # a folder
     runc) local d; d="$(deb_dir runc)"; echo "${d:-$BIN/runc-MISSING}/usr/sbin/runc" ;;
@@ -77,7 +82,8 @@ path_of() {
 
 CONTROL_PLANE=(localkube kwokstages kwok helm promtool prometheus)
 REAL_NODE=(nodekube cni-plugins coredns kube-router pause containerd runc busybox)
-ALL=("${CONTROL_PLANE[@]}" "${REAL_NODE[@]}")
+OBJECT_STORE=(weed)
+ALL=("${CONTROL_PLANE[@]}" "${REAL_NODE[@]}" "${OBJECT_STORE[@]}")
 
 present() {
   local p; p="$(path_of "$1")"
@@ -191,6 +197,19 @@ build_kube_router() {
   commit_dir "$d"
 }
 
+# `go install mod@version` refuses SeaweedFS (its go.mod has replace directives), so the module is
+# downloaded, copied out of the read-only module cache and built in place.
+build_seaweedfs() {
+  local d tmp src; d="$(seaweedfs_dir)"; tmp="$(install_dir "$d")"
+  src="$(GOFLAGS= go mod download -json "github.com/seaweedfs/seaweedfs@$SEAWEEDFS_VERSION" |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')"
+  [[ -d "$src" ]] || die "go mod download of seaweedfs@$SEAWEEDFS_VERSION gave no source folder"
+  cp -r "$src" "$tmp/src" && chmod -R u+w "$tmp/src"
+  (cd "$tmp/src" && GOFLAGS="-p=2 -buildvcs=false" go build -trimpath -ldflags "-s -w" -o "$tmp/weed" ./weed)
+  rm -rf "$tmp/src"
+  commit_dir "$d"
+}
+
 build_pause() {
   local d tmp; d="$(pause_dir)"; tmp="$(install_dir "$d")"
   (cd "$HERE/pause" && go build -trimpath -ldflags "-s -w" -o "$tmp/pause" .)
@@ -248,6 +267,7 @@ cmd_build_missing() {
       cni-plugins) go_env; build_cni_plugins ;;
       coredns) go_env; build_coredns ;;
       kube-router) go_env; build_kube_router ;;
+      weed) go_env; build_seaweedfs ;;
       pause) go_env; build_pause ;;
       containerd | runc) build_deb "$name" ;;
       busybox) build_deb busybox-static ;;

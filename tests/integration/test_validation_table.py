@@ -105,6 +105,12 @@ INVALID: list[tuple[str, str, Any, tuple[str, ...]]] = [
     ("storage-size-negative", "spec.checkpoint.storageSize", "-10Gi", ("checkpoint.storageSize",)),
     ("storage-class-not-dns", "spec.checkpoint.storageClassName", "Fast_SSD", ("checkpoint.storageClassName",)),
     ("pvc-claim-not-dns", "spec.checkpoint.uri", "pvc://Bad_Claim", ("checkpoint.uri",)),
+    # The runtime writes only a claim or an object store: anything else used to become a path in the pod.
+    ("checkpoint-uri-relative", "spec.checkpoint.uri", "runs/ckpt", ("checkpoint.uri",)),
+    ("checkpoint-uri-s3-one-slash", "spec.checkpoint.uri", "s3:/bucket/x", ("checkpoint.uri",)),
+    ("checkpoint-uri-other-scheme", "spec.checkpoint.uri", "gs://bucket/x", ("checkpoint.uri",)),
+    ("checkpoint-s3-endpoint-no-scheme", "spec.checkpoint", {"uri": "s3://ckpt/x", "s3": {"endpoint": "minio:9000"}},
+     ("checkpoint.s3.endpoint",)),
     ("prometheus-no-scheme", "spec.autotune.prometheus.address", "prometheus:9090", ("autotune.prometheus.address",)),
     ("worker-url-garbage", "spec.rollout.sglang.workerUrls", ["not a url"], ("rollout.sglang.workerUrls[0]",)),
     ("env-name-bad", "spec.trainer.env[0].name", "1 BAD NAME", ("trainer.env[0].name",)),

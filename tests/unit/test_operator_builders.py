@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from rljob.api.load import parse_rljob
-from rljob.api.spec import RLJobSpec
+from rljob.api.spec import CheckpointS3Spec, RLJobSpec
 from rljob.operator.builders import JobRef, build_children
 from rljob.operator.builders.inference import pool_replicas
 from rljob.operator.builders.meta import MAX_CHILD_NAME, child_name
@@ -283,8 +283,22 @@ def test_checkpoint_uri_variants() -> None:
     assert not [c for c in children if c["kind"] == "PersistentVolumeClaim"]
     pod = _by(children, "Job", "demo-trainer")["spec"]["template"]["spec"]
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "shared-ckpt"}} in pod["volumes"]
-    spec.checkpoint.uri = "/mnt/lustre/ckpt"
-    assert runtime_document(JOB, spec)["spec"]["checkpoint"]["dir"] == "/mnt/lustre/ckpt"
+    spec.checkpoint.uri = "s3://ckpt-bucket/runs/demo"
+    spec.trainer.replicas = 1  # the ranks of one pod share its staging folder
+    spec.checkpoint.s3 = CheckpointS3Spec(endpoint="http://seaweedfs.storage:8333", credentials_secret="s3-keys")
+    children = build_children(JOB, spec, active=True)
+    assert not [c for c in children if c["kind"] == "PersistentVolumeClaim"]
+    container = _by(children, "Job", "demo-trainer")["spec"]["template"]["spec"]["containers"][0]
+    assert not [m for m in container["volumeMounts"] if m["name"] == "checkpoints"]
+    keys = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if e["name"].startswith("AWS_")}
+    assert keys["AWS_ACCESS_KEY_ID"] == {"name": "s3-keys", "key": "AWS_ACCESS_KEY_ID"}
+    assert keys["AWS_SECRET_ACCESS_KEY"] == {"name": "s3-keys", "key": "AWS_SECRET_ACCESS_KEY"}
+    assert keys["AWS_SESSION_TOKEN"]["optional"] is True
+    checkpoint = runtime_document(JOB, spec)["spec"]["checkpoint"]
+    # The store URI reaches the runtime as a URI; only the staging folder is a path (the pod's home).
+    assert checkpoint["uri"] == "s3://ckpt-bucket/runs/demo"
+    assert checkpoint["dir"].startswith("/home/rljob/")
+    assert checkpoint["s3"]["endpoint"] == "http://seaweedfs.storage:8333"
 
 
 @pytest.mark.parametrize(

@@ -134,12 +134,14 @@ def export_checkpoint(
     """
     if isinstance(checkpoint, str) and is_object_uri(checkpoint):
         with tempfile.TemporaryDirectory(prefix="rljob-export-") as scratch:
-            return _export(fetch_checkpoint(checkpoint, Path(scratch)), checkpoint, target, dtype, force)
+            return _export(fetch_checkpoint(checkpoint, Path(scratch)), checkpoint, target, dtype, force, model)
     source = find_checkpoint(Path(checkpoint))
-    return _export(source, str(source), target, dtype, force)
+    return _export(source, str(source), target, dtype, force, model)
 
 
-def _export(source: Path, origin: str, target: str | Path, dtype: str | None, force: bool) -> ExportResult:
+def _export(
+    source: Path, origin: str, target: str | Path, dtype: str | None, force: bool, model: str | Path | None
+) -> ExportResult:
     """export_checkpoint of the local checkpoint folder `source`, recorded as coming from `origin`."""
     from rljob.runtime.models.loading import torch_dtype
     from rljob.runtime.tasks.tokenizer import HFTokenizer, load_tokenizer

@@ -9,7 +9,7 @@ import os
 import sys
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -34,6 +34,9 @@ from rljob.runtime.sim.cli import add_simulate_arguments, run_simulate
 if TYPE_CHECKING:
     from rljob.runtime.runner import JobRunner
     from rljob.runtime.training.distributed import Distributed
+
+# argparse's type for the object add_subparsers returns.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 console = Console()
 log = logging.getLogger("rljob")
@@ -396,14 +399,8 @@ def _build_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `rljob` argument parser (kept separate so tests and docs can inspect it)."""
-    parser = argparse.ArgumentParser(
-        prog="rljob", description="rljob: fast RL post-training of LLMs with APRIL partial rollouts."
-    )
-    parser.add_argument("--log-level", default="WARNING", help="logging level (DEBUG, INFO, WARNING, ERROR)")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_run(sub: Subparsers) -> None:
+    """The `run` command: train a job on this machine."""
     run = sub.add_parser("run", help="run an RLJob locally", description=RUN_HELP,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("job", help="path of the RLJob YAML file")
@@ -430,18 +427,25 @@ def build_parser() -> argparse.ArgumentParser:
                      "the last checkpoint")
     run.set_defaults(func=_run_command)
 
+
+def _add_report(sub: Subparsers) -> None:
+    """The `report` command: rebuild a run's plots."""
     report = sub.add_parser("report", help="rebuild a run's plots and summary from its metrics.jsonl",
                             description="Rebuild RUN_DIR/report (plots, summary.json, summary.md) from "
                             "RUN_DIR/metrics.jsonl and eval.jsonl, e.g. after a crash or while a run goes on.")
     report.add_argument("run_dir", help="the folder `rljob run` wrote (its --output, default runs/<job name>)")
     report.set_defaults(func=_report)
 
+
+def _add_validate(sub: Subparsers) -> None:
+    """The `validate` command: check a job file (and its data)."""
     validate = sub.add_parser("validate", help="check an RLJob file and print what it would run")
     validate.add_argument("job", help="path of the RLJob YAML file")
     validate.add_argument(
         "--cluster", action="store_true",
-        help="also reject what the operator cannot run (the CRD's rules): a builtin model or a local model.path "
-        "on GPU inference pools; use model.huggingFace or model.path: pvc://<claim>/<folder>",
+        help="also reject what the operator cannot run (the CRD's cluster rules), e.g. a builtin model or a local "
+        "model.path on GPU inference pools, a Hugging Face id with no cache claim or download, engines of another "
+        "vendor in an NCCL weight group, or several trainer pods on a ReadWriteOnce checkpoint claim",
     )
     validate.add_argument(
         "--data", choices=["sample", "all", "none"], default=None,
@@ -454,6 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--strict", action="store_true", help="exit 1 when any data row would be skipped")
     validate.set_defaults(func=_validate)
 
+
+def _add_export(sub: Subparsers) -> None:
+    """The `export` command: a checkpoint as a Hugging Face folder."""
     export = sub.add_parser(
         "export", help="write a training checkpoint as a Hugging Face model folder (transformers, SGLang)",
         description="Write the policy of an rljob checkpoint as a Hugging Face model folder: safetensors "
@@ -469,6 +476,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "cluster checkpoint, whose job names the model's path inside the trainer pod")
     export.set_defaults(func=_export)
 
+
+def _add_model(sub: Subparsers) -> None:
+    """The `model build` command: the tiny random architectures."""
     model = sub.add_parser("model", help="model folders: build the tiny random architectures")
     model_sub = model.add_subparsers(dest="model_command", required=True)
     build = model_sub.add_parser(
@@ -481,6 +491,16 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
     build.set_defaults(func=_build_model)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `rljob` argument parser (kept separate so tests and docs can inspect it)."""
+    parser = argparse.ArgumentParser(
+        prog="rljob", description="rljob: fast RL post-training of LLMs with APRIL partial rollouts."
+    )
+    parser.add_argument("--log-level", default="WARNING", help="logging level (DEBUG, INFO, WARNING, ERROR)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_run, _add_report, _add_validate, _add_export, _add_model):
+        add(sub)
     simulate = sub.add_parser("simulate", help="simulate rollout strategies on a GPU cluster (virtual time)")
     add_simulate_arguments(simulate)
     simulate.set_defaults(func=run_simulate)

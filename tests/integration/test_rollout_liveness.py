@@ -138,7 +138,7 @@ async def test_the_only_worker_killed_inside_a_rollout_is_caught_up_and_the_run_
             await runner.close()
     assert summary.policy_version == STEPS
     steps = {rec.step: (rec, at) for rec, at in done}
-    assert steps[2][0].engine_errors >= 1, f"the kill did not hit round 2's requests"
+    assert steps[2][0].round.engine_errors >= 1, "the kill did not hit round 2's requests"
     assert runner.catch_up_syncs >= 1, f"round 2 ended without the mid-round catch-up: the test proved nothing"
     assert steps[3][1] - back_at <= BACK_WITHIN_S
     assert await weight_version(pool.worker) == str(STEPS), "the restarted worker serves the job's last version"
@@ -148,7 +148,7 @@ async def test_the_only_worker_killed_inside_a_rollout_is_caught_up_and_the_run_
     check_ledger(records, len(runner.scheduler.buffer))
     print(f"killed in round 2; steps 2 and 3 done {steps[2][1] - back_at:.1f} s and "
           f"{steps[3][1] - back_at:.1f} s after the restarted worker answered; {runner.catch_up_syncs} "
-          f"catch-up syncs, {steps[2][0].engine_errors} failed generate calls in round 2")
+          f"catch-up syncs, {steps[2][0].round.engine_errors} failed generate calls in round 2")
 
 
 async def test_a_fresh_start_catches_up_a_worker_that_serves_a_later_version(tmp_path: Path, one_worker: OneWorker):

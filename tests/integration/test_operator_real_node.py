@@ -43,6 +43,13 @@ def test_chart_operator_pod_becomes_ready(real_cluster: RealCluster, real_namesp
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "operator": {"watchNamespaces": [ns]},
     }))
+    # Another real-node test may have applied the CRD without Helm (RealNodeJob does): hand it to this release
+    # the way a user adopts an existing CRD, or Helm refuses to install over it.
+    crd = f"customresourcedefinition/{PLURAL}.{GROUP}"
+    if rc.cluster.kubectl("get", crd, check=False).returncode == 0:
+        rc.cluster.kubectl("label", crd, "app.kubernetes.io/managed-by=Helm", "--overwrite")
+        rc.cluster.kubectl("annotate", crd, f"meta.helm.sh/release-name={release}",
+                           f"meta.helm.sh/release-namespace={ns}", "--overwrite")
     try:
         helm(rc, ns, "install", release, str(CHART), "-f", str(values), "--wait", "--timeout", "4m")
     except BaseException:

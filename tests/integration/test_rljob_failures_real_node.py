@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from rljob.api.engine_auth import ENGINE_API_KEY_ENV
 from rljob.runtime.metrics import ledger_imbalance, read_jsonl
 from tests.cluster.kube import wait_until
 from rljob.operator.builders.meta import JobRef
@@ -49,10 +50,12 @@ ENGINE_PORT = 30000  # the pools' SGLang HTTP port (rollout.sglang.discovery.por
 # holds requests (a round's: evaluation runs only before step 1 and after the last), pause generation at
 # once so the round cannot end, and print how many requests it holds then.
 HOLD_A_ROUND = f"""
-import json, sys, time, urllib.request as u
+import json, os, sys, time, urllib.request as u
 base = "http://127.0.0.1:{ENGINE_PORT}"
+# The engine refuses callers without the job's key (as SGLang's --api-key does); the container holds it.
+auth = {{"Authorization": "Bearer " + os.environ["{ENGINE_API_KEY_ENV}"]}}
 def held():
-    load = json.load(u.urlopen(base + "/v1/loads", timeout=5))["loads"][0]
+    load = json.load(u.urlopen(u.Request(base + "/v1/loads", headers=auth), timeout=5))["loads"][0]
     return load["num_running_reqs"] + load["num_waiting_reqs"]
 deadline = time.monotonic() + 300
 while not held():
@@ -60,7 +63,7 @@ while not held():
         sys.exit("no request reached the inference server in 300 s")
     time.sleep(0.01)
 u.urlopen(u.Request(base + "/pause_generation", data=b'{{"mode": "in_place"}}',
-                    headers={{"Content-Type": "application/json"}}), timeout=10).read()
+                    headers={{"Content-Type": "application/json", **auth}}), timeout=10).read()
 print(held())
 """
 

@@ -27,6 +27,11 @@ the returned metrics are those of the whole batch on every rank. Mini-batch m of
 union of every rank's local mini-batch m (the same count everywhere), and ranks with fewer
 micro-batches run zero-weight padding passes, because every FSDP2 forward and backward is a
 collective that all ranks must join.
+
+Why one module of about 550 lines: it is one algorithm step, and its parts (collation into
+micro-batches, the old-policy pass, the mini-batch loop, the all-reduced statistics) share the step's
+items and normalisers; the losses, log-probs, advantages and the distributed backend already live
+apart (algorithms/, training/).
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ while a step computes; weight updates take the same lock as a step, so they land
 Abort follows SGLang: a waiting request finishes at once with no tokens; a running one finishes after
 the step in flight, with every token generated so far (log-probs included). Log-probs follow the
 convention of ``sampling.py``: log_softmax(logits / temperature) of the chosen token, before top-k/top-p.
+
+Why one module of about 550 lines: the decode loop, admission, aborts and the weight install share
+one lock and one table of running sequences; the KV cache (slot_cache.py), sampling (sampling.py) and
+the HTTP face (server.py) already live apart.
 """
 
 from __future__ import annotations

@@ -148,16 +148,14 @@ class RolloutScheduler:
                            target=self.strategy.launch_target(cfg.batch_size), segment_cap=cap)
         self.progress = RoundProgress(round_index=self._round, target=cfg.batch_size, phase="generating")
         start = self.clock()
-        await self._top_up(state)
-        while len(state.accepted) < cfg.batch_size:
-            self._update_progress(state)
-            done = [await state.finished.get()]
-            while not state.finished.empty():
-                done.append(state.finished.get_nowait())
-            for task in sorted(done, key=lambda t: state.tasks[t][0].prompt_index):
-                self._harvest(state, task)
-            if len(state.accepted) < cfg.batch_size:
-                await self._top_up(state)
+        try:
+            await self._collect(state)
+        except BaseException:
+            # A fatal error (a request no engine can serve, reward collapse, cancellation) ends the
+            # round: the other groups must not keep generating, nor die later with an exception
+            # nobody retrieves (logged from a finalizer, at a random point of another test or run).
+            await self._cancel_in_flight(state)
+            raise
         if state.tasks:
             self.progress.phase = "aborting"
             state.cut.extend(await self._abort_and_drain(state))
@@ -166,6 +164,28 @@ class RolloutScheduler:
         self._update_progress(state)
         self.progress.phase = "done"
         return RoundResult(groups=sorted(state.accepted, key=lambda g: g.prompt_index), stats=stats)
+
+    async def _collect(self, state: RoundState) -> None:
+        """Launch and harvest groups until the batch is full."""
+        batch_size = self.config.batch_size
+        await self._top_up(state)
+        while len(state.accepted) < batch_size:
+            self._update_progress(state)
+            done = [await state.finished.get()]
+            while not state.finished.empty():
+                done.append(state.finished.get_nowait())
+            for task in sorted(done, key=lambda t: state.tasks[t][0].prompt_index):
+                self._harvest(state, task)
+            if len(state.accepted) < batch_size:
+                await self._top_up(state)
+
+    @staticmethod
+    async def _cancel_in_flight(state: RoundState) -> None:
+        """Cancel every running group of a failed round and retrieve each outcome."""
+        tasks = list(state.tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _top_up(self, state: RoundState) -> None:
         """Launch what the launch decisions ask for (decisions.next_launch / chunk_launches)."""

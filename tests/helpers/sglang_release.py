@@ -8,6 +8,7 @@ import ast
 import builtins
 
 from tests.helpers.releases import SGLANG_RELEASES, release_dir
+from tests.helpers import python_ast
 
 # The previous image pin and the default image's release (operator/builders/vendor.py).
 PINNED, NEWEST = SGLANG_RELEASES
@@ -21,7 +22,7 @@ def read_source(version: str, path: str) -> str:
 def function_source(version: str, path: str, name: str) -> str:
     """The source of the top-level function ``name`` of ``path`` in the release, as written there."""
     source = read_source(version, path)
-    for node in ast.parse(source).body:
+    for node in python_ast.parse(source).body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             segment = ast.get_source_segment(source, node)
             assert segment is not None
@@ -31,7 +32,7 @@ def function_source(version: str, path: str, name: str) -> str:
 
 def free_names(function: str) -> set[str]:
     """Names a function's body reads from its module's globals (those it neither binds nor imports)."""
-    tree = ast.parse(function)
+    tree = python_ast.parse(function)
     bound = {a.arg for node in ast.walk(tree) if isinstance(node, ast.arguments)
              for a in (*node.posonlyargs, *node.args, *node.kwonlyargs)}
     bound |= {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)

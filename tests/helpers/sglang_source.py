@@ -21,6 +21,7 @@ import ast
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from tests.helpers import python_ast
 
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 _ROUTE_METHODS = {"get": "GET", "post": "POST", "put": "PUT", "delete": "DELETE", "head": "HEAD"}
@@ -36,7 +37,7 @@ class Route:
 
 
 def _parse(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(), filename=str(path))
+    return python_ast.parse(path.read_text(), filename=str(path))
 
 
 def _literal_path(node: ast.expr) -> str | None:

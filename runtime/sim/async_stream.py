@@ -20,16 +20,14 @@ import asyncio
 import bisect
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
 from rljob.runtime.rollout.scheduler import new_group
 from rljob.runtime.rollout.staleness import over_bound
 from rljob.runtime.rollout.workflow import Segment, SegmentEnd, SingleTurnWorkflow
+from rljob.runtime.sim.build import SimRun
+from rljob.runtime.sim.records import SimStepRecord
 from rljob.runtime.sim.scenario import BoundedStalenessSpec, train_seconds
-
-if TYPE_CHECKING:
-    from rljob.runtime.sim.runner import _Sim
 
 
 @dataclass
@@ -46,7 +44,7 @@ class StreamCounters:
 class _Stream:
     """The producer, the group tasks and the trainer of one stream run, sharing its admission state."""
 
-    def __init__(self, sim: _Sim) -> None:
+    def __init__(self, sim: SimRun) -> None:
         spec = sim.spec
         assert isinstance(spec, BoundedStalenessSpec)
         self.sim = sim
@@ -136,13 +134,11 @@ class _Stream:
 
     async def train_step(self, step: int, started: float) -> float:
         """Take a batch, train, sync the weights, record the step; returns when it ended."""
-        from rljob.runtime.sim.runner import SimStepRecord, _batch_tokens, _sync_weights
-
         sim, q, version = self.sim, self.sim.q, self.version
         batch = await self.take_batch(version)
-        train_s = train_seconds(sim.scenario, _batch_tokens(sim, batch), sim.train_gpus)
+        train_s = train_seconds(sim.scenario, sim.batch_tokens(batch), sim.train_gpus)
         await asyncio.sleep(train_s)
-        sync_s = await _sync_weights(sim, version + 1)
+        sync_s = await sim.sync_weights(version + 1)
         async with self.cond:
             self.version = version + 1
             self.cond.notify_all()
@@ -165,7 +161,7 @@ class _Stream:
         return now
 
 
-async def run_stream(sim: _Sim) -> None:
+async def run_stream(sim: SimRun) -> None:
     """Run `scenario.steps` trained steps of the stream; append one SimStepRecord per step."""
     stream = _Stream(sim)
     production = asyncio.ensure_future(stream.producer())

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from rljob.runtime.sim.runner import SimStrategyResult
+from rljob.runtime.sim.records import SimStrategyResult
 from rljob.runtime.sim.scenario import Scenario
 
 

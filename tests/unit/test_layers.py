@@ -95,14 +95,6 @@ FORBIDDEN: dict[str, set[str]] = {
     "models": {"tasks"},  # models are below tasks (tasks/policy.py opens them, tasks/warmup.py trains one)
 }
 
-# Module cycles that exist today and are owned elsewhere; the test fails once one is gone, so the entry
-# goes with it. sim/runner.py dispatches to sim/async_stream.py, which takes runner's StepRecord and
-# helpers: issue 28's simulator rework (reuse the runtime's sample and group code) removes it.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({"rljob.runtime.sim.runner", "rljob.runtime.sim.async_stream"}),
-}
-
-
 def module_name(path: Path) -> str:
     """`rljob.runtime.a.b` for runtime/a/b.py (a package's `__init__.py` is the package)."""
     parts = list(path.relative_to(REPO).with_suffix("").parts)
@@ -209,7 +201,7 @@ def test_runtime_packages_keep_their_forbidden_contracts() -> None:
 
 
 def test_runtime_has_no_import_cycles_between_modules() -> None:
-    assert cycles(import_graph(runtime_only=True)) == KNOWN_CYCLES
+    assert cycles(import_graph(runtime_only=True)) == set()
 
 
 def test_runtime_packages_import_each_other_without_cycles() -> None:

@@ -13,7 +13,8 @@ import pytest
 from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
 from rljob.runtime.sim.length_model import LengthModel
 from rljob.runtime.sim.reward_model import RewardModel
-from rljob.runtime.sim.runner import SimStrategyResult, simulate_strategy, tail_statistics
+from rljob.runtime.sim.records import SimStrategyResult
+from rljob.runtime.sim.runner import simulate_strategy, tail_statistics
 from rljob.runtime.sim.scenario import (
     AprilSpec,
     BoundedStalenessSpec,

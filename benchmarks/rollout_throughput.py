@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from rljob.api import load_rljob
-from rljob.runtime.cli import comparison_view
+from rljob.runtime.cli.views import comparison_view
 from rljob.runtime.report import comparison_plot
 from rljob.runtime.compare import compare_strategies
 from rljob.runtime.runner import JobRunner, RunOptions

@@ -1,4 +1,4 @@
-"""`rljob simulate scenario.yaml`: the arguments and the command (wired into runtime/cli.py)."""
+"""`rljob simulate scenario.yaml`: the arguments and the command (wired into runtime/cli/entry.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,39 @@
+"""`rljob run --nproc N`: the same command line on N local ranks, started by torch.distributed.run."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import uuid
+
+from rich.markup import escape
+
+from rljob.runtime.cli.console import console
+
+
+def launch_ranks(args: argparse.Namespace) -> int:
+    """Run this same command line on --nproc local ranks through torch.distributed.run's launcher API
+    (as `torchrun --nnodes 1 --master-addr 127.0.0.1 --master-port P`); 0 when every rank succeeded.
+
+    The static rendezvous, not `--standalone`'s c10d one: with torch 2.13 a group restarted after a
+    failed rank (--max-restarts) hangs in init_process_group under the c10d rendezvous, and restarts
+    cleanly under the static one."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    with socket.socket() as probe:  # a free port for the agent's store
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=args.nproc, run_id=str(uuid.uuid4()), rdzv_backend="static",
+        rdzv_endpoint=f"127.0.0.1:{port}", rdzv_configs={"rank": 0}, max_restarts=args.max_restarts,
+        monitor_interval=1.0,
+    )
+    # Each rank runs `rljob run ...` again and, seeing WORLD_SIZE, joins the group instead of launching.
+    try:
+        elastic_launch(config, entrypoint=sys.executable)("-m", "rljob.runtime.cli", *args.argv)
+    except ChildFailedError as err:
+        console.print(f"[red]rank failed[/] ({args.max_restarts} restarts allowed): {escape(str(err))}", soft_wrap=True)
+        return 1
+    return 0

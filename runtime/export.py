@@ -161,7 +161,7 @@ def _export(
     out_dtype = torch_dtype(dtype or job.spec.trainer.dtype)
     policy = load_causal_lm(base, field=field, dtype=trained)
     _load_weights(policy, trainer_dir, source, field, base)
-    policy.to(out_dtype)
+    policy.to(out_dtype)  # type: ignore[arg-type]  # transformers' decorated .to: mypy mis-binds it
     policy.config.dtype = out_dtype  # recorded in config.json, read by SGLang's --dtype auto
     tokenizer = load_tokenizer(base)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -132,7 +132,7 @@ def prefill_chunks(items: list[T], length: Callable[[T], int], max_padding: floa
 
 def _load_model(source: PreTrainedModel | str | Path, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
     if isinstance(source, PreTrainedModel):
-        return source.to(device=device).eval()
+        return source.to(device=device).eval()  # type: ignore[call-arg]  # transformers' decorated .to: mypy mis-binds it
     # The trainer's loader: same architecture checks, same attention implementation.
     from rljob.runtime.models.loading import load_causal_lm
     from rljob.runtime.models.source import ModelSourceError

@@ -174,7 +174,7 @@ def generate_call(request: GenerateRequest, rid: str) -> Call:
         stop_token_ids=request.stop_token_ids,
         skip_special_tokens=False,  # text keeps special tokens, so it matches the ids
         no_stop_trim=True,  # the stop token stays in output_ids
-        **({"stop": request.stop} if request.stop else {}),
+        stop=request.stop or None,  # an empty list is not sent (_wire leaves None out)
     )
     return Call("POST", "/generate", _wire(GenerateBody(input_ids=request.input_ids, sampling_params=sampling,
                                                         return_logprob=True, rid=rid)))

@@ -121,8 +121,10 @@ class SlotKVCache:
         # NaN still poisons attention (0 * NaN), so padded entries are zeroed on the way in.
         keep4 = keep[:, None, :, None]
         for layer, cached in enumerate(prefill.layers):
-            self.keys[layer][idx, :, lo : self.cursor] = torch.where(keep4, cached.keys, 0.0)
-            self.values[layer][idx, :, lo : self.cursor] = torch.where(keep4, cached.values, 0.0)
+            # transformers types a cache's layers as a union with linear-attention layers (no keys/values);
+            # a prefill of these models holds attention layers only.
+            self.keys[layer][idx, :, lo : self.cursor] = torch.where(keep4, cached.keys, 0.0)  # type: ignore[union-attr, arg-type]
+            self.values[layer][idx, :, lo : self.cursor] = torch.where(keep4, cached.values, 0.0)  # type: ignore[union-attr, arg-type]
         self.valid[idx] = False
         self.valid[idx, lo : self.cursor] = keep
         lengths = keep.sum(dim=1)

@@ -85,7 +85,7 @@ def load_causal_lm(
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
     except (OSError, ValueError) as exc:
         raise ModelSourceError(f"{field}: cannot load the model weights of {path}: {exc}") from None
-    return model.to(device).eval()
+    return model.to(device).eval()  # type: ignore[arg-type]  # transformers' decorated .to: mypy mis-binds it
 
 
 def stop_token_ids(model: PreTrainedModel, tokenizer_eos: int | None) -> list[int]:

@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -151,7 +151,7 @@ def train_tokenizer(recipe: TinyModelRecipe) -> PreTrainedTokenizerFast:
 def tiny_config(recipe: TinyModelRecipe, tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
     """The model config of the recipe's family, sized for the tokenizer."""
     family = FAMILIES[recipe.family]
-    common = dict(
+    common: dict[str, Any] = dict(  # keyword arguments of both configs
         vocab_size=len(tokenizer),
         hidden_size=recipe.hidden_size,
         intermediate_size=recipe.intermediate_size,

@@ -62,6 +62,7 @@ class ResponseOracle:
         total_tokens = self.lengths.draw_total(uid, already * self.quantum, version)
         total = min(self.cap_units, math.ceil(total_tokens / self.quantum))
         remaining = max(1, total - already)
+        finish: FinishReason
         if remaining <= request.max_new_tokens:
             target, finish = remaining, ("length" if total >= self.cap_units else "stop")
         else:

@@ -124,7 +124,7 @@ class SyncSpec(_Strict):
 class AprilSpec(_Strict):
     kind: Literal["april"]
     name: str = "april"
-    over_sampling: float = Field(2.0, ge=1.0)
+    over_sampling: float = Field(default=2.0, ge=1.0)  # `default=`: type checkers see it has one
     truncation: SimTruncationSpec = SimTruncationSpec()
     refill_factor: float | None = _REFILL
 
@@ -179,6 +179,12 @@ StrategySpec = Annotated[
 ]
 
 
+
+def _sync_and_april() -> list[StrategySpec]:
+    """A scenario's strategies when it names none: the sync baseline and APRIL."""
+    return [SyncSpec(kind="sync"), AprilSpec(kind="april")]
+
+
 class Scenario(_Strict):
     """One simulated cluster and workload, and the strategies to compare on it."""
 
@@ -200,7 +206,7 @@ class Scenario(_Strict):
                                    "(needs the dataset in calibration.yaml `rewards`)")
     token_quantum: int = Field(16, ge=1, description="tokens per simulated token id (KV page size)")
     seed: int = 0
-    strategies: list[StrategySpec] = Field(default_factory=lambda: [SyncSpec(kind="sync"), AprilSpec(kind="april")])
+    strategies: list[StrategySpec] = Field(default_factory=_sync_and_april)
 
     @model_validator(mode="after")
     def _check(self) -> Scenario:

@@ -174,7 +174,7 @@ def sampled_reward(
         attention[row, width - len(prompt) :] = 1
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        out = model.generate(
+        out = model.generate(  # type: ignore[operator]  # nn.Module's __getattr__ types attributes as Tensor | Module
             input_ids=ids.to(model.device),
             attention_mask=attention.to(model.device),
             do_sample=True,

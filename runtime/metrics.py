@@ -26,17 +26,17 @@ def ledger_imbalance(rec: StepRecord | dict[str, Any]) -> tuple[int, int]:
     """(groups, tokens) that the step's ledger fails to account for; (0, 0) when it closes.
 
     Groups: every group that entered the round (from the buffer or a fresh prompt) was trained,
-    buffered again, filtered (``dropped_groups``, dynamic sampling) or discarded (baselines).
+    buffered again, filtered (``filtered_groups``, dynamic sampling) or discarded (baselines).
     Regenerated samples stay in their groups: their thrown-away responses close the token ledger as
-    ``discarded_stale_tokens``. Tokens: what the buffer held plus what the round generated was
-    trained, is in the buffer, or was discarded (stale, filtered or by a baseline).
+    ``regenerated_tokens``. Tokens: what the buffer held plus what the round generated was
+    trained, is in the buffer, or was regenerated, filtered or discarded (by a baseline).
     """
     r = rec if isinstance(rec, dict) else rec.flat()
     groups_in = r["buffer_groups_before"] + r["new_groups"]
-    groups_out = r["trained_groups"] + r["buffered_groups"] + r["dropped_groups"] + r["discarded_groups"]
+    groups_out = r["trained_groups"] + r["buffered_groups"] + r["filtered_groups"] + r["discarded_groups"]
     tokens_in = r["buffer_tokens_before"] + r["tokens_generated"]
-    tokens_out = (r["trained_tokens"] + r["buffer_tokens_after"] + r["discarded_stale_tokens"]
-                  + r["wasted_tokens"] + r["discarded_tokens"])
+    tokens_out = (r["trained_tokens"] + r["buffer_tokens_after"] + r["regenerated_tokens"]
+                  + r["filtered_tokens"] + r["discarded_tokens"])
     return groups_in - groups_out, tokens_in - tokens_out
 
 
@@ -104,8 +104,8 @@ class RuntimeMetrics:
         self.tokens = counter("rollout_tokens", "Rollout tokens generated, aborted calls included.")
         self.resumed = counter("partial_samples_resumed", "Samples resumed from a partial response.")
         self.regenerated = counter("regenerated_samples", "Samples regenerated because of the staleness bound.")
-        self.dropped = counter("dropped_groups", "Groups dropped by dynamic sampling.")
-        self.wasted = counter("wasted_tokens", "Tokens of dropped groups.")
+        self.filtered_groups = counter("filtered_groups", "Groups filtered by dynamic sampling (DAPO: rewards all equal).")
+        self.filtered_tokens = counter("filtered_tokens", "Response tokens of the filtered groups.")
         self.engine_errors = counter("engine_errors", "Generate calls that failed on an engine.")
         self.checkpoints_skipped = counter(
             "checkpoints_skipped", "Newer checkpoints a resume passed over: torn (no completion marker) or unloadable."
@@ -119,8 +119,8 @@ class RuntimeMetrics:
         self.new_groups = counter("new_groups", "Groups started from fresh prompts.")
         self.trained_groups = counter("trained_groups", "Groups trained on.")
         self.buffered_groups = counter("buffered_groups", "Groups pushed to the partial buffer at the end of a round.")
-        self.discarded_stale = counter(
-            "discarded_stale_tokens", "Response tokens thrown away because they were older than maxStaleness."
+        self.regenerated_tokens = counter(
+            "regenerated_tokens", "Response tokens thrown away because they were older than maxStaleness."
         )
         self.staleness = Histogram(
             p + "sample_staleness_versions",
@@ -187,8 +187,8 @@ class RuntimeMetrics:
             self.tokens.inc(r["tokens_generated"])
             self.resumed.inc(r["resumed_samples"])
             self.regenerated.inc(r["regenerated_samples"])
-            self.dropped.inc(r["dropped_groups"])
-            self.wasted.inc(r["wasted_tokens"])
+            self.filtered_groups.inc(r["filtered_groups"])
+            self.filtered_tokens.inc(r["filtered_tokens"])
             self.engine_errors.inc(r["engine_errors"])
             self.sync_failures.inc(r["weight_sync_failures"])
             for reason, rows in r["data_rows_skipped"].items():
@@ -197,7 +197,7 @@ class RuntimeMetrics:
             self.new_groups.inc(r["new_groups"])
             self.trained_groups.inc(r["trained_groups"])
             self.buffered_groups.inc(r["buffered_groups"])
-            self.discarded_stale.inc(r["discarded_stale_tokens"])
+            self.regenerated_tokens.inc(r["regenerated_tokens"])
             for s in r["staleness"]:
                 self.staleness.observe(s)
             self._export("step")
@@ -207,6 +207,13 @@ class RuntimeMetrics:
                     f.write(rec.to_json() + "\n")
 
 
+# metrics.jsonl keys of the round ledger before issue 28 gave each outcome one word
+# (docs/architecture.md#the-round-ledger); an older run's records are read under today's names.
+LEGACY_KEYS = {"dropped_groups": "filtered_groups", "wasted_tokens": "filtered_tokens",
+               "discarded_stale_tokens": "regenerated_tokens"}
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Read a metrics.jsonl file back (report, tests)."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """Read a metrics.jsonl file back (report, tests), older runs' ledger keys under their current names."""
+    return [{LEGACY_KEYS.get(key, key): value for key, value in json.loads(line).items()}
+            for line in path.read_text().splitlines() if line.strip()]

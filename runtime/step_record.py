@@ -47,8 +47,8 @@ class RoundPart:
     fork_off_policy_ratio: float = 0.0
     buffer_groups: int = 0
     surplus_groups: int = 0
-    dropped_groups: int = 0
-    wasted_tokens: int = 0
+    filtered_groups: int = 0
+    filtered_tokens: int = 0
     abort_drain_seconds: float = 0.0
     engine_errors: int = 0
     # Ledger (see metrics.ledger_imbalance): where the round's groups and response tokens went.
@@ -57,7 +57,7 @@ class RoundPart:
     trained_groups: int = 0
     buffered_groups: int = 0  # pushed to the buffer this round
     discarded_groups: int = 0  # baseline strategies without partial rollout
-    discarded_stale_tokens: int = 0
+    regenerated_tokens: int = 0
     discarded_tokens: int = 0
     trained_tokens: int = 0
     buffer_tokens_before: int = 0

@@ -69,22 +69,22 @@ class RoundStats:
     resumed_samples: int = 0  # launched with a non-empty partial response
     regenerated_samples: int = 0  # ledger "regenerated": over the staleness bound, back to their prompt
     stale_at_acceptance_samples: int = 0  # of those, caught when their group was about to be accepted
-    discarded_stale_tokens: int = 0  # "regenerated" tokens: their responses, thrown away, never trained
+    regenerated_tokens: int = 0  # their responses, thrown away, never trained
     resumed_prefix_tokens: int = 0  # re-prefilled partial tokens (hidden cost of resuming)
     fork_off_policy_tokens: int = 0  # APRIL-fork counter: previous-segment tokens of resumed samples
-    dropped_groups: int = 0  # ledger "filtered": rejected by dynamic sampling (DAPO)
-    wasted_tokens: int = 0  # "filtered" tokens: the response tokens of those groups
+    filtered_groups: int = 0  # ledger "filtered": rejected by dynamic sampling (DAPO)
+    filtered_tokens: int = 0  # the response tokens of those groups
     discarded_groups: int = 0  # ledger "discarded": unfinished or surplus at collection (keeps_partials False)
     discarded_tokens: int = 0  # their response tokens: generated, never trained
     trained_tokens: int = 0  # response tokens of the returned groups (any round's)
     surplus_groups: int = 0  # finished but not needed: buffered
     buffered_groups: int = 0  # pushed to the buffer at the end of the round
     buffer_groups_after: int = 0
-    # Ledger (docs/architecture.md#the-round-ledger: one word per outcome; the field names are the
-    # exported metric names): groups and response tokens that entered the round, and where they went.
-    # buffer_groups_before + new_groups = trained + buffered + filtered (dropped) + discarded;
+    # Ledger (docs/architecture.md#the-round-ledger: one word per outcome, which its fields and the
+    # exported metrics are named after): groups and response tokens that entered the round, and where they went.
+    # buffer_groups_before + new_groups = trained + buffered + filtered + discarded;
     # buffer_tokens_before + tokens_generated = trained_tokens + buffer_tokens_after +
-    # regenerated (discarded_stale_tokens) + filtered (wasted_tokens) + discarded_tokens.
+    # regenerated_tokens + filtered_tokens + discarded_tokens.
     new_groups: int = 0  # fresh prompts started this round
     buffer_groups_before: int = 0
     buffer_tokens_before: int = 0

@@ -94,7 +94,7 @@ class Sample:
 
 @dataclass
 class Group:
-    """G samples of one prompt: accepted, buffered or dropped as a whole, never split."""
+    """G samples of one prompt: trained, buffered, filtered or discarded as a whole, never split."""
 
     group_id: str
     prompt_text: str

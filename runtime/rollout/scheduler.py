@@ -232,8 +232,8 @@ class RolloutScheduler:
             self._regenerate_at_acceptance(state, group, engine_idx)
             state.retry.append(group)  # its fresh samples keep their tokens; the reset ones start over
         elif outcome is Outcome.FILTERED:
-            stats.dropped_groups += 1
-            stats.wasted_tokens += sum(s.response_length for s in group.samples)
+            stats.filtered_groups += 1
+            stats.filtered_tokens += sum(s.response_length for s in group.samples)
             self._count_rejection(group)
         elif outcome is Outcome.ACCEPTED:
             self.rejections_in_a_row = 0
@@ -299,7 +299,7 @@ class RolloutScheduler:
         """Reset the samples over the staleness bound (staleness.py); returns how many."""
         over = [s for s in group.samples if over_bound(s.versions, policy_version, self.config.max_staleness)]
         for sample in over:
-            stats.discarded_stale_tokens += sample.response_length
+            stats.regenerated_tokens += sample.response_length
             sample.reset()
         stats.regenerated_samples += len(over)
         return len(over)

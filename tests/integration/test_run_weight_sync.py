@@ -36,7 +36,7 @@ def check_ledger(records: list[dict], final_buffer: int) -> None:
     for before, after in zip(records, records[1:], strict=False):
         assert after["buffer_groups_before"] == before["buffer_groups"], "the buffer changed between rounds"
     new = sum(r["new_groups"] for r in records)
-    out = sum(r["trained_groups"] + r["dropped_groups"] + r["discarded_groups"] for r in records)
+    out = sum(r["trained_groups"] + r["filtered_groups"] + r["discarded_groups"] for r in records)
     assert new == out + final_buffer, "over the run every new group was trained, filtered, or is buffered"
 
 

@@ -104,7 +104,7 @@ async def run_rounds(scheduler: RolloutScheduler, versions: list[int], ledger: L
             assert all(s.status.finished and s.reward is not None for s in g.samples)
         ledger.trained += result.groups
         ledger.generated_tokens += result.stats.tokens_generated
-        ledger.discarded_tokens += result.stats.discarded_stale_tokens
+        ledger.discarded_tokens += result.stats.regenerated_tokens
 
 
 def assert_conserved(scheduler: RolloutScheduler, ledger: Ledger) -> None:
@@ -231,8 +231,8 @@ async def test_dynamic_sampling_drops_uniform_groups(engine):
     result = await scheduler.run_round(0)
     for g in result.groups:
         assert max(g.rewards()) != min(g.rewards())
-    assert result.stats.dropped_groups >= 0
-    assert result.stats.wasted_tokens == 0 or result.stats.dropped_groups > 0
+    assert result.stats.filtered_groups >= 0
+    assert result.stats.filtered_tokens == 0 or result.stats.filtered_groups > 0
 
 
 async def test_a_reward_that_is_always_zero_stops_the_round_with_reward_collapse(engine):
@@ -284,7 +284,7 @@ async def test_staleness_bound_is_enforced_at_acceptance():
                 assert set(s.versions) <= {5}, f"trained tokens of versions {set(s.versions)} at 5"
         # Sync strategy, least-loaded placement: groups 1 and 3 of 4 went to the lagging engine.
         assert result.stats.stale_at_acceptance_samples == 2 * 3
-        assert result.stats.regenerated_samples == 2 * 3 and result.stats.discarded_stale_tokens > 0
+        assert result.stats.regenerated_samples == 2 * 3 and result.stats.regenerated_tokens > 0
         assert len(lagging.requests) == 2 * 3, "a group was sent back to the lagging engine"
     finally:
         for e in (lagging, current):

@@ -54,18 +54,18 @@ def run(strategy: Strategy, group_filter=reject_every_third) -> tuple[list[Round
 
 def test_default_refill_launches_one_group_per_rejection():
     stats, launched, _ = run(Strategy())
-    assert [n - s.dropped_groups for n, s in zip(launched, stats)] == [BATCH] * ROUNDS
+    assert [n - s.filtered_groups for n, s in zip(launched, stats)] == [BATCH] * ROUNDS
     assert all(s.discarded_groups == 0 for s in stats)  # nothing is ever running at collection
 
 
 def test_chunked_refill_launches_k_groups_whenever_fewer_than_n_are_viable():
     stats, launched, scheduler = run(Strategy(refill_granularity=BATCH))
     assert all(n % BATCH == 0 for n in launched)  # the first wave, then whole chunks of K = N
-    assert sum(launched) > sum(BATCH + s.dropped_groups for s in stats)  # over-samples like slime's baseline
+    assert sum(launched) > sum(BATCH + s.filtered_groups for s in stats)  # over-samples like slime's baseline
     # Without partial rollout, what still runs at collection is aborted and dropped, never buffered.
     assert sum(s.discarded_groups for s in stats) > 0 and len(scheduler.buffer) == 0
     for s in stats:  # every generated token is trained, filtered or discarded
-        assert s.tokens_generated == s.trained_tokens + s.wasted_tokens + s.discarded_tokens
+        assert s.tokens_generated == s.trained_tokens + s.filtered_tokens + s.discarded_tokens
         assert s.trained_tokens_per_second < s.tokens_per_second or s.tokens_generated == s.trained_tokens
 
 
@@ -74,7 +74,7 @@ def test_april_with_chunked_refill_buffers_what_runs_at_collection():
     assert all(n % (2 * BATCH) == 0 for n in launched)
     assert all(s.discarded_groups == 0 for s in stats) and len(scheduler.buffer) > 0
     buffered = scheduler.buffer.token_count()
-    assert sum(s.tokens_generated for s in stats) == sum(s.trained_tokens + s.wasted_tokens for s in stats) + buffered
+    assert sum(s.tokens_generated for s in stats) == sum(s.trained_tokens + s.filtered_tokens for s in stats) + buffered
 
 
 def test_trained_rate_counts_only_returned_groups():

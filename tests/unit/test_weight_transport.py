@@ -130,8 +130,8 @@ async def test_tensor_transport_takes_both_names_of_a_tied_weight(tmp_path: Path
 
 def test_ledger_helper_finds_a_missing_group():
     rec = StepRecord(step=1, policy_version=1, strategy="april", time=0.0, round=RoundPart(
-        new_groups=5, buffer_groups_before=2, trained_groups=4, buffered_groups=2, dropped_groups=1, tokens_generated=100,
-        buffer_tokens_before=10, trained_tokens=70, buffer_tokens_after=20, discarded_stale_tokens=5, wasted_tokens=15))
+        new_groups=5, buffer_groups_before=2, trained_groups=4, buffered_groups=2, filtered_groups=1, tokens_generated=100,
+        buffer_tokens_before=10, trained_tokens=70, buffer_tokens_after=20, regenerated_tokens=5, filtered_tokens=15))
     assert ledger_imbalance(rec) == (0, 0)
     rec.round.buffered_groups = 1
     assert ledger_imbalance(rec) == (1, 0)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from prometheus_client import generate_latest
 
 from rljob.runtime.evaluation import EvalResult
-from rljob.runtime.metrics import RuntimeMetrics
+from rljob.runtime.metrics import LEGACY_KEYS, RuntimeMetrics, ledger_imbalance, read_jsonl
 from rljob.runtime.step_record import RoundPart, StepRecord, TrainPart
 
 
@@ -44,3 +47,34 @@ def test_measured_gauges_are_absent_until_the_first_step_sets_them() -> None:
     assert after["rljob_truncation_rate"] == 0.5 and after["rljob_policy_entropy"] == 0.6
     assert after["rljob_policy_version"] == 2.0 and after["rljob_steps_total"] == 2.0
     assert after["rljob_last_step_timestamp_seconds"] == 6.0
+
+
+def test_each_ledger_outcome_is_exported_under_its_word(tmp_path: Path) -> None:
+    """filtered and regenerated (docs/architecture.md#the-round-ledger) name the counters and the jsonl keys."""
+    metrics = RuntimeMetrics("job", jsonl_path=tmp_path / "metrics.jsonl")
+    metrics.record(StepRecord(step=1, policy_version=1, strategy="april", time=5.0,
+                              round=RoundPart(new_groups=3, trained_groups=2, filtered_groups=1, filtered_tokens=40,
+                                              regenerated_tokens=7)))
+    after = exposed(metrics)
+    assert after["rljob_filtered_groups_total"] == 1.0 and after["rljob_filtered_tokens_total"] == 40.0
+    assert after["rljob_regenerated_tokens_total"] == 7.0
+    assert not any(name.startswith(("rljob_dropped", "rljob_wasted", "rljob_discarded_stale")) for name in after)
+    [written] = read_jsonl(tmp_path / "metrics.jsonl")
+    assert (written["filtered_groups"], written["filtered_tokens"], written["regenerated_tokens"]) == (1, 40, 7)
+
+
+def test_an_older_runs_ledger_keys_are_read_under_todays_names(tmp_path: Path) -> None:
+    """A run resumed across the rename has both spellings in one metrics.jsonl; `rljob report` and the
+    ledger check read them alike."""
+    old = {"step": 1, "new_groups": 4, "buffer_groups_before": 0, "trained_groups": 2, "buffered_groups": 1,
+           "dropped_groups": 1, "discarded_groups": 0, "buffer_tokens_before": 0, "tokens_generated": 100,
+           "trained_tokens": 50, "buffer_tokens_after": 20, "discarded_stale_tokens": 10, "wasted_tokens": 15,
+           "discarded_tokens": 5}
+    new = {"step": 2, **{LEGACY_KEYS.get(k, k): v for k, v in old.items() if k != "step"}}
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps(old) + "\n" + json.dumps(new) + "\n")
+    first, second = read_jsonl(path)
+    assert list(first) == list(second) and {k: v for k, v in first.items() if k != "step"} == {
+        k: v for k, v in second.items() if k != "step"}
+    assert first["filtered_groups"] == 1 and first["regenerated_tokens"] == 10 and first["filtered_tokens"] == 15
+    assert ledger_imbalance(first) == (0, 0)

@@ -12,15 +12,16 @@ from rljob.runtime.step_record import BatchPart, RoundPart, StepRecord, SyncPart
 from rljob.runtime.weights.transport import SyncReport
 
 # metrics.jsonl's keys before the record was split into parts: the alerts, the dashboard, the report and
-# the autotuner read them, so the split must not change one.
+# the autotuner read them, so the split must not change one. (Three ledger keys were renamed since, one word
+# per outcome: metrics.LEGACY_KEYS reads older runs.)
 EXPORTED_KEYS = {
     "step", "policy_version", "strategy", "time", "step_seconds", "rollout_seconds", "train_seconds",
     "sync_seconds", "tokens_generated", "rollout_tokens_per_s", "ceiling_tokens_per_s", "truncation_rate",
     "cap_hit_rate", "launched_samples", "partial_samples", "resumed_samples", "regenerated_samples",
     "resumed_prefix_tokens", "off_policy_token_ratio", "fork_off_policy_ratio", "staleness_max", "staleness_mean",
-    "buffer_groups", "surplus_groups", "dropped_groups", "wasted_tokens", "abort_drain_seconds", "engine_errors",
+    "buffer_groups", "surplus_groups", "filtered_groups", "filtered_tokens", "abort_drain_seconds", "engine_errors",
     "weight_sync_failures", "engines_in_rotation", "new_groups", "buffer_groups_before", "trained_groups",
-    "buffered_groups", "discarded_groups", "discarded_stale_tokens", "discarded_tokens", "trained_tokens",
+    "buffered_groups", "discarded_groups", "regenerated_tokens", "discarded_tokens", "trained_tokens",
     "buffer_tokens_before", "buffer_tokens_after", "length_mean", "length_std", "length_p50", "length_p99",
     "length_max", "reward_mean", "eval_reward", "entropy", "kl", "clip_fraction", "loss", "grad_norm", "knobs",
     "staleness", "lengths",
@@ -62,7 +63,7 @@ def _group(rewards: list[float], versions: list[int]) -> Group:
 def test_a_step_record_takes_each_stage_as_it_measured_it():
     stats = RoundStats(round_index=3, policy_version=2, strategy="april", rollout_seconds=2.0,
                        tokens_generated=400, launched_samples=8, cap_hit_samples=2, buffer_groups_after=5,
-                       new_groups=4, dropped_groups=1, wasted_tokens=30, trained_tokens=6)
+                       new_groups=4, filtered_groups=1, filtered_tokens=30, trained_tokens=6)
     groups = [_group([1.0, 0.0], [1, 2])]
     sync = SyncReport(version=3, mode="tensor", updated=["e0", "e1"], failed={"e2": "timeout"})
     timings = {"rollout": 2.5, "train": 1.0, "sync": 0.5}
@@ -73,7 +74,7 @@ def test_a_step_record_takes_each_stage_as_it_measured_it():
     # Renamed or computed on the way: rate per rollout second (the round's own clock), cap-hit share.
     assert flat["rollout_tokens_per_s"] == 200.0 and flat["cap_hit_rate"] == 0.25
     assert flat["buffer_groups"] == 5 and flat["ceiling_tokens_per_s"] == 900.0
-    assert (flat["new_groups"], flat["dropped_groups"], flat["wasted_tokens"]) == (4, 1, 30)
+    assert (flat["new_groups"], flat["filtered_groups"], flat["filtered_tokens"]) == (4, 1, 30)
     assert flat["step_seconds"] == 4.0 and flat["rollout_seconds"] == 2.5
     assert (flat["entropy"], flat["kl"], flat["clip_fraction"], flat["grad_norm"]) == (1.5, 0.25, 0.125, 0.0)
     assert (flat["engines_in_rotation"], flat["weight_sync_failures"]) == (2, 1)

@@ -2,7 +2,7 @@
 
 The scheduler (scheduler.py) does the I/O (tasks, engines, the buffer) and asks these functions what
 to do; they read only counts and flags, so every case is a row of a table in
-tests/unit/test_rollout_decisions.py.
+tests/unit/runtime/rollout/test_decisions.py.
 """
 
 from __future__ import annotations

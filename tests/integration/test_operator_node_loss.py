@@ -12,7 +12,7 @@ operator replaces the gang: the old Job's Foreground deletion waits for that pod
   is known to be down): the pod goes, the new gang starts and the job is Running again.
 Kubernetes' own pod garbage collector (non-graceful node shutdown, 1.28+) also force-deletes terminating
 pods on out-of-service nodes, so the test does not say which of the two removed the pod; the operator's
-decision to delete only then is covered by tests/unit/test_node_loss.py.
+decision to delete only then is covered by tests/unit/operator/test_node_loss.py.
 RLJOB_STUCK_TERMINATING_SECONDS=2 (default 60) keeps the test short; the rule does not depend on it.
 """
 

@@ -21,7 +21,7 @@ from rljob.runtime.rollout.strategy import AprilStrategy
 from tests.helpers.processes import start_worker, stop, wait_http
 from tests.helpers.tiny_model import save_tiny_model
 from tests.helpers.waiting import wait_until
-from tests.unit.test_rollout_scheduler import Ledger, assert_conserved, make_scheduler, run_rounds
+from tests.unit.runtime.rollout.test_scheduler import Ledger, assert_conserved, make_scheduler, run_rounds
 
 
 def client(url: str) -> SGLangEngine:

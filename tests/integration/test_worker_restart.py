@@ -30,7 +30,7 @@ from rljob.runtime.weights.buckets import module_buckets
 from tests.helpers.processes import start_router, wait_http
 from tests.helpers.waiting import wait_until
 from tests.integration.test_weight_transport_http import Pool, engine_of, perturb, pool, router_workers  # noqa: F401
-from tests.unit.test_rollout_scheduler import make_scheduler
+from tests.unit.runtime.rollout.test_scheduler import make_scheduler
 
 MAX_STALENESS = 1
 BATCH = 4

@@ -1,4 +1,4 @@
-"""The single-process training backend on the tiny transformer (bucketing: tests/unit/test_weight_buckets.py)."""
+"""The single-process training backend on the tiny transformer (bucketing: tests/unit/runtime/weights/test_buckets.py)."""
 
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ async def test_python_reward_that_raises_names_the_function(tmp_path, monkeypatc
 async def test_python_reward_that_hangs_times_out(tmp_path, monkeypatch, kind: str) -> None:
     name = _module(tmp_path, monkeypatch, f"reward_hangs_{kind}", """
         import asyncio
-        from tests.unit.test_rewards import HANG
+        from tests.unit.runtime.tasks.test_reward import HANG
 
         def sync_score(item):
             HANG.wait()  # never set while the reward waits: a hung judge

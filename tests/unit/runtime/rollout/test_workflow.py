@@ -16,10 +16,10 @@ from rljob.runtime.rollout.scheduler import RolloutConfig, RolloutScheduler
 from rljob.runtime.rollout.strategy import AprilStrategy, Strategy
 from rljob.runtime.rollout.truncation import TruncationPolicy
 from rljob.runtime.rollout.workflow import Segment, SegmentEnd, SegmentResult, SingleTurnWorkflow, segment_end
-from tests.unit import test_rollout_scheduler
-from tests.unit.test_rollout_scheduler import CAP, STOP, Prompts, RecordingEngine
+from tests.unit.runtime.rollout import test_scheduler
+from tests.unit.runtime.rollout.test_scheduler import CAP, STOP, Prompts, RecordingEngine
 
-engine = test_rollout_scheduler.engine  # the same fixture: the real embedded engine on the tiny model
+engine = test_scheduler.engine  # the same fixture: the real embedded engine on the tiny model
 
 TOOL = [100, 101]  # the tool's answer, appended after the first turn's stop token
 

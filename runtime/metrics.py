@@ -213,7 +213,11 @@ LEGACY_KEYS = {"dropped_groups": "filtered_groups", "wasted_tokens": "filtered_t
                "discarded_stale_tokens": "regenerated_tokens"}
 
 
+def current_names(record: dict[str, Any]) -> dict[str, Any]:
+    """A metrics.jsonl record with an older run's ledger keys under their current names (order kept)."""
+    return {LEGACY_KEYS.get(key, key): value for key, value in record.items()}
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Read a metrics.jsonl file back (report, tests), older runs' ledger keys under their current names."""
-    return [{LEGACY_KEYS.get(key, key): value for key, value in json.loads(line).items()}
-            for line in path.read_text().splitlines() if line.strip()]
+    return [current_names(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]

@@ -8,7 +8,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from rljob.runtime.evaluation import EvalResult
-from rljob.runtime.metrics import LEGACY_KEYS, RuntimeMetrics, ledger_imbalance, read_jsonl
+from rljob.runtime.metrics import RuntimeMetrics, current_names, ledger_imbalance, read_jsonl
 from rljob.runtime.step_record import RoundPart, StepRecord, TrainPart
 
 
@@ -70,7 +70,10 @@ def test_an_older_runs_ledger_keys_are_read_under_todays_names(tmp_path: Path) -
            "dropped_groups": 1, "discarded_groups": 0, "buffer_tokens_before": 0, "tokens_generated": 100,
            "trained_tokens": 50, "buffer_tokens_after": 20, "discarded_stale_tokens": 10, "wasted_tokens": 15,
            "discarded_tokens": 5}
-    new = {"step": 2, **{LEGACY_KEYS.get(k, k): v for k, v in old.items() if k != "step"}}
+    new = {"step": 2, "new_groups": 4, "buffer_groups_before": 0, "trained_groups": 2, "buffered_groups": 1,
+           "filtered_groups": 1, "discarded_groups": 0, "buffer_tokens_before": 0, "tokens_generated": 100,
+           "trained_tokens": 50, "buffer_tokens_after": 20, "regenerated_tokens": 10, "filtered_tokens": 15,
+           "discarded_tokens": 5}
     path = tmp_path / "metrics.jsonl"
     path.write_text(json.dumps(old) + "\n" + json.dumps(new) + "\n")
     first, second = read_jsonl(path)
@@ -78,3 +81,4 @@ def test_an_older_runs_ledger_keys_are_read_under_todays_names(tmp_path: Path) -
         k: v for k, v in second.items() if k != "step"}
     assert first["filtered_groups"] == 1 and first["regenerated_tokens"] == 10 and first["filtered_tokens"] == 15
     assert ledger_imbalance(first) == (0, 0)
+    assert current_names(new) == new  # today's keys pass through

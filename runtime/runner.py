@@ -248,6 +248,7 @@ class JobRunner:
         """One round, one optimizer step, one weight sync; metrics and checkpoint."""
         self.poll_knobs()
         knobs = knob_values(self.scheduler)
+        log.info("step %d started: rollout round at policy version %d", self.step + 1, self.version)
         t0 = time.perf_counter()
         result = await self.scheduler.run_round(self.version)
         t1 = time.perf_counter()
@@ -259,6 +260,8 @@ class JobRunner:
         self.step += 1
         sync = await self._sync_weights()
         t3 = time.perf_counter()
+        # The step boundary: SIGTERM on any rank stops the group after this step, checkpointed below.
+        self.stop_requested = self.orders.agree_to_stop(self.stop_requested)
         record = step_record(
             self.step,
             self.version - 1,

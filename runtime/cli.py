@@ -32,6 +32,7 @@ from rljob.runtime.step_record import StepRecord
 from rljob.runtime.sim.cli import add_simulate_arguments, run_simulate
 
 if TYPE_CHECKING:
+    from rljob.runtime.report import RunHistory
     from rljob.runtime.runner import JobRunner
     from rljob.runtime.training.distributed import Distributed
 
@@ -251,9 +252,9 @@ async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | 
         console.print(comparison_view(comparison["rows"], comparison["ceiling_tokens_per_s"],
                                       "rollout throughput, same policy, prompts and seeds"))
 
-    records, evals = _read_run(runner.metrics.jsonl_path)
-    written = write_report(output / "report", records, comparison, evals)
-    _print_summary(summary, records, evals, output / "report", written)
+    history, evals = _read_run(runner.metrics.jsonl_path)
+    written = write_report(output / "report", history, comparison, evals)
+    _print_summary(summary, history, evals, output / "report", written)
     return 0
 
 
@@ -271,22 +272,23 @@ def _start_fresh(runner: JobRunner) -> None:
             path.rename(path.with_name(f"{path.stem}.previous-{stamp}{path.suffix}"))
 
 
-def _read_run(jsonl: Path | None) -> tuple[list[dict], list[dict]]:
-    """The step records and held-out evaluations a run folder holds (metrics.jsonl, eval.jsonl)."""
+def _read_run(jsonl: Path | None) -> tuple[RunHistory, list[dict]]:
+    """The step history (streamed) and held-out evaluations a run folder holds (metrics.jsonl, eval.jsonl)."""
     from rljob.runtime.metrics import read_jsonl
+    from rljob.runtime.report import RunHistory, read_history
 
     if jsonl is None or not jsonl.exists():
-        return [], []
+        return RunHistory(), []
     evals = jsonl.with_name("eval.jsonl")
-    return read_jsonl(jsonl), read_jsonl(evals) if evals.exists() else []
+    return read_history(jsonl), read_jsonl(evals) if evals.exists() else []
 
 
 def _rebuild_report(run_dir: Path) -> list[Path]:
     """Write RUN_DIR/report from RUN_DIR/metrics.jsonl (and eval.jsonl); the files written."""
     from rljob.runtime.report import write_report
 
-    records, evals = _read_run(run_dir / "metrics.jsonl")
-    return write_report(run_dir / "report", records, None, evals)
+    history, evals = _read_run(run_dir / "metrics.jsonl")
+    return write_report(run_dir / "report", history, None, evals)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -325,15 +327,15 @@ def _terminate(message: str, code: int) -> int:
     return code
 
 
-def _print_summary(summary, records, evals, report_dir: Path, written: list[Path]) -> None:  # type: ignore[no-untyped-def]
+def _print_summary(summary, history, evals, report_dir: Path, written: list[Path]) -> None:  # type: ignore[no-untyped-def]
     from rljob.runtime.report import reward_gain
 
     table = Table(title="run summary", show_header=False)
     table.add_row("steps run", f"{summary.steps_run} (steps {summary.first_step}-{summary.last_step})")
     table.add_row("policy version", str(summary.policy_version))
     table.add_row("wall time", f"{summary.wall_seconds:.0f} s")
-    if records:
-        first, last = reward_gain(records)
+    if history:
+        first, last = reward_gain(history)
         table.add_row("reward, first → last steps", f"{first:.3f} → {last:.3f}")
     if evals:
         table.add_row(

@@ -59,7 +59,9 @@ class RunSummary:
     policy_version: int
     resumed_from: str | None
     wall_seconds: float
-    records: list[StepRecord]
+    # The newest step only: a run's history is metrics.jsonl on disk (report.py streams it), never a list
+    # in rank 0's memory, whose StepRecords carry per-sample lists and would grow for the whole run.
+    last_record: StepRecord | None
     metrics_port: int | None
     # SIGTERM stopped the run before its last step (checkpointed): not a success.
     interrupted: bool = False
@@ -210,13 +212,15 @@ class JobRunner:
         """Run until `total_steps` steps are done (counting steps before a resume)."""
         started = time.perf_counter()
         first = self.step + 1
-        records = []
+        steps_run = 0
+        last: StepRecord | None = None
         self._stop_on_sigterm()
         if self.eval_prompts and self.step == 0:
             await self.evaluate()  # the starting point of the learning curve
         while self.step < self.total_steps and not self.stop_requested:
-            records.append(await self.run_step())
-            on_step(records[-1])
+            last = await self.run_step()
+            steps_run += 1
+            on_step(last)
         if self.stop_requested:
             log.warning("stopped by SIGTERM after step %d; the checkpoint of that step is written", self.step)
         self.orders.send(Order("stop"))
@@ -224,13 +228,13 @@ class JobRunner:
             self.progress_reporter.flush()
         await self.close()
         return RunSummary(
-            steps_run=len(records),
+            steps_run=steps_run,
             first_step=first,
             last_step=self.step,
             policy_version=self.version,
             resumed_from=self.resumed_from,
             wall_seconds=time.perf_counter() - started,
-            records=records,
+            last_record=last,
             metrics_port=self.metrics_port,
             interrupted=self.stop_requested and self.step < self.total_steps,
         )

@@ -123,8 +123,11 @@ def _run_command(args: argparse.Namespace) -> int:
             return asyncio.run(_run(args, job, distributed))
         from rljob.runtime.ranks import TrainingRank
 
-        TrainingRank(job, distributed).run()
-        return 0
+        rank = TrainingRank(job, distributed)
+        rank.run()
+        # Stopped by the group's SIGTERM vote: Interrupted, as rank 0, so that this rank's pod (its own
+        # termination message) reads as a disruption to the operator, not a failure nor a success.
+        return _interrupted(rank.checkpointed_step) if rank.interrupted else 0
     finally:
         distributed.close()
 

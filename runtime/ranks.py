@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from rljob.api.spec import RLJob
@@ -50,6 +50,8 @@ class Order:
     # resume: the checkpoint directory, whose newest loadable complete checkpoint every rank loads
     # together (CheckpointManager.load); None: start fresh.
     path: str | None = None
+    # stop: the group stops before its last step (SIGTERM on some rank), so every rank exits Interrupted.
+    interrupted: bool = False
 
 
 def group_tokens(group: Group) -> int:
@@ -68,9 +70,7 @@ class OrderSender:
         if self.distributed is None:
             return
         world = self.distributed.world_size
-        self.distributed.scatter([
-            Order(order.kind, order.version, order.step, shares[r] if shares else [], order.path) for r in range(world)
-        ])
+        self.distributed.scatter([replace(order, groups=shares[r] if shares else []) for r in range(world)])
 
     def agree_to_stop(self, stop_requested: bool) -> bool:
         """The step boundary's vote: whether any rank (rank 0 included) got SIGTERM. Every rank votes
@@ -103,6 +103,9 @@ class TrainingRank:
         self.trainer = build_trainer(job, open_policy_for_training(job).model, distributed)
         self.steps_trained = 0
         self.stop_requested = False  # SIGTERM noted; rank 0 decides when to stop (at the step boundary)
+        # The stop order said the group stopped before its last step (a SIGTERM): exit Interrupted.
+        self.interrupted = False
+        self.checkpointed_step = 0  # the step of the newest checkpoint this rank wrote its part of
         # Once its part is built, the pod's probe may pass: without an answer, the pods of ranks 1..N-1
         # never turned Ready and the job never left Starting (found on the real node).
         self.probe_port = (serve_readiness(settings.metrics_host, settings.metrics_port)
@@ -126,7 +129,9 @@ class TrainingRank:
                 self.distributed.any_rank(self.stop_requested)  # rank 0 reads the vote and orders the rest
             elif order.kind == "checkpoint":
                 self.checkpoints.save(order.step, self.trainer.checkpoint_state(), rng_state())
+                self.checkpointed_step = order.step
             elif order.kind == "stop":
+                self.interrupted = order.interrupted
                 return self.steps_trained
 
     def _note_sigterm(self) -> None:

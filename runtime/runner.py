@@ -221,9 +221,10 @@ class JobRunner:
             last = await self.run_step()
             steps_run += 1
             on_step(last)
+        interrupted = self.stop_requested and self.step < self.total_steps
         if self.stop_requested:
             log.warning("stopped by SIGTERM after step %d; the checkpoint of that step is written", self.step)
-        self.orders.send(Order("stop"))
+        self.orders.send(Order("stop", interrupted=interrupted))
         if self.progress_reporter is not None:
             self.progress_reporter.flush()
         await self.close()
@@ -236,7 +237,7 @@ class JobRunner:
             wall_seconds=time.perf_counter() - started,
             last_record=last,
             metrics_port=self.metrics_port,
-            interrupted=self.stop_requested and self.step < self.total_steps,
+            interrupted=interrupted,
         )
 
     def poll_knobs(self) -> None:

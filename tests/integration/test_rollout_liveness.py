@@ -216,3 +216,34 @@ async def test_a_fresh_start_catches_up_a_worker_that_serves_a_later_version(tmp
         await runner.close()
     assert summary.policy_version == STEPS and runner.catch_up_syncs == 0
     assert await weight_version(pool.worker) == str(STEPS)
+
+
+async def test_sigterm_when_no_engine_is_left_still_checkpoints_the_step_in_flight(tmp_path: Path, one_worker: Fleet):
+    """A suspend scales the engines away together with the trainer: the weight push after the step in flight
+    finds no engine. After SIGTERM it is given up (runner.STOP_PUSH_GRACE_S) and that step is checkpointed,
+    instead of retrying until torchrun kills the ranks (found on the real node)."""
+    from rljob.runtime.checkpoint import MARKER
+
+    pool = one_worker
+    runner = runner_over(pool, tmp_path, strategy="sync")
+    await runner.setup()
+    real = runner.trainer.train_step
+
+    def train_step(groups, version):  # type: ignore[no-untyped-def]
+        if version == 1:  # step 2, its round done: the worker goes, then the SIGTERM comes (in this order)
+            pool.kill(pool.worker)
+            # The runner's own handler (installed by run(), on this loop's main thread) must catch it.
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(groups, version)
+
+    runner.trainer.train_step = train_step  # type: ignore[method-assign]
+    try:
+        summary = await asyncio.wait_for(runner.run(), timeout=300)
+    finally:
+        await runner.close()
+    assert summary.interrupted and summary.last_step == 2 and summary.policy_version == 2
+    assert (tmp_path / "ckpt" / "step-00000002" / MARKER).is_file()
+    records = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[-1]["engines_in_rotation"] == 0, records[-1]  # step 2's weights reached no engine

@@ -371,7 +371,11 @@ def _trainer_troubles(obs: Observed, handled: list[str]) -> list[_RankTrouble]:
     """Unhandled failures and disruptions of the current trainer Job's ranks.
 
     Pods being deleted without a DisruptionTarget condition were stopped on purpose (a gang restart,
-    suspend, the Job controller stopping the other ranks after a failure or success): not a reason.
+    suspend, the Job controller stopping the other ranks after a failure or success): not a reason,
+    unless the runtime says it stopped Interrupted: a trainer pod deleted by hand (`kubectl delete pod`)
+    stops the whole gang at the step boundary, checkpointed, and its exit fails the Job (torchrun exits 1),
+    which is an interruption, not a failure. (A gang restart and a suspend happen with the Job deleted or
+    the job inactive, which this is not asked about; after a real failure that rank's exit counts.)
     """
     job = obs.trainer
     if job is None or not job.live:
@@ -384,9 +388,10 @@ def _trainer_troubles(obs: Observed, handled: list[str]) -> list[_RankTrouble]:
         return []
     troubles: list[_RankTrouble] = []
     for pod in obs.trainer_pods:
-        if pod.job_uid != job.uid or (pod.deleting and not pod.disrupted) or pod.key in handled:
-            continue
         failures = pod.failures()
+        stopped_on_purpose = pod.deleting and not pod.disrupted and not (failures and all(e.interrupted for e in failures))
+        if pod.job_uid != job.uid or stopped_on_purpose or pod.key in handled:
+            continue
         if pod.disrupted:
             troubles.append(_RankTrouble(pod.key, f"trainer pod {pod.name} was disrupted (DisruptionTarget)", True))
         elif failures:

@@ -8,11 +8,19 @@
 
 Rank 0's `Order`s keep the ranks in step: resume, train, sync, checkpoint, stop. Every order after
 which rank 0 pushes weights (resume, train, sync) has every rank join the gather of the full weights.
+
+SIGTERM (a pod deleted, drained, preempted; torchrun forwards it to every local rank) stops no rank
+where it stands: every rank only notes it, and after each train step's weight sync all ranks vote
+(`Distributed.any_rank`). When any rank was told to stop, rank 0 checkpoints that step (a checkpoint
+order) and sends stop, so the group exits together with no step lost (docs/distributed.md).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
+import signal
+import threading
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from rljob.api.spec import RLJob
@@ -22,6 +30,8 @@ from rljob.runtime.metrics import serve_readiness
 from rljob.runtime.rollout.sample import Group
 from rljob.runtime.training.balance import balance_by_tokens
 from rljob.runtime.training.distributed import Distributed
+
+log = logging.getLogger(__name__)
 
 # Full weights gathered from the FSDP2 shards for a sync, at most this much at a time per bucket.
 SYNC_BUCKET_BYTES = 64 << 20
@@ -40,6 +50,8 @@ class Order:
     # resume: the checkpoint directory, whose newest loadable complete checkpoint every rank loads
     # together (CheckpointManager.load); None: start fresh.
     path: str | None = None
+    # stop: the group stops before its last step (SIGTERM on some rank), so every rank exits Interrupted.
+    interrupted: bool = False
 
 
 def group_tokens(group: Group) -> int:
@@ -58,9 +70,14 @@ class OrderSender:
         if self.distributed is None:
             return
         world = self.distributed.world_size
-        self.distributed.scatter([
-            Order(order.kind, order.version, order.step, shares[r] if shares else [], order.path) for r in range(world)
-        ])
+        self.distributed.scatter([replace(order, groups=shares[r] if shares else []) for r in range(world)])
+
+    def agree_to_stop(self, stop_requested: bool) -> bool:
+        """The step boundary's vote: whether any rank (rank 0 included) got SIGTERM. Every rank votes
+        after the weight sync of a train order (TrainingRank.run)."""
+        if self.distributed is None:
+            return stop_requested
+        return self.distributed.any_rank(stop_requested)
 
     def hand_out(self, groups: list[Group], version: int) -> list[Group]:
         """Send every other rank its token-balanced share of the round's groups; returns rank 0's."""
@@ -85,6 +102,10 @@ class TrainingRank:
         self.checkpoints = build_checkpoints(job, distributed)
         self.trainer = build_trainer(job, open_policy_for_training(job).model, distributed)
         self.steps_trained = 0
+        self.stop_requested = False  # SIGTERM noted; rank 0 decides when to stop (at the step boundary)
+        # The stop order said the group stopped before its last step (a SIGTERM): exit Interrupted.
+        self.interrupted = False
+        self.checkpointed_step = 0  # the step of the newest checkpoint this rank wrote its part of
         # Once its part is built, the pod's probe may pass: without an answer, the pods of ranks 1..N-1
         # never turned Ready and the job never left Starting (found on the real node).
         self.probe_port = (serve_readiness(settings.metrics_host, settings.metrics_port)
@@ -92,6 +113,7 @@ class TrainingRank:
 
     def run(self) -> int:
         """Follow rank 0's orders until it says stop; returns the steps trained here."""
+        self._note_sigterm()
         while True:
             order: Order = self.distributed.scatter()
             if order.kind == "resume":
@@ -104,10 +126,28 @@ class TrainingRank:
                 self.trainer.train_step(order.groups, order.version)
                 self.steps_trained += 1
                 self._join_weight_sync()
+                self.distributed.any_rank(self.stop_requested)  # rank 0 reads the vote and orders the rest
             elif order.kind == "checkpoint":
                 self.checkpoints.save(order.step, self.trainer.checkpoint_state(), rng_state())
+                self.checkpointed_step = order.step
             elif order.kind == "stop":
+                self.interrupted = order.interrupted
                 return self.steps_trained
+
+    def _note_sigterm(self) -> None:
+        """SIGTERM notes a stop instead of killing this rank: dying at once would fail rank 0's next
+        collective and lose the step in flight. Only the main thread may set a handler (tests run ranks
+        in threads of their own, which keep the default)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def note(_signum: int, _frame: object) -> None:
+            if not self.stop_requested:
+                log.warning("rank %d: SIGTERM; finishing the step in flight, then rank 0 checkpoints it and "
+                            "stops the group", self.distributed.rank)
+            self.stop_requested = True
+
+        signal.signal(signal.SIGTERM, note)
 
     def _load_checkpoint(self) -> None:
         template = self.trainer.checkpoint_state()

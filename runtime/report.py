@@ -1,8 +1,17 @@
-"""The report folder of a run: plots of the step metrics, a summary in Markdown and JSON."""
+"""The report folder of a run: plots of the step metrics, a summary in Markdown and JSON.
+
+The history comes from the run's metrics.jsonl on disk, streamed (`read_history`): a report keeps one
+number per plotted metric per step and the response lengths of the first and last third of the steps,
+never every step record with its per-sample lists (rank 0 rebuilds the report at every checkpoint of
+runs that may last days).
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +20,65 @@ import matplotlib
 matplotlib.use("Agg")  # headless: reports are written by CLIs and pods, never shown
 import matplotlib.pyplot as plt  # noqa: E402
 
+from rljob.runtime.metrics import current_names  # noqa: E402
+
 PLOTS: list[tuple[str, str, str]] = [
     ("reward.png", "reward_mean", "reward (mean of trained batch)"),
     ("throughput.png", "rollout_tokens_per_s", "rollout tokens / s"),
     ("truncation_rate.png", "truncation_rate", "truncation rate (partial / launched)"),
     ("off_policy_ratio.png", "off_policy_token_ratio", "off-policy token ratio"),
 ]
+
+
+# The step metrics a summary averages (the plotted ones are in PLOTS).
+SERIES = ("reward_mean", "rollout_tokens_per_s", "truncation_rate", "off_policy_token_ratio")
+
+
+@dataclass
+class RunHistory:
+    """What a report needs of a run's steps (see the module docstring)."""
+
+    steps: list[int] = field(default_factory=list)
+    series: dict[str, list[float]] = field(default_factory=lambda: {key: [] for key in SERIES})
+    final_policy_version: int = 0
+    third: int = 1  # steps in each of the two thirds whose lengths the distribution plot compares
+    early_lengths: list[int] = field(default_factory=list)
+    late_lengths: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def mean(self, key: str) -> float:
+        values = self.series[key]
+        return sum(values) / len(values)
+
+
+def history_of(records: Iterable[dict[str, Any]], count: int) -> RunHistory:
+    """The history of the first `count` step records of `records`, taken one at a time."""
+    third = max(1, count // 3)
+    history = RunHistory(third=third)
+    for index, record in enumerate(itertools.islice(records, count)):
+        history.steps.append(int(record["step"]))
+        for key in SERIES:
+            history.series[key].append(float(record[key]))
+        history.final_policy_version = int(record["policy_version"])
+        if index < third:
+            history.early_lengths.extend(record.get("lengths", []))
+        if index >= count - third:
+            history.late_lengths.extend(record.get("lengths", []))
+    return history
+
+
+def _lines(path: Path) -> Iterator[str]:
+    with path.open() as f:
+        yield from (line for line in f if line.strip())
+
+
+def read_history(path: Path) -> RunHistory:
+    """Stream a metrics.jsonl file into a `RunHistory` (two passes: which steps are the last third
+    depends on the count). Lines appended after the count are left to the next report."""
+    count = sum(1 for _ in _lines(path))
+    return history_of((current_names(json.loads(line)) for line in _lines(path)), count)
 
 
 def _moving_average(values: list[float], window: int = 5) -> list[float]:
@@ -47,11 +109,9 @@ def _line_plot(
     plt.close(fig)
 
 
-def _length_plot(path: Path, records: list[dict[str, Any]]) -> None:
+def _length_plot(path: Path, history: RunHistory) -> None:
     """Response-length distribution of the first and the last third of the run."""
-    third = max(1, len(records) // 3)
-    early = [x for r in records[:third] for x in r.get("lengths", [])]
-    late = [x for r in records[-third:] for x in r.get("lengths", [])]
+    third, early, late = history.third, history.early_lengths, history.late_lengths
     fig, ax = plt.subplots(figsize=(6, 3.5))
     bins = 30
     if early:
@@ -86,40 +146,39 @@ def comparison_plot(path: Path, rows: list[dict[str, Any]], ceiling: float, titl
     plt.close(fig)
 
 
-def reward_gain(records: list[dict[str, Any]], window: int = 5) -> tuple[float, float]:
+def reward_gain(history: RunHistory, window: int = 5) -> tuple[float, float]:
     """Mean reward of the first and of the last `window` steps."""
-    rewards = [float(r["reward_mean"]) for r in records]
+    rewards = history.series["reward_mean"]
     w = max(1, min(window, len(rewards) // 2 or 1))
     return sum(rewards[:w]) / w, sum(rewards[-w:]) / w
 
 
 def write_report(
     out_dir: Path,
-    records: list[dict[str, Any]],
+    history: RunHistory,
     comparison: dict[str, Any] | None = None,
     evals: list[dict[str, Any]] | None = None,
 ) -> list[Path]:
-    """Write plots and summary files for the step records (and held-out evaluations); returns the files."""
+    """Write plots and summary files for a run's step history (and held-out evaluations); returns the files."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    if records:
-        steps = [int(r["step"]) for r in records]
+    if history:
         for name, key, label in PLOTS:
             overlay = evals if key == "reward_mean" else None
-            _line_plot(out_dir / name, steps, [float(r[key]) for r in records], label, overlay)
+            _line_plot(out_dir / name, history.steps, history.series[key], label, overlay)
             written.append(out_dir / name)
-        _length_plot(out_dir / "length_distribution.png", records)
+        _length_plot(out_dir / "length_distribution.png", history)
         written.append(out_dir / "length_distribution.png")
-    summary: dict[str, Any] = {"steps": len(records)}
-    if records:
-        first, last = reward_gain(records)
+    summary: dict[str, Any] = {"steps": len(history)}
+    if history:
+        first, last = reward_gain(history)
         summary.update(
             reward_first_steps=first,
             reward_last_steps=last,
-            mean_rollout_tokens_per_s=sum(r["rollout_tokens_per_s"] for r in records) / len(records),
-            mean_truncation_rate=sum(r["truncation_rate"] for r in records) / len(records),
-            mean_off_policy_token_ratio=sum(r["off_policy_token_ratio"] for r in records) / len(records),
-            final_policy_version=records[-1]["policy_version"],
+            mean_rollout_tokens_per_s=history.mean("rollout_tokens_per_s"),
+            mean_truncation_rate=history.mean("truncation_rate"),
+            mean_off_policy_token_ratio=history.mean("off_policy_token_ratio"),
+            final_policy_version=history.final_policy_version,
         )
     if evals:
         summary.update(

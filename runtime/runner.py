@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,11 @@ from rljob.runtime.training.distributed import Distributed
 from rljob.runtime.weights.transport import SyncReport, WeightTransport
 
 log = logging.getLogger(__name__)
+
+# After SIGTERM, how long a step's weight push may still take before it is given up: a healthy push ends
+# well within it, a push retrying because the engines went away with the trainer (a suspend scales them
+# to zero as well) would otherwise hold the step's checkpoint back until torchrun kills the ranks.
+STOP_PUSH_GRACE_S = 30.0
 
 
 @dataclass
@@ -59,7 +64,9 @@ class RunSummary:
     policy_version: int
     resumed_from: str | None
     wall_seconds: float
-    records: list[StepRecord]
+    # The newest step only: a run's history is metrics.jsonl on disk (report.py streams it), never a list
+    # in rank 0's memory, whose StepRecords carry per-sample lists and would grow for the whole run.
+    last_record: StepRecord | None
     metrics_port: int | None
     # SIGTERM stopped the run before its last step (checkpointed): not a success.
     interrupted: bool = False
@@ -110,6 +117,7 @@ class JobRunner:
         # In a trainer pod (RLJOB_STATUS_REPORT=1) progress goes into the RLJob's status.
         self.progress_reporter = ProgressReporter.from_env()
         self.stop_requested = False
+        self.stopping = asyncio.Event()  # set with stop_requested, to wake a weight push waiting for engines
         self.eval_prompts: list[EvalPrompt] = []
         self.evals: list[EvalResult] = []  # this run's held-out evaluations, in order
         self.catch_up_syncs = 0  # mid-round syncs of unchanged weights to engines that came back behind
@@ -210,29 +218,32 @@ class JobRunner:
         """Run until `total_steps` steps are done (counting steps before a resume)."""
         started = time.perf_counter()
         first = self.step + 1
-        records = []
+        steps_run = 0
+        last: StepRecord | None = None
         self._stop_on_sigterm()
         if self.eval_prompts and self.step == 0:
             await self.evaluate()  # the starting point of the learning curve
         while self.step < self.total_steps and not self.stop_requested:
-            records.append(await self.run_step())
-            on_step(records[-1])
+            last = await self.run_step()
+            steps_run += 1
+            on_step(last)
+        interrupted = self.stop_requested and self.step < self.total_steps
         if self.stop_requested:
             log.warning("stopped by SIGTERM after step %d; the checkpoint of that step is written", self.step)
-        self.orders.send(Order("stop"))
+        self.orders.send(Order("stop", interrupted=interrupted))
         if self.progress_reporter is not None:
             self.progress_reporter.flush()
         await self.close()
         return RunSummary(
-            steps_run=len(records),
+            steps_run=steps_run,
             first_step=first,
             last_step=self.step,
             policy_version=self.version,
             resumed_from=self.resumed_from,
             wall_seconds=time.perf_counter() - started,
-            records=records,
+            last_record=last,
             metrics_port=self.metrics_port,
-            interrupted=self.stop_requested and self.step < self.total_steps,
+            interrupted=interrupted,
         )
 
     def poll_knobs(self) -> None:
@@ -248,6 +259,7 @@ class JobRunner:
         """One round, one optimizer step, one weight sync; metrics and checkpoint."""
         self.poll_knobs()
         knobs = knob_values(self.scheduler)
+        log.info("step %d started: rollout round at policy version %d", self.step + 1, self.version)
         t0 = time.perf_counter()
         result = await self.scheduler.run_round(self.version)
         t1 = time.perf_counter()
@@ -257,8 +269,10 @@ class JobRunner:
         t2 = time.perf_counter()
         self.version += 1
         self.step += 1
-        sync = await self._sync_weights()
+        sync = await self._sync_weights(stoppable=True)
         t3 = time.perf_counter()
+        # The step boundary: SIGTERM on any rank stops the group after this step, checkpointed below.
+        self.stop_requested = self.orders.agree_to_stop(self.stop_requested)
         record = step_record(
             self.step,
             self.version - 1,
@@ -318,6 +332,7 @@ class JobRunner:
 
         def request_stop() -> None:
             self.stop_requested = True
+            self.stopping.set()
 
         try:
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, request_stop)
@@ -344,13 +359,15 @@ class JobRunner:
         self.catch_up_syncs += 1
         return report
 
-    async def _sync_weights(self) -> SyncReport:
+    async def _sync_weights(self, stoppable: bool = False) -> SyncReport:
         """Push the trainer's weights as ``self.version`` through the job's weight transport; returns
         once at least one engine serves that version (engines that missed it left the rotation).
 
         In a multi-rank job the full weights are gathered from the FSDP2 shards first, once (every rank
         joins: TrainingRank gathers right after its train step, after a resume order and on a sync order),
-        so a retried sync resends them without another collective."""
+        so a retried sync resends them without another collective. `stoppable` (a step's push): after
+        SIGTERM the push gets STOP_PUSH_GRACE_S more, then is given up; the step's checkpoint keeps the
+        weights and every start syncs them (the report then names no engine updated)."""
         from rljob.runtime.weights.factory import sync_until_served
         from rljob.runtime.weights.buckets import Bucket, module_buckets, named_buckets
 
@@ -362,10 +379,32 @@ class JobRunner:
         else:
             full = await asyncio.to_thread(self._full_weights)
             source = lambda: named_buckets(full.items(), bucket)  # noqa: E731
-        report = await sync_until_served(self.transport, self.version, source, self.settings.sync_timeout_s)
+        push = sync_until_served(self.transport, self.version, source, self.settings.sync_timeout_s)
+        report = await (self._push_unless_stopped(push) if stoppable else push)
         for rank, reason in report.failed.items():
             log.error("weight sync of version %d to %s failed: %s", self.version, rank, reason)
         return report
+
+    async def _push_unless_stopped(self, push: Coroutine[Any, Any, SyncReport]) -> SyncReport:
+        """Await `push`; once SIGTERM came, at most STOP_PUSH_GRACE_S more (see `_sync_weights`)."""
+        assert self.transport is not None
+        pushing = asyncio.ensure_future(push)
+        stopping = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({pushing, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not pushing.done():
+                await asyncio.wait({pushing}, timeout=STOP_PUSH_GRACE_S)
+        finally:
+            stopping.cancel()
+            if not pushing.done():
+                pushing.cancel()
+            await asyncio.gather(pushing, stopping, return_exceptions=True)
+        if not pushing.cancelled():
+            return pushing.result()  # raises what the push raised
+        log.warning("weight version %d not pushed to the engines: stopping on SIGTERM, none served it within %.0f s "
+                    "(the step's checkpoint keeps the weights; the next start syncs them)", self.version,
+                    STOP_PUSH_GRACE_S)
+        return SyncReport(self.version, self.transport.mode, failed={"engines": "not pushed: stopping on SIGTERM"})
 
     def _write_model_config(self, folder: Path) -> None:
         """Config files beside a disk snapshot, so the engines can load it as a model folder."""

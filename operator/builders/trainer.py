@@ -47,6 +47,12 @@ S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 S3_OPTIONAL_SECRET_KEYS = ("AWS_SESSION_TOKEN",)
 # The runtime checkpoints on SIGTERM (suspend, restart); give it time to finish.
 TERMINATION_GRACE_SECONDS = 300
+# torchrun (process 1) forwards SIGTERM to its ranks, then SIGKILLs them after TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+# seconds, 30 by default: far less than the grace period, so a step still in flight when the pod is deleted
+# was lost. Its wait follows the grace period instead, less a margin for torchrun to reap the ranks and
+# exit before the kubelet's own SIGKILL. An environment variable, not the --shutdown-timeout flag: a
+# torch without the setting ignores it, where an unknown flag would stop torchrun from starting.
+TORCHRUN_SHUTDOWN_MARGIN_SECONDS = 15
 # Set by the Job controller on every pod of an Indexed Job (label and annotation).
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
@@ -191,7 +197,11 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 def trainer_container(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
     """The runtime container: `torchrun` launching `rljob run` on the rendered config."""
     trainer = spec.trainer
-    defaults = [EnvVar(name="RLJOB_STATUS_REPORT", value="1")]
+    defaults = [
+        EnvVar(name="RLJOB_STATUS_REPORT", value="1"),
+        EnvVar(name="TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+               value=str(TERMINATION_GRACE_SECONDS - TORCHRUN_SHUTDOWN_MARGIN_SECONDS)),
+    ]
     resources: dict[str, Any] = {}
     if trainer.vendor != "cpu":
         profile = PROFILES[trainer.vendor]

@@ -19,8 +19,11 @@ def launch_ranks(args: argparse.Namespace) -> int:
     The static rendezvous, not `--standalone`'s c10d one: with torch 2.13 a group restarted after a
     failed rank (--max-restarts) hangs in init_process_group under the c10d rendezvous, and restarts
     cleanly under the static one."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from rljob.api.status import EXIT_INTERRUPTED
 
     with socket.socket() as probe:  # a free port for the agent's store
         probe.bind(("127.0.0.1", 0))
@@ -33,7 +36,15 @@ def launch_ranks(args: argparse.Namespace) -> int:
     # Each rank runs `rljob run ...` again and, seeing WORLD_SIZE, joins the group instead of launching.
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "rljob.runtime.cli", *args.argv)
+    except SignalException as err:
+        # SIGTERM to the launcher (as to torchrun, process 1 of a trainer pod): it forwarded the signal
+        # to every rank and waited up to TORCH_ELASTIC_SHUTDOWN_TIMEOUT for them to checkpoint and exit.
+        console.print(f"stopped by signal {err.sigval.name}; run the same command to resume from the last checkpoint",
+                      soft_wrap=True)
+        return EXIT_INTERRUPTED
     except ChildFailedError as err:
+        if all(f.exitcode == EXIT_INTERRUPTED for f in err.failures.values()):
+            return EXIT_INTERRUPTED  # a rank got SIGTERM: the group checkpointed and stopped together
         console.print(f"[red]rank failed[/] ({args.max_restarts} restarts allowed): {escape(str(err))}", soft_wrap=True)
         return 1
     return 0

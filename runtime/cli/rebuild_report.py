@@ -4,26 +4,31 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rljob.runtime.cli.console import Subparsers, console
 
+if TYPE_CHECKING:
+    from rljob.runtime.report import RunHistory
 
-def read_run(jsonl: Path | None) -> tuple[list[dict], list[dict]]:
-    """The step records and held-out evaluations a run folder holds (metrics.jsonl, eval.jsonl)."""
+
+def read_run(jsonl: Path | None) -> tuple[RunHistory, list[dict]]:
+    """The step history (streamed) and held-out evaluations a run folder holds (metrics.jsonl, eval.jsonl)."""
     from rljob.runtime.metrics import read_jsonl
+    from rljob.runtime.report import RunHistory, read_history
 
     if jsonl is None or not jsonl.exists():
-        return [], []
+        return RunHistory(), []
     evals = jsonl.with_name("eval.jsonl")
-    return read_jsonl(jsonl), read_jsonl(evals) if evals.exists() else []
+    return read_history(jsonl), read_jsonl(evals) if evals.exists() else []
 
 
 def rebuild_report(run_dir: Path) -> list[Path]:
     """Write RUN_DIR/report from RUN_DIR/metrics.jsonl (and eval.jsonl); the files written."""
     from rljob.runtime.report import write_report
 
-    records, evals = read_run(run_dir / "metrics.jsonl")
-    return write_report(run_dir / "report", records, None, evals)
+    history, evals = read_run(run_dir / "metrics.jsonl")
+    return write_report(run_dir / "report", history, None, evals)
 
 
 def report_command(args: argparse.Namespace) -> int:

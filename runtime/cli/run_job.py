@@ -66,8 +66,11 @@ def run_command(args: argparse.Namespace) -> int:
             return asyncio.run(_run(args, job, distributed))
         from rljob.runtime.ranks import TrainingRank
 
-        TrainingRank(job, distributed).run()
-        return 0
+        rank = TrainingRank(job, distributed)
+        rank.run()
+        # Stopped by the group's SIGTERM vote: Interrupted, as rank 0, so that this rank's pod (its own
+        # termination message) reads as a disruption to the operator, not a failure nor a success.
+        return _interrupted(rank.checkpointed_step) if rank.interrupted else 0
     finally:
         distributed.close()
 
@@ -129,9 +132,9 @@ async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | 
         console.print(comparison_view(comparison["rows"], comparison["ceiling_tokens_per_s"],
                                       "rollout throughput, same policy, prompts and seeds"))
 
-    records, evals = read_run(runner.metrics.jsonl_path)
-    written = write_report(output / "report", records, comparison, evals)
-    print_summary(summary, records, evals, output / "report", written)
+    history, evals = read_run(runner.metrics.jsonl_path)
+    written = write_report(output / "report", history, comparison, evals)
+    print_summary(summary, history, evals, output / "report", written)
     return 0
 
 

@@ -15,6 +15,7 @@ from rljob.runtime.cli.console import console
 from rljob.runtime.step_record import StepRecord
 
 if TYPE_CHECKING:
+    from rljob.runtime.report import RunHistory
     from rljob.runtime.runner import JobRunner, RunSummary
 
 
@@ -93,7 +94,7 @@ def comparison_view(rows: list[dict], ceiling: float, title: str) -> Table:
     return table
 
 
-def print_summary(summary: RunSummary, records: list[dict], evals: list[dict], report_dir: Path,
+def print_summary(summary: RunSummary, history: RunHistory, evals: list[dict], report_dir: Path,
                   written: list[Path]) -> None:
     """The run summary table: steps, policy version, wall time, reward and held-out reward, the report."""
     from rljob.runtime.report import reward_gain
@@ -102,8 +103,8 @@ def print_summary(summary: RunSummary, records: list[dict], evals: list[dict], r
     table.add_row("steps run", f"{summary.steps_run} (steps {summary.first_step}-{summary.last_step})")
     table.add_row("policy version", str(summary.policy_version))
     table.add_row("wall time", f"{summary.wall_seconds:.0f} s")
-    if records:
-        first, last = reward_gain(records)
+    if history:
+        first, last = reward_gain(history)
         table.add_row("reward, first → last steps", f"{first:.3f} → {last:.3f}")
     if evals:
         table.add_row(

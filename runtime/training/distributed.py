@@ -148,6 +148,15 @@ class Distributed:
         dist.scatter_object_list(out, values if self.is_leader else None, src=0, group=self.control)
         return out[0]
 
+    def any_rank(self, flag: bool) -> bool:
+        """Whether `flag` is true on any rank (every rank calls it at the same point; control group).
+
+        The stop vote of the step boundary: SIGTERM may reach only some ranks (one pod of a multi-node
+        group deleted), and every rank must learn of it at the same step so that none exits alone."""
+        votes = torch.tensor([int(flag)], dtype=torch.int32)
+        dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self.control)
+        return bool(votes.item())
+
     def barrier(self) -> None:
         """Wait for every rank (on the control group: no device memory involved)."""
         dist.barrier(group=self.control)

@@ -167,7 +167,7 @@ async def test_metrics_jsonl_and_prometheus(tmp_path: Path, model_dir: Path):
 async def test_held_out_evaluation_curve(tmp_path: Path, model_dir: Path):
     import httpx
 
-    from rljob.runtime.report import write_report
+    from rljob.runtime.report import read_history, write_report
     from rljob.runtime.tasks.synthetic import ArithChainTask
 
     doc = job_doc(model_dir, tmp_path / "ckpt", steps=3, every=3)
@@ -185,7 +185,7 @@ async def test_held_out_evaluation_curve(tmp_path: Path, model_dir: Path):
     records = read_jsonl(tmp_path / "out" / "metrics.jsonl")
     assert [r["eval_reward"] for r in records] == [None, evals[1]["reward_mean"], evals[2]["reward_mean"]]
     assert f"rljob_eval_reward_mean {evals[-1]['reward_mean']}" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    write_report(tmp_path / "report", records, None, evals)
+    write_report(tmp_path / "report", read_history(tmp_path / "out" / "metrics.jsonl"), None, evals)
     summary = (tmp_path / "report" / "summary.json").read_text()
     assert '"eval_reward_first_step": 0' in summary and '"eval_reward_last_step": 3' in summary
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from rljob.api.load import parse_rljob
-from rljob.api.spec import CheckpointS3Spec, RLJobSpec
+from rljob.api.spec import CheckpointS3Spec, EnvVar, RLJobSpec
 from rljob.operator.builders import JobRef, build_children
 from rljob.operator.builders.inference import pool_replicas
 from rljob.operator.builders.meta import MAX_CHILD_NAME, child_name
@@ -234,6 +234,23 @@ def test_trainer_runs_the_rendered_config_with_least_privilege() -> None:
     assert all("*" not in r["verbs"] and "delete" not in r["verbs"] for r in rules)
     binding = _by(children, "RoleBinding", "demo-trainer")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "demo-trainer", "namespace": "team-a"}]
+
+
+def test_torchrun_waits_for_the_ranks_as_long_as_the_pod_grace_period_allows() -> None:
+    """torchrun SIGKILLs its ranks TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (30 by default) after forwarding
+    SIGTERM; the ranks finish their step and checkpoint in that time, so it follows the grace period."""
+    pod = _by(build_children(JOB, _spec(), active=True), "Job", "demo-trainer")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    grace = pod["terminationGracePeriodSeconds"]
+    assert grace >= 300
+    assert grace - 30 <= int(env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) < grace
+    # A job's own value wins (trainer.env), as for every default variable.
+    spec = _spec()
+    spec.trainer.env = [EnvVar(name="TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value="100")]
+    (container,) = _by(build_children(JOB, spec, active=True), "Job", "demo-trainer")["spec"]["template"]["spec"][
+        "containers"]
+    assert [e["value"] for e in container["env"] if e["name"] == "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == ["100"]
 
 
 def test_config_change_changes_trainer_pod_template() -> None:

@@ -250,6 +250,30 @@ def test_sigterm_before_the_last_step_is_an_interruption_never_success() -> None
     assert _run(_spec(), status, _obs(trainer_pods=[bare])).status.restarts.interrupted == 1
 
 
+def test_a_trainer_pod_deleted_by_hand_that_stopped_interrupted_is_an_interruption() -> None:
+    """`kubectl delete pod` of one rank: no DisruptionTarget, but the gang stopped at the step boundary,
+    checkpointed, and each rank's pod (deleting, or deleted by the Job controller once the first one failed
+    the Job) says Interrupted. Counted as an interruption; a deleted pod killed without that message is
+    still no reason of its own, and the failed Job counts as a failure."""
+    status = _run(_spec(), RLJobStatus(), _obs()).status
+    message = "Interrupted: SIGTERM after step 2; its checkpoint is written, the next run resumes there"
+    failed_job = TrainerJobObs(uid="job-1", replicas=2, ready=0, failed_message="matching FailJob rule")
+    ranks = []
+    for ordinal in (0, 1):
+        pod = _pod(phase="Failed", uid=f"t{ordinal}", ordinal=ordinal,
+                   state={"terminated": {"exitCode": 1, "reason": "Error", "message": message}})
+        pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        ranks.append(pod_observation(pod))
+    d = _run(_spec(), status, _obs(trainer_pods=ranks, job=failed_job))
+    assert d.restart_trainer_job == "job-1"
+    assert d.status.restarts.interrupted == 1 and d.status.restarts.trainer == 0
+    assert [e.reason for e in d.events][0] == "TrainerInterrupted"
+    killed = _pod(phase="Failed", uid="t9", state={"terminated": {"exitCode": 137, "reason": "Error"}})
+    killed["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    d = _run(_spec(), status, _obs(trainer_pods=[pod_observation(killed)], job=failed_job))
+    assert d.status.restarts.trainer == 1 and d.status.restarts.interrupted == 0
+
+
 def test_disruption_target_restarts_the_group_without_counting() -> None:
     status = _run(_spec(), RLJobStatus(), _obs()).status
     evicted = _pod(uid="t1", conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}])

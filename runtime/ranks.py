@@ -12,6 +12,7 @@ which rank 0 pushes weights (resume, train, sync) has every rank join the gather
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -20,8 +21,10 @@ from rljob.runtime.checkpoint import rng_state, set_rng_state
 from rljob.runtime.job_parts import build_checkpoints, build_trainer, loop_settings, open_policy_for_training
 from rljob.runtime.metrics import serve_readiness
 from rljob.runtime.rollout.sample import Group
+from rljob.runtime.training.backend import TrainingBackend
 from rljob.runtime.training.balance import balance_by_tokens
 from rljob.runtime.training.distributed import Distributed
+from rljob.runtime.weights.buckets import Bucket
 
 # Full weights gathered from the FSDP2 shards for a sync, at most this much at a time per bucket.
 SYNC_BUCKET_BYTES = 64 << 20
@@ -70,6 +73,27 @@ class OrderSender:
         shares = [[groups[i] for i in share] for share in indices]
         self.send(Order("train", version=version), shares)
         return shares[0]
+
+
+@dataclass
+class GatheredWeights:
+    """Rank 0's weight source in a multi-rank job (a WeightSource: weights/transport.py): each call
+    streams the full weights from the FSDP2 shards, one bucket gathered at a time, so rank 0 never
+    holds the whole model. Every rank takes part in each gather: the first call of a sync is joined
+    through the order that preceded it (resume, train, sync), each later call (a retried sync) sends
+    a `sync` order first so the other ranks gather again."""
+
+    backend: TrainingBackend
+    bucket_bytes: int
+    orders: OrderSender
+    calls: int = 0
+
+    def __call__(self) -> Iterator[Bucket]:
+        """The buckets of one pass (a collective: pull it to its end)."""
+        if self.calls:
+            self.orders.send(Order("sync"))
+        self.calls += 1
+        return self.backend.iter_full_weights(self.bucket_bytes)
 
 
 class TrainingRank:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from rljob.api.spec import RLJob
 from rljob.common.progress_reporter import ProgressReporter
@@ -28,7 +27,7 @@ from rljob.runtime.checkpoint import LoadedCheckpoint, rng_state, set_rng_state
 from rljob.runtime.engines.base import Engine
 from rljob.runtime.evaluation import EvalPrompt, EvalResult, evaluate_held_out
 from rljob.runtime.knobs import KnobSource, apply_knobs, knob_values
-from rljob.runtime.ranks import SYNC_BUCKET_BYTES, Order, OrderSender
+from rljob.runtime.ranks import GatheredWeights, Order, OrderSender
 from rljob.runtime.rollout.scheduler import RolloutScheduler
 from rljob.runtime.rollout.scoring import dynamic_sampling_filter
 from rljob.runtime.step_record import StepRecord, step_record
@@ -348,11 +347,10 @@ class JobRunner:
         """Push the trainer's weights as ``self.version`` through the job's weight transport; returns
         once at least one engine serves that version (engines that missed it left the rotation).
 
-        In a multi-rank job the full weights are gathered from the FSDP2 shards first, once (every rank
-        joins: TrainingRank gathers right after its train step, after a resume order and on a sync order),
-        so a retried sync resends them without another collective."""
+        In a multi-rank job the transport streams the full weights from the FSDP2 shards, one bucket
+        gathered at a time (GatheredWeights: every rank joins each gather, a retry orders another)."""
         from rljob.runtime.weights.factory import sync_until_served
-        from rljob.runtime.weights.buckets import Bucket, module_buckets, named_buckets
+        from rljob.runtime.weights.buckets import Bucket, module_buckets
 
         assert self.transport is not None
         bucket = self.settings.sync_bucket_bytes
@@ -360,8 +358,7 @@ class JobRunner:
         if self.distributed is None:
             source = lambda: module_buckets(self.trainer.model, bucket)  # noqa: E731
         else:
-            full = await asyncio.to_thread(self._full_weights)
-            source = lambda: named_buckets(full.items(), bucket)  # noqa: E731
+            source = GatheredWeights(self.trainer.backend, bucket, self.orders)
         report = await sync_until_served(self.transport, self.version, source, self.settings.sync_timeout_s)
         for rank, reason in report.failed.items():
             log.error("weight sync of version %d to %s failed: %s", self.version, rank, reason)
@@ -373,9 +370,6 @@ class JobRunner:
         model.config.save_pretrained(folder)
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(folder)
-
-    def _full_weights(self) -> dict[str, torch.Tensor]:
-        return {n: t for bucket in self.trainer.backend.iter_full_weights(SYNC_BUCKET_BYTES) for n, t in bucket}
 
     def _ceiling(self) -> float:
         """Sum of the engines' bubble-free decode rates (engines that can estimate it)."""

@@ -109,34 +109,45 @@ class FSDP2Backend:
         is all-gathered (`DTensor.full_tensor()`) when reached. Rank 0 receives buckets of
         (Hugging Face parameter name, full tensor on the CPU, in the training dtype) of at most
         `bucket_bytes` each (a larger tensor comes alone; weights/buckets.py); the other ranks
-        take part in the gathers and receive no bucket. At most one bucket of full tensors exists at
-        a time on rank 0, never the whole model. Tied weights (an output head sharing the embedding)
-        are gathered once and listed under each of their names, in the same bucket.
+        take part in the gathers and receive no bucket. A bucket is planned from the shards' full
+        sizes before any of it is gathered, so rank 0 holds one bucket of full tensors at a time
+        (plus what its consumer keeps), never the whole model. Tied weights (an output head sharing
+        the embedding) are gathered once and listed under each of their names, in the same bucket.
         """
-        return named_buckets(self._full_tensors(), bucket_bytes) if self.rank == 0 else self._drain()
+        return self._full_buckets(bucket_bytes) if self.rank == 0 else self._drain()
 
-    def _full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        # Names of one tensor (tied weights share it), in state-dict order.
+    def _sharded(self) -> Iterator[tuple[str, torch.Tensor]]:
+        # State-dict order, every name of a tied tensor right after its first (FSDP2 ties share the object).
         aliases: dict[int, list[str]] = {}
         state = self.model.state_dict(keep_vars=True)
         for name, tensor in state.items():
             aliases.setdefault(id(tensor), []).append(name)
         done: set[int] = set()
         for tensor in state.values():
-            key = id(tensor)
-            if key in done:
-                continue
-            done.add(key)
-            value = tensor.detach()
-            full = value.full_tensor() if isinstance(value, DTensor) else value
-            full = full.cpu()
-            for alias in aliases[key]:
-                yield alias, full
+            if id(tensor) not in done:
+                done.add(id(tensor))
+                yield from ((alias, tensor) for alias in aliases[id(tensor)])
+
+    @staticmethod
+    def _gather(tensor: torch.Tensor) -> torch.Tensor:
+        value = tensor.detach()
+        return (value.full_tensor() if isinstance(value, DTensor) else value).cpu()
+
+    def _full_buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
+        for planned in named_buckets(self._sharded(), bucket_bytes, key=id):
+            gathered: dict[int, torch.Tensor] = {}
+            for _, tensor in planned:
+                if id(tensor) not in gathered:
+                    gathered[id(tensor)] = self._gather(tensor)
+            yield [(name, gathered[id(tensor)]) for name, tensor in planned]
 
     def _drain(self) -> Iterator[Bucket]:
-        # Runs every gather in step with rank 0 and yields nothing.
-        for _ in self._full_tensors():
-            pass
+        # Runs every gather in step with rank 0 (the same tensors in the same order) and yields nothing.
+        done: set[int] = set()
+        for _, tensor in self._sharded():
+            if id(tensor) not in done:
+                done.add(id(tensor))
+                self._gather(tensor)
         yield from ()
 
     def checkpoint_state(self) -> dict[str, Any]:

@@ -50,7 +50,8 @@ def _sync_on_ranks(rank: int, out: Path) -> None:
     transport = DiskTransport([], out / "snapshots", keep_last=3, write_config=lambda _p: None)
     source = GatheredWeights(backend, BUCKET, OrderSender(distributed))
     # The first sync pays one-off costs (imports, the threads and buffers of the gathers): not measured.
-    source.calls = asyncio.run(transport.sync(1, source)).version and 0  # each measured sync is a first call
+    asyncio.run(transport.sync(1, source))
+    source.calls = 0  # the measured sync is a first call too: rank 1 joins it without a `sync` order
     gc.collect()
     with PeakRss() as streamed:
         report = asyncio.run(transport.sync(2, source))
@@ -58,7 +59,6 @@ def _sync_on_ranks(rank: int, out: Path) -> None:
     with PeakRss() as whole:  # the runner's former path: every bucket gathered into one dict first
         full = {n: t for bucket in backend.iter_full_weights(BUCKET) for n, t in bucket}
         asyncio.run(transport.sync(3, lambda: named_buckets(full.items(), BUCKET)))
-        del full
     (out / "result.json").write_text(json.dumps({
         "streamed": streamed.extra, "whole": whole.extra, "model_bytes": model_bytes,
         "bytes_sent": report.bytes_sent,

@@ -53,6 +53,34 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
+def _shard(model: nn.Module, mp_policy: MixedPrecisionPolicy) -> FSDPModule:
+    """The wrapping every sharded model here gets: one FSDP unit per decoder layer, the root for the
+    rest, and `_FORWARD` as a root forward method (the trainer calls the body and head directly)."""
+    for layer in decoder_layers(model):
+        fully_shard(layer, mp_policy=mp_policy)
+    fully_shard(model, mp_policy=mp_policy)
+    assert isinstance(model, FSDPModule)
+    setattr(model, _FORWARD, _run.__get__(model, type(model)))
+    register_fsdp_forward_method(model, _FORWARD)
+    return model
+
+
+class FrozenFSDP2:
+    """The frozen KL reference under the policy's wrapping: every rank holds a shard of it, in the
+    dtype it was loaded in, and each forward gathers one unit at a time (a collective, like the
+    policy's). No optimizer, no gradients: nothing of it changes after the start."""
+
+    def __init__(self, model: nn.Module) -> None:
+        """Shard `model` (a copy of the policy made before the policy was sharded) in place."""
+        model.eval()
+        model.requires_grad_(False)
+        self.model: nn.Module = _shard(model, MixedPrecisionPolicy())
+
+    def forward(self, fn: Callable[..., T], *args: Any) -> T:
+        """Collective: `fn(model, *args)` between the root's all-gather and reshard."""
+        return getattr(self.model, _FORWARD)(fn, *args)
+
+
 class FSDP2Backend:
     """One rank of a `fully_shard` data-parallel trainer (see the module docstring)."""
 
@@ -66,18 +94,13 @@ class FSDP2Backend:
         if compute_dtype in (torch.bfloat16, torch.float16):
             model.to(torch.float32)  # the shards are the fp32 master weights
             mp_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-        for layer in decoder_layers(model):
-            fully_shard(layer, mp_policy=mp_policy)
-        fully_shard(model, mp_policy=mp_policy)
-        assert isinstance(model, FSDPModule)
+        model = _shard(model, mp_policy)
         for module in model.modules():
             if isinstance(module, FSDPModule):  # per unit: sum over ranks, the loss is globally normalised
                 module.set_gradient_divide_factor(1.0)
                 # A plain SUM reduce-scatter: for fp32/bf16 a factor other than the world size would
                 # otherwise become ReduceOp.PREMUL_SUM, which NCCL has and gloo refuses.
                 module.set_force_sum_reduction_for_comms(True)
-        setattr(model, _FORWARD, _run.__get__(model, type(model)))
-        register_fsdp_forward_method(model, _FORWARD)
         self.model = model
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=learning_rate, weight_decay=weight_decay

@@ -27,7 +27,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rljob.runtime.training.distributed import Distributed
-from rljob.runtime.weights.buckets import Bucket, named_buckets
+from rljob.runtime.weights.buckets import Bucket, PlannedBuckets, named_buckets
 
 if TYPE_CHECKING:
     # backend.py builds this backend (a lazy import there), so the protocol's types come type-only.
@@ -156,13 +156,16 @@ class FSDP2Backend:
         value = tensor.detach()
         return (value.full_tensor() if isinstance(value, DTensor) else value).cpu()
 
-    def _full_buckets(self, bucket_bytes: int) -> Iterator[Bucket]:
-        for planned in named_buckets(self._sharded(), bucket_bytes, key=id):
+    def _full_buckets(self, bucket_bytes: int) -> PlannedBuckets:
+        def gather(planned: Bucket) -> Bucket:
             gathered: dict[int, torch.Tensor] = {}
             for _, tensor in planned:
                 if id(tensor) not in gathered:
                     gathered[id(tensor)] = self._gather(tensor)
-            yield [(name, gathered[id(tensor)]) for name, tensor in planned]
+            return [(name, gathered[id(tensor)]) for name, tensor in planned]
+
+        # Planned from the shards' full sizes (references, no memory), gathered one bucket per next().
+        return PlannedBuckets(list(named_buckets(self._sharded(), bucket_bytes, key=id)), gather)
 
     def _drain(self) -> Iterator[Bucket]:
         # Runs every gather in step with rank 0 (the same tensors in the same order) and yields nothing.

@@ -248,6 +248,7 @@ class DistributedTransport(WeightTransport):
                     replies.update(bad)
                     raise RuntimeError(f"{len(bad)} engine ranks failed a bucket")
                 report.bytes_sent += wire_bytes(bucket, wire)
+                del bucket, item  # before the next bucket is gathered: one bucket of full tensors at a time
         except RuntimeError as exc:
             log.error("weight sync of version %d over the weight-update group failed: %s; the group is rebuilt "
                       "at the next sync", version, exc)

@@ -64,9 +64,34 @@ def bucket_bytes(bucket: Bucket) -> int:
     return sum(t.numel() * t.element_size() for _, t in bucket)
 
 
+class PlannedBuckets(Iterator[Bucket]):
+    """Buckets planned from sizes before any is produced (a sharded trainer plans from its shards and
+    gathers a bucket only when asked), so a consumer knows which is the last without holding the next."""
+
+    def __init__(self, plan: list[Bucket], produce: Callable[[Bucket], Bucket]) -> None:
+        """``plan``: the buckets as placeholders (sizes and names); ``produce`` makes one real."""
+        self._plan = plan
+        self._produce = produce
+
+    @property
+    def remaining(self) -> int:
+        """Buckets not produced yet."""
+        return len(self._plan)
+
+    def __next__(self) -> Bucket:
+        if not self._plan:
+            raise StopIteration
+        return self._produce(self._plan.pop(0))
+
+
 def with_last(buckets: Iterable[Bucket]) -> Iterator[tuple[Bucket, bool]]:
-    """Each bucket with a flag telling whether it is the last (one bucket of look-ahead)."""
+    """Each bucket with a flag telling whether it is the last: from the plan of PlannedBuckets, else
+    with one bucket of look-ahead (which a consumer then holds next to the current one)."""
     it = iter(buckets)
+    if isinstance(it, PlannedBuckets):
+        while it.remaining:  # no local keeps a bucket while the next one is produced
+            yield next(it), it.remaining == 0
+        return
     try:
         current = next(it)
     except StopIteration:

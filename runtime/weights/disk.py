@@ -63,6 +63,7 @@ def write_snapshot(folder: Path, buckets: Iterable[Bucket], write_config: Callab
             save_file({n: t.contiguous() for n, t in bucket}, str(tmp / shard), metadata={"format": "pt"})
             weight_map.update({n: shard for n, _ in bucket})
             total += bucket_bytes(bucket)
+            del given, bucket  # before the next bucket is gathered: one bucket of full tensors at a time
     except OSError:
         drain(stream)  # a collective source must still be consumed to the end
         shutil.rmtree(tmp, ignore_errors=True)

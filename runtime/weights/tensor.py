@@ -40,6 +40,7 @@ class TensorTransport(WeightTransport):
                 except EngineError as exc:
                     log.error("weight sync of version %d to %s failed: %s", version, name, exc)
                     report.failed[name] = str(exc)
+            del bucket, item  # before the next bucket is gathered: one bucket of full tensors at a time
         report.updated = [
             n for n, e in zip(names, self.engines, strict=True) if n not in report.failed and e.served_version() == version
         ]

@@ -53,7 +53,7 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
-def _shard(model: nn.Module, mp_policy: MixedPrecisionPolicy) -> FSDPModule:
+def _shard(model: nn.Module, mp_policy: MixedPrecisionPolicy) -> nn.Module:
     """The wrapping every sharded model here gets: one FSDP unit per decoder layer, the root for the
     rest, and `_FORWARD` as a root forward method (the trainer calls the body and head directly)."""
     for layer in decoder_layers(model):
@@ -74,7 +74,7 @@ class FrozenFSDP2:
         """Shard `model` (a copy of the policy made before the policy was sharded) in place."""
         model.eval()
         model.requires_grad_(False)
-        self.model: nn.Module = _shard(model, MixedPrecisionPolicy())
+        self.model = _shard(model, MixedPrecisionPolicy())
 
     def forward(self, fn: Callable[..., T], *args: Any) -> T:
         """Collective: `fn(model, *args)` between the root's all-gather and reshard."""
@@ -94,7 +94,7 @@ class FSDP2Backend:
         if compute_dtype in (torch.bfloat16, torch.float16):
             model.to(torch.float32)  # the shards are the fp32 master weights
             mp_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-        model = _shard(model, mp_policy)
+        _shard(model, mp_policy)
         for module in model.modules():
             if isinstance(module, FSDPModule):  # per unit: sum over ranks, the loss is globally normalised
                 module.set_gradient_divide_factor(1.0)

@@ -24,7 +24,7 @@ from rljob.runtime.rollout.sample import Group
 from rljob.runtime.training.backend import TrainingBackend
 from rljob.runtime.training.balance import balance_by_tokens
 from rljob.runtime.training.distributed import Distributed
-from rljob.runtime.weights.buckets import Bucket
+from rljob.runtime.weights.buckets import Bucket, drain
 
 # Full weights gathered from the FSDP2 shards for a sync, at most this much at a time per bucket.
 SYNC_BUCKET_BYTES = 64 << 20
@@ -94,6 +94,12 @@ class GatheredWeights:
             self.orders.send(Order("sync"))
         self.calls += 1
         return self.backend.iter_full_weights(self.bucket_bytes)
+
+    def join_if_untaken(self) -> None:
+        """Run the pass the other ranks are waiting in when no transport took it (a sync that failed
+        before asking for the weights), so they are not left in a gather; a no-op once it was called."""
+        if not self.calls:
+            drain(self())
 
 
 class TrainingRank:

@@ -354,12 +354,15 @@ class JobRunner:
 
         assert self.transport is not None
         bucket = self.settings.sync_bucket_bytes
-        source: Callable[[], Iterator[Bucket]]
         if self.distributed is None:
-            source = lambda: module_buckets(self.trainer.model, bucket)  # noqa: E731
+            source: Callable[[], Iterator[Bucket]] = lambda: module_buckets(self.trainer.model, bucket)  # noqa: E731
+            report = await sync_until_served(self.transport, self.version, source, self.settings.sync_timeout_s)
         else:
-            source = GatheredWeights(self.trainer.backend, bucket, self.orders)
-        report = await sync_until_served(self.transport, self.version, source, self.settings.sync_timeout_s)
+            gathered = GatheredWeights(self.trainer.backend, bucket, self.orders)
+            try:
+                report = await sync_until_served(self.transport, self.version, gathered, self.settings.sync_timeout_s)
+            finally:
+                await asyncio.to_thread(gathered.join_if_untaken)
         for rank, reason in report.failed.items():
             log.error("weight sync of version %d to %s failed: %s", self.version, rank, reason)
         return report

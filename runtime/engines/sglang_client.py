@@ -1,7 +1,9 @@
 """Engine client for SGLang workers (real SGLang, or the project's SGLang-protocol server).
 
-Generation goes through the sglang router when one is configured (else straight to the least busy
-healthy worker). Everything the router does not forward or cannot be trusted with goes to every worker
+Generation goes through the sglang router when one is configured (else straight to the least full
+healthy worker). The client holds as many /generate calls in flight as the rotation's workers run
+together, each worker counting its own max running requests (capacity.py); a call that waited for its
+slot, or for a retry, while ``abort_all`` ran is not sent. Everything the router does not forward or cannot be trusted with goes to every worker
 directly: aborts (the router answers 404 to /abort_request), load polling for drain verification, and
 weight updates. Follows the client rules of reference/sglang_protocol.md §4, §10, §11.
 

@@ -1,6 +1,6 @@
 """A multi-rank weight sync streams from the FSDP2 shards: rank 0's extra memory is a few buckets, not the model.
 
-Two real gloo ranks shard a ~30 MB transformer with FSDP2. Rank 0 syncs it through the runner's
+Two real gloo ranks shard a ~58 MB transformer with FSDP2 (4 MB buckets). Rank 0 syncs it through the runner's
 source (`GatheredWeights`: one bucket gathered at a time) into the real `disk` transport, which writes
 a safetensors shard per bucket as it goes, while rank 1 joins the gathers as `TrainingRank` does.
 Rank 0's peak extra RSS during the sync (the lower of two syncs: another allocation in the process
@@ -23,8 +23,8 @@ from safetensors import safe_open
 
 from tests.helpers.ranks import run_ranks
 
-BUCKET = 2 << 20
-MODEL = {"hidden_size": 256, "layers": 12, "vocab_size": 2048}  # ~31 MB float32, no tensor above a bucket
+BUCKET = 4 << 20
+MODEL = {"hidden_size": 256, "layers": 24, "vocab_size": 2048}  # ~58 MB float32, no tensor above half a bucket
 
 
 def _sync_on_ranks(rank: int, out: Path) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -28,8 +29,10 @@ from rljob.runtime.checkpoint import rng_state, set_rng_state
 from rljob.runtime.job_parts import build_checkpoints, build_trainer, loop_settings, open_policy_for_training
 from rljob.runtime.metrics import serve_readiness
 from rljob.runtime.rollout.sample import Group
+from rljob.runtime.training.backend import TrainingBackend
 from rljob.runtime.training.balance import balance_by_tokens
 from rljob.runtime.training.distributed import Distributed
+from rljob.runtime.weights.buckets import Bucket, drain
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +90,51 @@ class OrderSender:
         shares = [[groups[i] for i in share] for share in indices]
         self.send(Order("train", version=version), shares)
         return shares[0]
+
+
+class _Pass:
+    """One gather pass, safe to pull from two threads: the transport's, and `finish_pass` pulling what
+    an abandoned push left of it."""
+
+    def __init__(self, buckets: Iterator[Bucket]) -> None:
+        self._buckets = buckets
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> Iterator[Bucket]:
+        return self
+
+    def __next__(self) -> Bucket:
+        with self._lock:
+            return next(self._buckets)
+
+
+@dataclass
+class GatheredWeights:
+    """Rank 0's weight source in a multi-rank job (a WeightSource: weights/transport.py): each call
+    streams the full weights from the FSDP2 shards, one bucket gathered at a time, so rank 0 never
+    holds the whole model. Every rank takes part in each gather: the first call of a sync is joined
+    through the order that preceded it (resume, train, sync), each later call (a retried sync) sends
+    a `sync` order first so the other ranks gather again."""
+
+    backend: TrainingBackend
+    bucket_bytes: int
+    orders: OrderSender
+    calls: int = 0
+    current: _Pass | None = None
+
+    def __call__(self) -> Iterator[Bucket]:
+        """The buckets of one pass (a collective: pull it to its end)."""
+        if self.calls:
+            self.orders.send(Order("sync"))
+        self.calls += 1
+        self.current = _Pass(self.backend.iter_full_weights(self.bucket_bytes))
+        return self.current
+
+    def finish_pass(self) -> None:
+        """Complete the pass the other ranks are in, so none is left in a gather: run it when no
+        transport took it (a sync that failed before asking for the weights), or pull what is left
+        of it when the push was given up mid-way (SIGTERM); a no-op once the pass was pulled to its end."""
+        drain(self.current if self.current is not None else self())
 
 
 class TrainingRank:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from rljob.api.spec import RLJob
 from rljob.common.progress_reporter import ProgressReporter
@@ -28,7 +27,7 @@ from rljob.runtime.checkpoint import LoadedCheckpoint, rng_state, set_rng_state
 from rljob.runtime.engines.base import Engine
 from rljob.runtime.evaluation import EvalPrompt, EvalResult, evaluate_held_out
 from rljob.runtime.knobs import KnobSource, apply_knobs, knob_values
-from rljob.runtime.ranks import SYNC_BUCKET_BYTES, Order, OrderSender
+from rljob.runtime.ranks import GatheredWeights, Order, OrderSender
 from rljob.runtime.rollout.scheduler import RolloutScheduler
 from rljob.runtime.rollout.scoring import dynamic_sampling_filter
 from rljob.runtime.step_record import StepRecord, step_record
@@ -363,30 +362,33 @@ class JobRunner:
         """Push the trainer's weights as ``self.version`` through the job's weight transport; returns
         once at least one engine serves that version (engines that missed it left the rotation).
 
-        In a multi-rank job the full weights are gathered from the FSDP2 shards first, once (every rank
-        joins: TrainingRank gathers right after its train step, after a resume order and on a sync order),
-        so a retried sync resends them without another collective. `stoppable` (a step's push): after
-        SIGTERM the push gets STOP_PUSH_GRACE_S more, then is given up; the step's checkpoint keeps the
+        In a multi-rank job the transport streams the full weights from the FSDP2 shards, one bucket
+        gathered at a time (GatheredWeights: every rank joins each gather, a retry orders another).
+        `stoppable` (a step's push): after SIGTERM the push gets STOP_PUSH_GRACE_S more, then is given
+        up (the pass the other ranks are in is pulled to its end); the step's checkpoint keeps the
         weights and every start syncs them (the report then names no engine updated)."""
         from rljob.runtime.weights.factory import sync_until_served
-        from rljob.runtime.weights.buckets import Bucket, module_buckets, named_buckets
+        from rljob.runtime.weights.buckets import Bucket, module_buckets
 
         assert self.transport is not None
-        bucket = self.settings.sync_bucket_bytes
-        source: Callable[[], Iterator[Bucket]]
+        bucket, timeout = self.settings.sync_bucket_bytes, self.settings.sync_timeout_s
         if self.distributed is None:
-            source = lambda: module_buckets(self.trainer.model, bucket)  # noqa: E731
+            source: Callable[[], Iterator[Bucket]] = lambda: module_buckets(self.trainer.model, bucket)  # noqa: E731
+            report = await self._push(sync_until_served(self.transport, self.version, source, timeout), stoppable)
         else:
-            full = await asyncio.to_thread(self._full_weights)
-            source = lambda: named_buckets(full.items(), bucket)  # noqa: E731
-        push = sync_until_served(self.transport, self.version, source, self.settings.sync_timeout_s)
-        report = await (self._push_unless_stopped(push) if stoppable else push)
+            gathered = GatheredWeights(self.trainer.backend, bucket, self.orders)
+            try:
+                report = await self._push(sync_until_served(self.transport, self.version, gathered, timeout), stoppable)
+            finally:
+                await asyncio.to_thread(gathered.finish_pass)
         for rank, reason in report.failed.items():
             log.error("weight sync of version %d to %s failed: %s", self.version, rank, reason)
         return report
 
-    async def _push_unless_stopped(self, push: Coroutine[Any, Any, SyncReport]) -> SyncReport:
-        """Await `push`; once SIGTERM came, at most STOP_PUSH_GRACE_S more (see `_sync_weights`)."""
+    async def _push(self, push: Coroutine[Any, Any, SyncReport], stoppable: bool) -> SyncReport:
+        """Await `push`; when `stoppable`, once SIGTERM came, at most STOP_PUSH_GRACE_S more (see `_sync_weights`)."""
+        if not stoppable:
+            return await push
         assert self.transport is not None
         pushing = asyncio.ensure_future(push)
         stopping = asyncio.ensure_future(self.stopping.wait())
@@ -412,9 +414,6 @@ class JobRunner:
         model.config.save_pretrained(folder)
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(folder)
-
-    def _full_weights(self) -> dict[str, torch.Tensor]:
-        return {n: t for bucket in self.trainer.backend.iter_full_weights(SYNC_BUCKET_BYTES) for n, t in bucket}
 
     def _ceiling(self) -> float:
         """Sum of the engines' bubble-free decode rates (engines that can estimate it)."""

@@ -54,7 +54,7 @@ from rljob.runtime.algorithms.lr_schedule import lr_multiplier
 from rljob.runtime.models.loading import is_checkpointing
 from rljob.runtime.rollout.sample import Group
 from rljob.runtime.rollout.staleness import stale_flags
-from rljob.runtime.training.backend import TrainingBackend, build_backend
+from rljob.runtime.training.backend import ReferenceModel, TrainingBackend, build_backend, build_reference
 
 if TYPE_CHECKING:
     from rljob.runtime.training.distributed import Distributed
@@ -199,6 +199,11 @@ class Trainer:
         if spec.lr_schedule.decay == "cosine" and not total_steps:
             raise ValueError("algorithm.lrSchedule.decay cosine needs trainer.steps (total_steps)")
         self.device = torch.device(device)
+        # The frozen reference is copied before the policy moves or is sharded, and is then sharded the
+        # same way (a multi-rank job): no rank holds a whole second model.
+        self.reference: ReferenceModel | None = None
+        if spec.kl_coef > 0:
+            self.reference = build_reference(copy.deepcopy(model), self.device, distributed)
         model = model.to(self.device)
         self.spec = spec
         self.config = LossConfig.from_spec(spec)
@@ -209,11 +214,6 @@ class Trainer:
         self.total_steps = total_steps
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.seed = seed
-        # The frozen reference is copied before sharding: every rank keeps all of it (no collectives).
-        self.ref_model: nn.Module | None = None
-        if spec.kl_coef > 0:
-            self.ref_model = copy.deepcopy(model).eval()
-            self.ref_model.requires_grad_(False)
         self.backend: TrainingBackend = build_backend(model, spec.learning_rate, spec.weight_decay, distributed)
         self.model = self.backend.model
         self.optimizer = self.backend.optimizer
@@ -378,8 +378,8 @@ class Trainer:
                 logp = self.backend.forward(self._token_stats, mb)[0]
                 for row, (it, n) in enumerate(zip(mb.items, lengths)):
                     it.old_logp = logp[row, :n].cpu()
-            if self.ref_model is not None and mb.items:
-                ref = self._token_stats(self.ref_model, mb)[0]
+            if self.reference is not None:  # a padding batch too: a sharded reference's forward is collective
+                ref = self.reference.forward(self._token_stats, mb)[0]
                 for row, (it, n) in enumerate(zip(mb.items, lengths)):
                     it.ref_logp = ref[row, :n].cpu()
 
@@ -411,7 +411,7 @@ class Trainer:
         later = [it for it in items if id(it) not in first]
         if schedule:
             self._fill_logps(later, old=True)
-        if self.ref_model is not None and schedule:
+        if self.reference is not None and schedule:
             self._fill_logps([it for it in items if id(it) in first], old=False)
 
         # Token statistics (entropy, counts, off-policy shares) are those of the first pass, where
@@ -548,13 +548,13 @@ class Trainer:
         reference model, laid out for torch.distributed.checkpoint (runtime/checkpoint.py); also the
         template a load fills in place."""
         state: dict[str, Any] = {**self.backend.checkpoint_state(), "steps_done": torch.tensor(self.steps_done)}
-        if self.ref_model is not None:
-            state["ref_model"] = self.ref_model.state_dict()
+        if self.reference is not None:
+            state["ref_model"] = self.reference.model.state_dict()
         return state
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         """Restore what checkpoint_state() saved (after torch.distributed.checkpoint filled it)."""
         self.backend.load_checkpoint_state(state)
         self.steps_done = int(state["steps_done"])
-        if self.ref_model is not None and "ref_model" in state:
-            self.ref_model.load_state_dict(state["ref_model"])
+        if self.reference is not None and "ref_model" in state:
+            self.reference.model.load_state_dict(state["ref_model"])

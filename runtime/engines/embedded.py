@@ -198,6 +198,11 @@ class EmbeddedEngine(Engine):
         return self._model
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the engine serves its weights in."""
+        return self._dtype
+
+    @property
     def max_context_len(self) -> int:
         """Longest prompt + generation the engine accepts."""
         if self._max_context_len is not None:

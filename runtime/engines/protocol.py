@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rljob.runtime.engines.base import EngineLoad, FinishReason, GenerateRequest, GenerateResult
+from rljob.runtime.engines.capacity import running_capacity
 
 
 class SamplingParamsBody(BaseModel):
@@ -245,6 +246,7 @@ class WorkerApi:
     load_path: str
     tp_size: int = 1
     dp_size: int = 1
+    capacity: int | None = None  # requests it runs at once (capacity.running_capacity); None: not told
 
     def calls(self) -> list[Call]:
         """Every GET this API makes (the contract tests check each against the release)."""
@@ -252,10 +254,11 @@ class WorkerApi:
 
 
     def with_server_info(self, info: dict[str, Any]) -> WorkerApi:
-        """This API with the release and parallel sizes a worker's server info reports."""
+        """This API with the release, parallel sizes and capacity a worker's server info reports."""
         release = info.get("version")
         return replace(self, release=str(release) if release is not None else None,
-                       tp_size=int(info.get("tp_size") or 1), dp_size=int(info.get("dp_size") or 1))
+                       tp_size=int(info.get("tp_size") or 1), dp_size=int(info.get("dp_size") or 1),
+                       capacity=running_capacity(info))
 
 
 MODEL_INFO = "/model_info"  # detection probe: served by releases that deprecated /get_model_info

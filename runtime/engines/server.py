@@ -569,6 +569,7 @@ class SGLangProtocolServer:
             {
                 "model_path": self.options.model_path,
                 "max_running_requests": self.engine.max_batch_size,
+                "dtype": str(self.engine.dtype).removeprefix("torch."),  # ServerArgs.dtype, as resolved
                 "context_length": context,
                 "max_total_num_tokens": self.max_total_num_tokens,
                 "max_req_input_len": context - 1 if context else None,

@@ -1,7 +1,9 @@
 """Engine client for SGLang workers (real SGLang, or the project's SGLang-protocol server).
 
-Generation goes through the sglang router when one is configured (else straight to the least busy
-healthy worker). Everything the router does not forward or cannot be trusted with goes to every worker
+Generation goes through the sglang router when one is configured (else straight to the least full
+healthy worker). The client holds as many /generate calls in flight as the rotation's workers run
+together, each worker counting its own max running requests (capacity.py); a call that waited for its
+slot, or for a retry, while ``abort_all`` ran is not sent. Everything the router does not forward or cannot be trusted with goes to every worker
 directly: aborts (the router answers 404 to /abort_request), load polling for drain verification, and
 weight updates. Follows the client rules of reference/sglang_protocol.md §4, §10, §11.
 
@@ -55,6 +57,7 @@ from typing import Any
 import httpx
 
 from rljob.runtime.engines.auth import bearer_headers
+from rljob.runtime.engines.capacity import SlotGate
 from rljob.runtime.engines.base import (
     Engine,
     EngineError,
@@ -99,15 +102,33 @@ class SGLangEngine(Engine):
         if not config.worker_urls and not config.router_url and config.discover is None:
             raise EngineError("SGLang engine needs worker_urls, a router_url or pod discovery to find workers")
         self.config = config
-        self._semaphore = asyncio.Semaphore(config.max_concurrency)
+        # In-flight /generate calls: as many as the rotation's workers run together (capacity.py).
+        self._slots = SlotGate(self._capacity)
         self._abort_epoch = 0  # bumped by abort_all: requests older than it must not be retried
         self._http = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=config.max_concurrency + 64, max_keepalive_connections=64),
+            # No connection cap of its own: the slots bound the calls, and their total grows with replicas.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
             timeout=httpx.Timeout(config.control_timeout_s),
             headers=bearer_headers(config.api_key),
         )
         self._caller = HttpCaller(self._http, config.retry_policy())
         self.table = WorkerTable(config, self._caller, weight_version)
+
+    def worker_capacity(self, worker: WorkerState) -> int:
+        """Requests ``worker`` runs at once: its server info's (capacity.py), else the configured default."""
+        told = worker.api.capacity if worker.api is not None else None
+        return told or self.config.worker_concurrency
+
+    def _capacity(self) -> int:
+        """In-flight /generate calls the client allows: the rotation's capacities together (a worker
+        that is not in it yet takes nothing; with none, one worker's worth, so a call can fail fast)."""
+        current = self.table.rotation_workers()
+        return sum(self.worker_capacity(w) for w in current) if current else self.config.worker_concurrency
+
+    @property
+    def in_flight(self) -> int:
+        """/generate calls holding a slot now."""
+        return self._slots.in_use
 
     @property
     def workers(self) -> dict[str, WorkerState]:
@@ -217,7 +238,7 @@ class SGLangEngine(Engine):
                 + ", ".join(f"{w.url}: {w.last_error or f'serves {w.served_version}'}" for w in self.workers.values())
                 + "); check the inference pods and the weight sync, then call health() to re-admit them"
             )
-        worker = min(current, key=lambda w: w.in_flight)
+        worker = min(current, key=lambda w: w.in_flight / self.worker_capacity(w))  # the least full
         return worker.url, worker
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -226,37 +247,48 @@ class SGLangEngine(Engine):
         if request.max_new_tokens <= 0:
             return GenerateResult(request.rid, [], [], "length", submitted_version, len(request.input_ids))
         epoch = self._abort_epoch
+        await self._slots.acquire()
+        try:
+            return await self._generate_in_slot(request, submitted_version, epoch)
+        finally:
+            self._slots.release()
+
+    async def _generate_in_slot(self, request: GenerateRequest, submitted_version: int, epoch: int) -> GenerateResult:
+        """generate()'s attempts, once it holds a slot; ``epoch``: the abort epoch it was submitted in."""
         timeout = httpx.Timeout(self.config.generate_timeout_s, connect=self.config.control_timeout_s)
+        aborted = GenerateResult(request.rid, [], [], "abort", submitted_version, len(request.input_ids))
         last_error = ""
-        async with self._semaphore:
-            for attempt in range(self.config.retries + 1):
-                base, worker = self._generate_target()
-                call = generate_call(request, attempt_rid(request.rid, attempt))
+        for attempt in range(self.config.retries + 1):
+            if self._abort_epoch != epoch:
+                # abort_all ran while this request waited for its slot or its retry: sending it now would
+                # start work the drain must abort again (and could stretch it past drainTimeoutSeconds).
+                return aborted
+            base, worker = self._generate_target()
+            call = generate_call(request, attempt_rid(request.rid, attempt))
+            if worker is not None:
+                worker.in_flight += 1
+            try:
+                resp = await self._caller.call(call.method, base + call.path, json=call.body, timeout=timeout)
+            except NoReply as exc:
+                last_error = str(exc)
+                if exc.timed_out:
+                    await self._abort_timed_out(worker, call)
+                if worker is None and not exc.sent:
+                    # Nothing listens on the router's port: fail now, the scheduler waits for health().
+                    self.table.router_up = False
+                    raise EngineError(f"the sglang router at {base} refused the connection for {request.rid}") from exc
+                log.warning("generate %s on %s failed (attempt %d): %s", request.rid, base, attempt + 1, exc)
+                await self._after_generate_failure(worker, last_error)
+                if exc.sent and self._abort_epoch != epoch:
+                    return aborted  # aborted meanwhile: the caller wants the request back, not a retry
+                await self._caller.backoff(attempt)
+                continue
+            finally:
                 if worker is not None:
-                    worker.in_flight += 1
-                try:
-                    resp = await self._caller.call(call.method, base + call.path, json=call.body, timeout=timeout)
-                except NoReply as exc:
-                    last_error = str(exc)
-                    if exc.timed_out:
-                        await self._abort_timed_out(worker, call)
-                    if worker is None and not exc.sent:
-                        # Nothing listens on the router's port: fail now, the scheduler waits for health().
-                        self.table.router_up = False
-                        raise EngineError(f"the sglang router at {base} refused the connection for {request.rid}") from exc
-                    log.warning("generate %s on %s failed (attempt %d): %s", request.rid, base, attempt + 1, exc)
-                    await self._after_generate_failure(worker, last_error)
-                    if exc.sent and self._abort_epoch != epoch:
-                        # Aborted meanwhile: the caller wants the request back, not a retry.
-                        return GenerateResult(request.rid, [], [], "abort", submitted_version, len(request.input_ids))
-                    await self._caller.backoff(attempt)
-                    continue
-                finally:
-                    if worker is not None:
-                        worker.in_flight -= 1
-                if worker is not None:
-                    self.table.note_success(worker)
-                return replace(self._parse_generate(resp, base, request, submitted_version), rid=request.rid)
+                    worker.in_flight -= 1
+            if worker is not None:
+                self.table.note_success(worker)
+            return replace(self._parse_generate(resp, base, request, submitted_version), rid=request.rid)
         raise EngineError(
             f"/generate for {request.rid} failed {self.config.retries + 1} times (last: {last_error}); "
             "check the SGLang workers and router, the sample can be resumed from its previous state"

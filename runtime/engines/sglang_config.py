@@ -17,7 +17,9 @@ class SGLangClientConfig:
     # Current worker URLs (the Kubernetes pods of the pools): re-asked before every weight update and
     # health check, so replicas added or removed by scaling join and leave without a restart.
     discover: Callable[[], Awaitable[list[str]]] | None = None
-    max_concurrency: int = 512  # in-flight /generate calls (slime's default per engine)
+    # In-flight /generate calls per worker whose server info tells no capacity (engines/capacity.py:
+    # a worker that does tell gets its own max running requests).
+    worker_concurrency: int = 256
     retries: int = 4
     backoff_s: float = 0.25  # first retry delay; doubles up to backoff_max_s (with jitter)
     backoff_max_s: float = 4.0

@@ -173,6 +173,40 @@ def _load_master_checkpoint_state(model: nn.Module, optim: MasterWeightAdamW, st
     })
 
 
+class ReferenceModel(Protocol):
+    """The frozen KL reference: its module and a forward like the backend's (collective when sharded)."""
+
+    model: nn.Module
+
+    def forward(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(model, *args)` with the reference's parameters usable (gathered when sharded)."""
+        ...
+
+
+class FrozenModel:
+    """The frozen KL reference held whole by the only process (a multi-rank job shards it: fsdp.FrozenFSDP2)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        model.eval()
+        model.requires_grad_(False)
+        self.model = model
+
+    def forward(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(model, *args)`."""
+        return fn(self.model, *args)
+
+
+def build_reference(model: nn.Module, device: torch.device, distributed: Distributed | None = None) -> ReferenceModel:
+    """The frozen KL reference over `model` (a copy of the policy, still on the CPU): whole on `device`
+    in a single process, else sharded under FSDP2 as the policy is, so no rank holds all of it
+    (fully_shard moves each rank's shard to its device). Either has `.model` and `.forward(fn, *args)`."""
+    if distributed is None:
+        return FrozenModel(model.to(device))
+    from rljob.runtime.training.fsdp import FrozenFSDP2
+
+    return FrozenFSDP2(model)
+
+
 def build_backend(
     model: nn.Module, learning_rate: float, weight_decay: float, distributed: Distributed | None = None
 ) -> TrainingBackend:

@@ -27,7 +27,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rljob.runtime.training.distributed import Distributed
-from rljob.runtime.weights.buckets import Bucket, named_buckets
+from rljob.runtime.weights.buckets import Bucket, PlannedBuckets, named_buckets
 
 if TYPE_CHECKING:
     # backend.py builds this backend (a lazy import there), so the protocol's types come type-only.
@@ -53,6 +53,34 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
+def _shard(model: nn.Module, mp_policy: MixedPrecisionPolicy) -> nn.Module:
+    """The wrapping every sharded model here gets: one FSDP unit per decoder layer, the root for the
+    rest, and `_FORWARD` as a root forward method (the trainer calls the body and head directly)."""
+    for layer in decoder_layers(model):
+        fully_shard(layer, mp_policy=mp_policy)
+    fully_shard(model, mp_policy=mp_policy)
+    assert isinstance(model, FSDPModule)
+    setattr(model, _FORWARD, _run.__get__(model, type(model)))
+    register_fsdp_forward_method(model, _FORWARD)
+    return model
+
+
+class FrozenFSDP2:
+    """The frozen KL reference under the policy's wrapping: every rank holds a shard of it, in the
+    dtype it was loaded in, and each forward gathers one unit at a time (a collective, like the
+    policy's). No optimizer, no gradients: nothing of it changes after the start."""
+
+    def __init__(self, model: nn.Module) -> None:
+        """Shard `model` (a copy of the policy made before the policy was sharded) in place."""
+        model.eval()
+        model.requires_grad_(False)
+        self.model = _shard(model, MixedPrecisionPolicy())
+
+    def forward(self, fn: Callable[..., T], *args: Any) -> T:
+        """Collective: `fn(model, *args)` between the root's all-gather and reshard."""
+        return getattr(self.model, _FORWARD)(fn, *args)
+
+
 class FSDP2Backend:
     """One rank of a `fully_shard` data-parallel trainer (see the module docstring)."""
 
@@ -66,18 +94,13 @@ class FSDP2Backend:
         if compute_dtype in (torch.bfloat16, torch.float16):
             model.to(torch.float32)  # the shards are the fp32 master weights
             mp_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-        for layer in decoder_layers(model):
-            fully_shard(layer, mp_policy=mp_policy)
-        fully_shard(model, mp_policy=mp_policy)
-        assert isinstance(model, FSDPModule)
+        _shard(model, mp_policy)
         for module in model.modules():
             if isinstance(module, FSDPModule):  # per unit: sum over ranks, the loss is globally normalised
                 module.set_gradient_divide_factor(1.0)
                 # A plain SUM reduce-scatter: for fp32/bf16 a factor other than the world size would
                 # otherwise become ReduceOp.PREMUL_SUM, which NCCL has and gloo refuses.
                 module.set_force_sum_reduction_for_comms(True)
-        setattr(model, _FORWARD, _run.__get__(model, type(model)))
-        register_fsdp_forward_method(model, _FORWARD)
         self.model = model
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=learning_rate, weight_decay=weight_decay
@@ -109,34 +132,48 @@ class FSDP2Backend:
         is all-gathered (`DTensor.full_tensor()`) when reached. Rank 0 receives buckets of
         (Hugging Face parameter name, full tensor on the CPU, in the training dtype) of at most
         `bucket_bytes` each (a larger tensor comes alone; weights/buckets.py); the other ranks
-        take part in the gathers and receive no bucket. At most one bucket of full tensors exists at
-        a time on rank 0, never the whole model. Tied weights (an output head sharing the embedding)
-        are gathered once and listed under each of their names, in the same bucket.
+        take part in the gathers and receive no bucket. A bucket is planned from the shards' full
+        sizes before any of it is gathered, so rank 0 holds one bucket of full tensors at a time
+        (plus what its consumer keeps), never the whole model. Tied weights (an output head sharing
+        the embedding) are gathered once and listed under each of their names, in the same bucket.
         """
-        return named_buckets(self._full_tensors(), bucket_bytes) if self.rank == 0 else self._drain()
+        return self._full_buckets(bucket_bytes) if self.rank == 0 else self._drain()
 
-    def _full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        # Names of one tensor (tied weights share it), in state-dict order.
+    def _sharded(self) -> Iterator[tuple[str, torch.Tensor]]:
+        # State-dict order, every name of a tied tensor right after its first (FSDP2 ties share the object).
         aliases: dict[int, list[str]] = {}
         state = self.model.state_dict(keep_vars=True)
         for name, tensor in state.items():
             aliases.setdefault(id(tensor), []).append(name)
         done: set[int] = set()
         for tensor in state.values():
-            key = id(tensor)
-            if key in done:
-                continue
-            done.add(key)
-            value = tensor.detach()
-            full = value.full_tensor() if isinstance(value, DTensor) else value
-            full = full.cpu()
-            for alias in aliases[key]:
-                yield alias, full
+            if id(tensor) not in done:
+                done.add(id(tensor))
+                yield from ((alias, tensor) for alias in aliases[id(tensor)])
+
+    @staticmethod
+    def _gather(tensor: torch.Tensor) -> torch.Tensor:
+        value = tensor.detach()
+        return (value.full_tensor() if isinstance(value, DTensor) else value).cpu()
+
+    def _full_buckets(self, bucket_bytes: int) -> PlannedBuckets:
+        def gather(planned: Bucket) -> Bucket:
+            gathered: dict[int, torch.Tensor] = {}
+            for _, tensor in planned:
+                if id(tensor) not in gathered:
+                    gathered[id(tensor)] = self._gather(tensor)
+            return [(name, gathered[id(tensor)]) for name, tensor in planned]
+
+        # Planned from the shards' full sizes (references, no memory), gathered one bucket per next().
+        return PlannedBuckets(list(named_buckets(self._sharded(), bucket_bytes, key=id)), gather)
 
     def _drain(self) -> Iterator[Bucket]:
-        # Runs every gather in step with rank 0 and yields nothing.
-        for _ in self._full_tensors():
-            pass
+        # Runs every gather in step with rank 0 (the same tensors in the same order) and yields nothing.
+        done: set[int] = set()
+        for _, tensor in self._sharded():
+            if id(tensor) not in done:
+                done.add(id(tensor))
+                self._gather(tensor)
         yield from ()
 
     def checkpoint_state(self) -> dict[str, Any]:

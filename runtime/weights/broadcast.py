@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from rljob.runtime.engines.base import EngineError, WeightTargets
 from rljob.runtime.engines.protocol import (
     Call,
@@ -37,9 +39,10 @@ from rljob.runtime.engines.protocol import (
     update_weights_from_distributed_call,
 )
 from rljob.runtime.weight_group import Backend, WeightGroup, create_group, dtype_name, open_store
-from rljob.runtime.weights.buckets import Bucket, bucket_bytes, drain, with_last
+from rljob.runtime.weights.buckets import Bucket, drain, with_last
 from rljob.runtime.weights.group_layout import RankLayout, rank_layout, server_shape
 from rljob.runtime.weights.transport import SyncReport, WeightSource, WeightTransport
+from rljob.runtime.weights.wire_dtype import as_wire, common_dtype, served_dtype, wire_bytes, wire_dtype_of
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +91,7 @@ class DistributedTransport(WeightTransport):
         self._members: list[str] = []  # worker URLs in rank order
         self._layout: RankLayout | None = None  # the group's ranks, as formed
         self._given: dict[str, int | None] = {}  # version each member served after the last sync
+        self._wire: torch.dtype | None = None  # the dtype the members serve (None: the trainer's)
         self._generation = itertools.count(1)
         # Group names are registered process-wide by torch: unique per transport, new per rebuild.
         self._token = uuid.uuid4().hex[:8]
@@ -109,10 +113,11 @@ class DistributedTransport(WeightTransport):
 
     async def _layout_of(self, candidates: list[str]) -> tuple[RankLayout, dict[str, str]]:
         """The group's layout over the candidates whose server info places them (TP sizes, in order),
-        and why each of the others cannot join."""
-        async def shape(url: str) -> int | str:
+        and why each of the others cannot join. Sets the dtype the members serve (wire_dtype.py)."""
+        async def shape(url: str) -> tuple[int, torch.dtype | None] | str:
             try:
-                return server_shape(await self._owner(url).member_info(url)).tp_size
+                info = await self._owner(url).member_info(url)
+                return server_shape(info).tp_size, served_dtype(info)
             except (EngineError, ValueError) as exc:
                 return f"cannot join the weight-update group: {exc}"
 
@@ -120,7 +125,9 @@ class DistributedTransport(WeightTransport):
         refused = {u: s for u, s in zip(candidates, shapes, strict=True) if isinstance(s, str)}
         for url, reason in refused.items():
             log.error("SGLang worker %s %s", url, reason)
-        return rank_layout([(u, s) for u, s in zip(candidates, shapes, strict=True) if isinstance(s, int)]), refused
+        placed = [(u, s) for u, s in zip(candidates, shapes, strict=True) if not isinstance(s, str)]
+        self._wire = common_dtype(dtype for _, (_, dtype) in placed)
+        return rank_layout([(u, tp) for u, (tp, _) in placed]), refused
 
     async def _rebuild(self, layout: RankLayout, report: SyncReport) -> list[str]:
         """A new group over the layout's workers; returns the members that joined (all or none here)."""
@@ -174,8 +181,8 @@ class DistributedTransport(WeightTransport):
 
     def _broadcast(self, bucket: Bucket) -> None:
         assert self._group is not None
-        for _, tensor in bucket:
-            self._group.broadcast(tensor.detach().to(self._group.device).contiguous())
+        for _, tensor in bucket:  # cast one tensor at a time: a bucket is never held twice
+            self._group.broadcast(as_wire(tensor.detach(), self._wire).to(self._group.device).contiguous())
 
     async def sync(self, version: int, weights: WeightSource) -> SyncReport:
         """See the module docstring; never raises for a worker's failure."""
@@ -204,7 +211,7 @@ class DistributedTransport(WeightTransport):
         if members:
             replies = await self._push(version, weights, members, report)
         else:
-            drain(weights())
+            await asyncio.to_thread(drain, weights())
         for engine in self.engines:
             result = await engine.commit(version, {u: r for u, r in replies.items() if u in engine.members()})
             report.updated += result.updated
@@ -220,12 +227,16 @@ class DistributedTransport(WeightTransport):
                     report: SyncReport) -> dict[str, str | None]:
         replies: dict[str, str | None] = dict.fromkeys(members)
         await self._all(members, *_post(pause_generation_call()))
+        wire = self._wire
         buckets = with_last(weights())
         try:
-            for bucket, last in buckets:
+            # Each bucket is pulled in a thread: with a sharded trainer, pulling it runs the all-gathers.
+            while (item := await asyncio.to_thread(next, buckets, None)) is not None:
+                bucket, last = item
                 call = update_weights_from_distributed_call(
-                    [n for n, _ in bucket], [dtype_name(t.dtype) for _, t in bucket], [list(t.shape) for _, t in bucket],
-                    self._group.group_name if self._group else "", version if last else None)
+                    [n for n, _ in bucket], [dtype_name(wire_dtype_of(t, wire)) for _, t in bucket],
+                    [list(t.shape) for _, t in bucket], self._group.group_name if self._group else "",
+                    version if last else None)
                 posts = self._all(members, *_post(call))
                 sent = asyncio.to_thread(self._broadcast, bucket)
                 outcome = await asyncio.gather(posts, sent, return_exceptions=True)
@@ -236,13 +247,14 @@ class DistributedTransport(WeightTransport):
                 if bad:
                     replies.update(bad)
                     raise RuntimeError(f"{len(bad)} engine ranks failed a bucket")
-                report.bytes_sent += bucket_bytes(bucket)
+                report.bytes_sent += wire_bytes(bucket, wire)
+                del bucket, item  # before the next bucket is gathered: one bucket of full tensors at a time
         except RuntimeError as exc:
             log.error("weight sync of version %d over the weight-update group failed: %s; the group is rebuilt "
                       "at the next sync", version, exc)
             for url in members:
                 replies[url] = replies[url] or str(exc)
-            drain(buckets)
+            await asyncio.to_thread(drain, buckets)
             await self._destroy()
         finally:
             await self._all([u for u in members if self._reachable(u)], *_post(continue_generation_call()))

@@ -10,7 +10,7 @@ once and keeps all its names in the bucket it started.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -19,21 +19,28 @@ if TYPE_CHECKING:
 Bucket = list[tuple[str, "torch.Tensor"]]
 
 
-def named_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[Bucket]:
+def memory_key(tensor: torch.Tensor) -> Hashable:
+    """Which tensors are one: the same memory, not the same object (`state_dict()` detaches each
+    name of a tied weight anew)."""
+    return (tensor.data_ptr(), tuple(tensor.shape), str(tensor.dtype))
+
+
+def named_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
+                  key: Callable[[torch.Tensor], Hashable] = memory_key) -> Iterator[Bucket]:
     """Named tensors, in order, grouped into buckets of at most ``bucket_bytes`` of distinct tensors.
 
     A tensor larger than a bucket travels alone; another name of a tensor already in the current
-    bucket joins it without counting again.
+    bucket (the same ``key``) joins it without counting again. Only sizes are read, so the tensors
+    may be sharded ones whose full size ``numel()`` reports (training/fsdp.py plans its gathers so).
     """
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
     bucket: Bucket = []
-    held: set[tuple[int, tuple[int, ...], str]] = set()  # the memory of the tensors in `bucket`
+    held: set[Hashable] = set()  # the keys of the tensors in `bucket`
     size = 0
     for name, tensor in named:
-        # Memory, not object identity: `state_dict()` detaches each name of a tied weight anew.
-        key = (tensor.data_ptr(), tuple(tensor.shape), str(tensor.dtype))
-        if key in held:
+        identity = key(tensor)
+        if identity in held:
             bucket.append((name, tensor))
             continue
         nbytes = tensor.numel() * tensor.element_size()
@@ -41,7 +48,7 @@ def named_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) 
             yield bucket
             bucket, held, size = [], set(), 0
         bucket.append((name, tensor))
-        held.add(key)
+        held.add(identity)
         size += nbytes
     if bucket:
         yield bucket
@@ -57,9 +64,34 @@ def bucket_bytes(bucket: Bucket) -> int:
     return sum(t.numel() * t.element_size() for _, t in bucket)
 
 
+class PlannedBuckets(Iterator[Bucket]):
+    """Buckets planned from sizes before any is produced (a sharded trainer plans from its shards and
+    gathers a bucket only when asked), so a consumer knows which is the last without holding the next."""
+
+    def __init__(self, plan: list[Bucket], produce: Callable[[Bucket], Bucket]) -> None:
+        """``plan``: the buckets as placeholders (sizes and names); ``produce`` makes one real."""
+        self._plan = plan
+        self._produce = produce
+
+    @property
+    def remaining(self) -> int:
+        """Buckets not produced yet."""
+        return len(self._plan)
+
+    def __next__(self) -> Bucket:
+        if not self._plan:
+            raise StopIteration
+        return self._produce(self._plan.pop(0))
+
+
 def with_last(buckets: Iterable[Bucket]) -> Iterator[tuple[Bucket, bool]]:
-    """Each bucket with a flag telling whether it is the last (one bucket of look-ahead)."""
+    """Each bucket with a flag telling whether it is the last: from the plan of PlannedBuckets, else
+    with one bucket of look-ahead (which a consumer then holds next to the current one)."""
     it = iter(buckets)
+    if isinstance(it, PlannedBuckets):
+        while it.remaining:  # no local keeps a bucket while the next one is produced
+            yield next(it), it.remaining == 0
+        return
     try:
         current = next(it)
     except StopIteration:

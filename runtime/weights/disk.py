@@ -3,6 +3,10 @@
 Rank 0 writes each version as a Hugging Face directory (config + one safetensors shard per
 bucket + the shard index), renamed into place only when complete, then asks every reachable
 worker to ``/update_weights_from_disk`` it. Only the last ``keep_last`` snapshots are kept.
+
+The shards are written as the buckets arrive (a sharded trainer gathers one bucket at a time), in
+the dtype the workers serve (wire_dtype.py), so neither the trainer nor the folder ever holds an
+fp32 copy of the whole model beyond what the snapshot itself is.
 """
 
 from __future__ import annotations
@@ -15,10 +19,13 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from rljob.runtime.engines.base import WeightTargets, post_and_commit
+import torch
+
+from rljob.runtime.engines.base import EngineError, WeightTargets, post_and_commit
 from rljob.runtime.engines.protocol import update_weights_from_disk_call
 from rljob.runtime.weights.buckets import Bucket, bucket_bytes, drain
 from rljob.runtime.weights.transport import SyncReport, WeightSource, WeightTransport
+from rljob.runtime.weights.wire_dtype import cast_bucket, common_dtype, served_dtype
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +44,10 @@ def snapshots_to_delete(names: Sequence[str], keep_last: int) -> list[str]:
     return ours[: max(0, len(ours) - keep_last)]
 
 
-def write_snapshot(folder: Path, buckets: Iterable[Bucket], write_config: Callable[[Path], None]) -> int:
-    """Write a loadable checkpoint into ``folder`` (must not exist); returns the tensor bytes written."""
+def write_snapshot(folder: Path, buckets: Iterable[Bucket], write_config: Callable[[Path], None],
+                   dtype: torch.dtype | None = None) -> int:
+    """Write a loadable checkpoint into ``folder`` (must not exist), floating-point tensors in ``dtype``
+    (None: as given); returns the tensor bytes written."""
     from safetensors.torch import save_file
 
     tmp = folder.with_name(folder.name + ".tmp")
@@ -48,11 +57,13 @@ def write_snapshot(folder: Path, buckets: Iterable[Bucket], write_config: Callab
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        for i, bucket in enumerate(stream):  # streamed: one bucket in memory at a time
+        for i, given in enumerate(stream):  # streamed: one bucket in memory at a time
+            bucket = cast_bucket(given, dtype)
             shard = f"model-{i + 1:05d}.safetensors"
             save_file({n: t.contiguous() for n, t in bucket}, str(tmp / shard), metadata={"format": "pt"})
             weight_map.update({n: shard for n, _ in bucket})
             total += bucket_bytes(bucket)
+            del given, bucket  # before the next bucket is gathered: one bucket of full tensors at a time
     except OSError:
         drain(stream)  # a collective source must still be consumed to the end
         shutil.rmtree(tmp, ignore_errors=True)
@@ -81,13 +92,26 @@ class DiskTransport(WeightTransport):
         self.keep_last = keep_last
         self.write_config = write_config
 
+    async def _served_dtype(self) -> torch.dtype | None:
+        """The dtype the reachable workers serve, from their server info (None: unknown, keep the trainer's)."""
+        async def one(engine: WeightTargets, url: str) -> torch.dtype | None:
+            try:
+                return served_dtype(await engine.member_info(url))
+            except (EngineError, ValueError) as exc:
+                log.warning("weight snapshot dtype: SGLang worker %s: %s", url, exc)
+                return None
+
+        return common_dtype(await asyncio.gather(*(
+            one(e, u) for e in self.engines for u, m in e.members().items() if m.reachable)))
+
     async def sync(self, version: int, weights: WeightSource) -> SyncReport:
         """Write the snapshot, load it everywhere, then prune old snapshots."""
         started = time.perf_counter()
         report = SyncReport(version=version, mode=self.mode)
         path = self.folder / snapshot_name(version)
+        dtype = await self._served_dtype()
         try:
-            report.bytes_sent = await asyncio.to_thread(write_snapshot, path, weights(), self.write_config)
+            report.bytes_sent = await asyncio.to_thread(write_snapshot, path, weights(), self.write_config, dtype)
         except OSError as exc:
             reason = f"snapshot {path} could not be written ({exc}); check rollout.weightTransport.diskDir"
             log.error("weight sync of version %d: %s", version, reason)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -26,7 +27,10 @@ class TensorTransport(WeightTransport):
         started = time.perf_counter()
         report = SyncReport(version=version, mode=self.mode)
         names = [f"{e.name}[{i}]" for i, e in enumerate(self.engines)]
-        for bucket, last in with_last(weights()):
+        buckets = with_last(weights())
+        # Pulled in a thread: with a sharded trainer, pulling a bucket runs the all-gathers.
+        while (item := await asyncio.to_thread(next, buckets, None)) is not None:
+            bucket, last = item
             report.bytes_sent += bucket_bytes(bucket)
             for name, engine in zip(names, self.engines, strict=True):
                 if name in report.failed:
@@ -36,6 +40,7 @@ class TensorTransport(WeightTransport):
                 except EngineError as exc:
                     log.error("weight sync of version %d to %s failed: %s", version, name, exc)
                     report.failed[name] = str(exc)
+            del bucket, item  # before the next bucket is gathered: one bucket of full tensors at a time
         report.updated = [
             n for n, e in zip(names, self.engines, strict=True) if n not in report.failed and e.served_version() == version
         ]

@@ -172,9 +172,9 @@ def test_micro_batching_does_not_change_the_gradient(name: str) -> None:
 
 def test_kl_reference_model_only_with_kl_coef() -> None:
     model = _model()
-    assert Trainer(model, AlgorithmSpec(), micro_batch_size=4).ref_model is None
+    assert Trainer(model, AlgorithmSpec(), micro_batch_size=4).reference is None
     trainer = Trainer(model, AlgorithmSpec(learning_rate=1e-2, kl_coef=0.1), micro_batch_size=4)
-    assert trainer.ref_model is not None
+    assert trainer.reference is not None
     group = _group(model)
     first = trainer.train_step([group], policy_version=0)
     second = trainer.train_step([group], policy_version=0)

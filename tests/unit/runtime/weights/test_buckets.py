@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rljob.runtime.training.backend import SingleProcessBackend
-from rljob.runtime.weights.buckets import bucket_bytes, named_buckets
+from rljob.runtime.weights.buckets import Bucket, PlannedBuckets, bucket_bytes, named_buckets, with_last
 
 
 def tensors(*sizes: int) -> list[tuple[str, torch.Tensor]]:
@@ -42,3 +42,21 @@ def test_the_single_process_backend_buckets_a_tied_head_with_its_embedding():
 def test_a_bucket_size_below_one_byte_is_refused():
     with pytest.raises(ValueError, match="bucket_bytes must be >= 1"):
         list(named_buckets(tensors(1), 0))
+
+
+def test_planned_buckets_tell_the_last_one_without_producing_the_next_early():
+    plan = [[("a", torch.zeros(1))], [("b", torch.zeros(1))], [("c", torch.zeros(1))]]
+    produced: list[str] = []
+
+    def produce(bucket: Bucket) -> Bucket:
+        produced.append(bucket[0][0])
+        return bucket
+
+    seen = [(bucket[0][0], last, list(produced)) for bucket, last in with_last(PlannedBuckets(plan, produce))]
+    # When a bucket is handed out, only it and those before it were produced (gathered).
+    assert seen == [("a", False, ["a"]), ("b", False, ["a", "b"]), ("c", True, ["a", "b", "c"])]
+
+
+def test_unplanned_buckets_are_flagged_with_one_bucket_of_look_ahead():
+    named = tensors(10, 10, 10)
+    assert [last for _, last in with_last(named_buckets(named, 40))] == [False, False, True]

@@ -1513,14 +1513,10 @@ _ONE_HUB_CACHE = (
     "one Hugging Face cache (HF_HUB_CACHE)"
 )
 _GROUP_ALGOS = "[" + ", ".join(f"'{a}'" for a in GROUP_NORMALISED_ALGORITHMS) + "]"
+
+
 # Rules on the whole spec (cross-field, and transition rules comparing with the stored object).
 # Guards with has() because CEL sees the object after defaulting, but must compile for any shape.
-_S3_ONE_TRAINER_POD = (
-    "checkpoint.uri: an s3:// store needs trainer.replicas 1: the ranks stage each checkpoint in one pod's "
-    "folder before upload; for several trainer pods use a ReadWriteMany pvc:// claim"
-)
-
-
 SPEC_RULES: list[dict[str, Any]] = [
     rule(
         "!has(self.evaluation) || !has(self.evaluation.everySteps) || self.evaluation.everySteps == 0 "
@@ -1545,12 +1541,6 @@ SPEC_RULES: list[dict[str, Any]] = [
         "|| self.model.storage.huggingFaceCache == self.data.storage.huggingFaceCache",
         _ONE_HUB_CACHE,
         ".data.storage.huggingFaceCache",
-    ),
-    rule(
-        f"!({cel_has('self.checkpoint.uri')}) || !self.checkpoint.uri.startsWith('{S3_URI_PREFIX}') "
-        f"|| !({cel_has('self.trainer.replicas')}) || self.trainer.replicas <= 1",
-        _S3_ONE_TRAINER_POD,
-        ".checkpoint.uri",
     ),
     *(
         rule(expr, f"spec.{path} is immutable: it cannot be added, removed or changed once the RLJob exists", f".{path}")
@@ -1596,8 +1586,6 @@ class RLJobSpec(ApiModel):
         caches = {s.hugging_face_cache for s in (self.model.storage, self.data.storage) if s and s.hugging_face_cache}
         if len(caches) > 1:
             raise ValueError(_ONE_HUB_CACHE)
-        if (self.checkpoint.uri or "").startswith(S3_URI_PREFIX) and t.replicas > 1:
-            raise ValueError(_S3_ONE_TRAINER_POD)
         return self
 
 

@@ -284,7 +284,7 @@ def test_checkpoint_uri_variants() -> None:
     pod = _by(children, "Job", "demo-trainer")["spec"]["template"]["spec"]
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "shared-ckpt"}} in pod["volumes"]
     spec.checkpoint.uri = "s3://ckpt-bucket/runs/demo"
-    spec.trainer.replicas = 1  # the ranks of one pod share its staging folder
+    spec.trainer.replicas = 2  # each pod stages its own part of a checkpoint
     spec.checkpoint.s3 = S3Spec(endpoint="http://seaweedfs.storage:8333", credentials_secret="s3-keys")
     children = build_children(JOB, spec, active=True)
     assert not [c for c in children if c["kind"] == "PersistentVolumeClaim"]

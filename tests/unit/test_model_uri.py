@@ -12,7 +12,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from rljob.api.spec import ModelSpec, RLJobSpec
+from rljob.api.spec import ModelSpec, RLJobSpec, cluster_problems
 from rljob.operator.builders import JobRef, build_children
 from rljob.operator.builders.images import ImageDefaults, ImageRef, apply_image_defaults
 from rljob.operator.builders.pods import pod_templates
@@ -98,3 +98,23 @@ def test_the_download_step_takes_the_configured_download_image() -> None:
 
 def test_rljob_run_keeps_one_copy_per_folder_in_the_cache(tmp_path: Path) -> None:
     assert local_copy_dir("s3://models//tiny/v1/", tmp_path) == tmp_path / "models" / "s3" / "models" / "tiny" / "v1"
+
+
+def test_the_nvidia_examples_object_store_alternative_is_a_valid_cluster_job() -> None:
+    """nvidia-only.yaml shows model.uri and checkpoint.uri in comments; uncommented they must pass."""
+    path = EXAMPLE.with_name("nvidia-only.yaml")
+    lines = path.read_text().splitlines()
+    doc = yaml.safe_load("\n".join(lines))
+    for section in ("model", "checkpoint"):
+        start = lines.index(f"  {section}:")
+        block = []
+        for line in lines[start + 1:]:
+            if not line.startswith("    "):
+                break
+            if line.startswith("    #   "):
+                block.append(line.removeprefix("    #   "))
+        assert block, f"no commented alternative under {section}"
+        alternative = yaml.safe_load("\n".join(block))
+        assert str(alternative["uri"]).startswith("s3://")
+        doc["spec"][section] = alternative if section == "model" else {**doc["spec"][section], **alternative}
+    assert cluster_problems(RLJobSpec.model_validate(doc["spec"])) == []

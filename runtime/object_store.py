@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path, PurePosixPath
@@ -168,14 +169,18 @@ class ObjectStore:
         for path in [p for p in files if p not in tail] + tail:
             self.put_file(path, f"{folder}/{path.relative_to(local).as_posix()}")
 
-    def download_folder(self, folder: str, local: Path) -> None:
-        """Replace `local` with a copy of `folder`: written beside it, then renamed into place, so an
-        interrupted download never leaves a folder that looks whole."""
+    def download_folder(self, folder: str, local: Path, select: Callable[[str], bool] | None = None) -> None:
+        """Replace `local` with a copy of `folder` (only the files whose path in it `select` accepts, when
+        given): written beside it, then renamed into place, so an interrupted download never leaves a
+        folder that looks whole."""
         staging = local.with_name(f".download-{local.name}")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         for key in self.keys(folder):
-            target = staging / PurePosixPath(key).relative_to(folder)
+            relative = PurePosixPath(key).relative_to(folder)
+            if select is not None and not select(relative.as_posix()):
+                continue
+            target = staging / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             try:
                 with target.open("wb") as out:

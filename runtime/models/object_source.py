@@ -28,12 +28,16 @@ from rljob.runtime.object_store import ObjectStore, ObjectStoreError, ObjectUri,
 log = logging.getLogger(__name__)
 
 FIELD = "spec.model.uri"
+# Files of the weights themselves (and their shard indexes), left out of a copy made only to read the
+# config and the tokenizer.
+WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt", ".pth", ".gguf")
 
 
-def local_copy_dir(uri: str, cache: Path) -> Path:
-    """Where `rljob run` keeps the copy of `uri` under the rljob cache `cache`."""
+def local_copy_dir(uri: str, cache: Path, weights: bool = True) -> Path:
+    """Where `rljob run` keeps the copy of `uri` under the rljob cache `cache` (`weights` False: the
+    config-and-tokenizer copy `rljob validate` reads, kept apart so it never passes for a whole model)."""
     parsed = ObjectUri.parse(uri, FIELD)
-    return cache / "models" / "s3" / parsed.bucket / parsed.prefix
+    return cache / "models" / ("s3" if weights else "s3-meta") / parsed.bucket / parsed.prefix
 
 
 def _listing_file(dest: Path) -> Path:
@@ -49,12 +53,21 @@ def _store_and_folder(uri: str, settings: StoreSettings) -> tuple[ObjectStore, s
     return ObjectStore(ObjectUri(parsed.bucket, parent), settings, field="model"), name
 
 
-def fetch_model(uri: str, dest: Path, settings: StoreSettings | None = None) -> Path:
-    """Make `dest` a current copy of the model folder `uri`; returns `dest`.
+def fetch_model(uri: str, dest: Path, settings: StoreSettings | None = None, weights: bool = True) -> Path:
+    """Make `dest` a current copy of the model folder `uri` (without its weight files when not
+    `weights`: config and tokenizer, what `rljob validate` reads); returns `dest`.
 
     Raises ModelSourceError naming spec.model.uri when the folder holds no objects or no config.json,
-    and ObjectStoreError (with the endpoint and what to check) when the store cannot be used."""
-    store, folder = _store_and_folder(uri, settings or StoreSettings())
+    or naming model.uri, the endpoint and what to check when the store cannot be used (an
+    ObjectStoreError, re-raised as the model error the CLI reports without a traceback)."""
+    try:
+        return _fetch(uri, dest, settings or StoreSettings(), weights)
+    except ObjectStoreError as err:
+        raise ModelSourceError(str(err)) from err
+
+
+def _fetch(uri: str, dest: Path, settings: StoreSettings, weights: bool) -> Path:
+    store, folder = _store_and_folder(uri, settings)
     dest.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(dest.with_name(f"{dest.name}.lock"))):
         objects = store.objects(folder)
@@ -68,15 +81,21 @@ def fetch_model(uri: str, dest: Path, settings: StoreSettings | None = None) -> 
                 f"{FIELD}: {uri} has no config.json; it must name the folder save_pretrained wrote "
                 f"(found {', '.join(sorted(objects)[:5])}{', ...' if len(objects) > 5 else ''})"
             )
+        if not weights:
+            objects = {k: v for k, v in objects.items() if not _is_weights(k)}
         listing = _listing_file(dest)
         if dest.is_dir() and listing.is_file() and json.loads(listing.read_text()) == objects:
             log.info("model %s: the copy in %s is current", uri, dest)
             return dest
         log.info("model %s: downloading %d objects into %s", uri, len(objects), dest)
         listing.unlink(missing_ok=True)  # a crash from here on leaves no listing: the next run downloads again
-        store.download_folder(folder, dest)
+        store.download_folder(folder, dest, None if weights else lambda name: not _is_weights(name))
         listing.write_text(json.dumps(objects, sort_keys=True))
     return dest
+
+
+def _is_weights(name: str) -> bool:
+    return name.endswith(WEIGHT_SUFFIXES)
 
 
 def store_settings(s3: ModelS3Spec | None) -> StoreSettings:
@@ -95,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         fetch_model(args.uri, args.dest, StoreSettings(endpoint=args.endpoint, region=args.region))
-    except (ModelSourceError, ObjectStoreError) as err:
+    except ModelSourceError as err:
         sys.exit(str(err))  # the pod's termination message (FallbackToLogsOnError) is this line
 
 

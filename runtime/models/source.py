@@ -1,7 +1,6 @@
-"""Where a job's model lives on disk: `model.path` as given, `model.huggingFace` in the local HF cache, or
-`model.uri` (an object store folder) copied into the rljob cache.
+"""Where a job's model lives on disk: `model.path` as given, or `model.huggingFace` in the local HF cache.
 
-Nothing is downloaded from the Hub: this runtime must behave the same on an air-gapped box, in CI and in a trainer
+Nothing is downloaded: this runtime must behave the same on an air-gapped box, in CI and in a trainer
 pod, so a hub id is resolved offline in the Hugging Face cache (populate it beforehand with
 `hf download <id>` or mount a volume holding it). The cache is found the way `huggingface_hub` finds it
 (`HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`), read from the environment at
@@ -68,7 +67,7 @@ def resolve_hub_model(repo_id: str, revision: str | None = None, cache_dir: Path
 
 
 def resolve_model_dir(spec: ModelSpec, cache_dir: Path | None = None) -> tuple[Path, str]:
-    """(model folder, the spec field it came from) for a `path`, `huggingFace` or `uri` model spec."""
+    """(model folder, the spec field it came from) for a `path` or `huggingFace` model spec."""
     if spec.path is not None:
         if spec.path.startswith(PVC_URI_PREFIX):
             raise ModelSourceError(
@@ -84,9 +83,4 @@ def resolve_model_dir(spec: ModelSpec, cache_dir: Path | None = None) -> tuple[P
         return directory, "spec.model.path"
     if spec.hugging_face is not None:
         return resolve_hub_model(spec.hugging_face, spec.revision, cache_dir), "spec.model.huggingFace"
-    if spec.uri is not None:
-        from rljob.runtime.models.object_source import fetch_model, local_copy_dir, store_settings
-        from rljob.runtime.tasks.warmup import cache_root
-
-        return fetch_model(spec.uri, local_copy_dir(spec.uri, cache_root()), store_settings(spec.s3)), "spec.model.uri"
-    raise ModelSourceError("spec.model: builtin models are not folders; use load_policy for them")
+    raise ModelSourceError("spec.model: builtin models and model.uri are no local folders; use load_policy for them")

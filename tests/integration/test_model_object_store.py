@@ -23,9 +23,9 @@ from rljob.operator.builders.storage import DOWNLOAD_CONTAINER, OBJECT_FETCH_DIR
 from rljob.runtime.models.errors import ModelSourceError
 from rljob.runtime.models.loading import load_causal_lm
 from rljob.runtime.models.object_source import local_copy_dir
-from rljob.runtime.models.source import resolve_model_dir
 from rljob.runtime.object_store import ObjectStore, ObjectStoreError, ObjectUri, StoreSettings
 from rljob.runtime.runner import JobRunner, RunOptions
+from rljob.runtime.tasks.policy import policy_dir
 from tests.helpers.object_store import S3Server
 from tests.integration.test_runner_resume import job_doc, tiny_policy
 
@@ -74,7 +74,7 @@ def test_the_operators_download_step_fetches_a_folder_the_model_loads_from(s3_ke
     argv = [sys.executable, *step["command"][1:], *(a.replace(OBJECT_FETCH_DIR, str(fetch_dir)) for a in step["args"])]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update({"AWS_ACCESS_KEY_ID": s3_keys.access_key, "AWS_SECRET_ACCESS_KEY": s3_keys.secret_key})
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     trainer = next(c for pod in pod_templates(children) for c in pod["containers"] if c["name"] == "trainer")
     (main_mount,) = [m for m in trainer["volumeMounts"] if m["name"] == "model"]
@@ -82,7 +82,7 @@ def test_the_operators_download_step_fetches_a_folder_the_model_loads_from(s3_ke
 
     # A folder that holds no model: the step fails with one line that names the field and says what to do.
     argv[argv.index(uri)] = f"s3://{s3_keys.bucket}/models/missing"
-    failed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+    failed = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
     assert failed.returncode == 1
     assert failed.stderr.strip().splitlines()[-1].startswith(f"spec.model.uri: s3://{s3_keys.bucket}/models/missing holds no objects")
 
@@ -111,7 +111,7 @@ async def test_rljob_run_loads_a_cached_copy_and_refreshes_it_when_the_bucket_ch
     weights = copy / "model.safetensors"
     before = weights.stat()
     with caplog.at_level(logging.INFO, logger="rljob.runtime.models.object_source"):
-        assert resolve_model_dir(spec) == (copy, "spec.model.uri")
+        assert policy_dir(spec) == (copy, "spec.model.uri")
     assert "is current" in caplog.text and "downloading" not in caplog.text
     assert (weights.stat().st_ino, weights.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
@@ -121,7 +121,7 @@ async def test_rljob_run_loads_a_cached_copy_and_refreshes_it_when_the_bucket_ch
     upload_model(s3_keys, original, "local-run")
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="rljob.runtime.models.object_source"):
-        resolve_model_dir(spec)
+        policy_dir(spec)
     assert "downloading" in caplog.text
     assert '"rljob_note": 1' in (copy / "config.json").read_text()
 
@@ -132,13 +132,33 @@ def test_folders_that_hold_no_model_and_stores_that_cannot_answer_name_spec_mode
     monkeypatch.setenv("RLJOB_CACHE", str(tmp_path / "cache"))
     endpoint = {"endpoint": s3_keys.endpoint}
     with pytest.raises(ModelSourceError, match=r"spec\.model\.uri: s3://.*/models/none holds no objects; upload"):
-        resolve_model_dir(ModelSpec(uri=f"s3://{s3_keys.bucket}/models/none", s3=endpoint))
+        policy_dir(ModelSpec(uri=f"s3://{s3_keys.bucket}/models/none", s3=endpoint))
     stray = tmp_path / "stray"
     stray.mkdir()
     (stray / "weights.bin").write_bytes(b"\x00" * 10)
     uri = upload_model(s3_keys, stray, "no-config")
     with pytest.raises(ModelSourceError, match=r"spec\.model\.uri: .*no-config has no config\.json.*weights\.bin"):
-        resolve_model_dir(ModelSpec(uri=uri, s3=endpoint))
+        policy_dir(ModelSpec(uri=uri, s3=endpoint))
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-key")
-    with pytest.raises(ObjectStoreError, match=r"model\.uri: could not list .*model\.s3\.credentialsSecret"):
-        resolve_model_dir(ModelSpec(uri=uri, s3=endpoint))
+    with pytest.raises(ModelSourceError, match=r"model\.uri: could not list .*model\.s3\.credentialsSecret") as err:
+        policy_dir(ModelSpec(uri=uri, s3=endpoint))
+    assert isinstance(err.value.__cause__, ObjectStoreError)
+
+
+def test_rljob_validate_reads_config_and_tokenizer_without_the_weights(
+    s3_keys: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLJOB_CACHE", str(tmp_path / "cache"))
+    original = tiny_policy(tmp_path / "model")
+    uri = upload_model(s3_keys, original, "validate")
+    doc = job_doc(original, tmp_path / "ckpt", steps=1, every=1)
+    doc["spec"]["model"] = {"uri": uri, "s3": {"endpoint": s3_keys.endpoint}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    done = subprocess.run([sys.executable, "-m", "rljob.runtime.cli", "validate", str(job)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "data ok" in done.stdout
+    meta = local_copy_dir(uri, tmp_path / "cache", weights=False)
+    assert (meta / "config.json").is_file() and not list(meta.glob("*.safetensors"))
+    assert not local_copy_dir(uri, tmp_path / "cache").exists(), "validate downloaded the weights"

@@ -39,6 +39,18 @@ def upload_model(s3: S3Server, model: Path, folder: str) -> str:
     return f"s3://{s3.bucket}/models/{folder}"
 
 
+def job_on_uploaded_model(s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                          folder: str) -> tuple[Path, str, dict]:
+    """A one-step job whose model is a tiny model uploaded to models/<folder>, the rljob cache in
+    tmp_path: (the model's local folder, its URI, the job document)."""
+    monkeypatch.setenv("RLJOB_CACHE", str(tmp_path / "cache"))
+    original = tiny_policy(tmp_path / "model")
+    uri = upload_model(s3, original, folder)
+    doc = job_doc(original, tmp_path / "ckpt", steps=1, every=1)
+    doc["spec"]["model"] = {"uri": uri, "s3": {"endpoint": s3.endpoint}}
+    return original, uri, doc
+
+
 def assert_same_weights(directory: Path, original: Path) -> None:
     loaded = load_causal_lm(directory, field="spec.model.uri").state_dict()
     expected = load_causal_lm(original).state_dict()
@@ -90,11 +102,7 @@ def test_the_operators_download_step_fetches_a_folder_the_model_loads_from(s3_ke
 async def test_rljob_run_loads_a_cached_copy_and_refreshes_it_when_the_bucket_changes(
     s3_keys: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv("RLJOB_CACHE", str(tmp_path / "cache"))
-    original = tiny_policy(tmp_path / "model")
-    uri = upload_model(s3_keys, original, "local-run")
-    doc = job_doc(original, tmp_path / "ckpt", steps=1, every=1)
-    doc["spec"]["model"] = {"uri": uri, "s3": {"endpoint": s3_keys.endpoint}}
+    original, uri, doc = job_on_uploaded_model(s3_keys, tmp_path, monkeypatch, "local-run")
     runner = JobRunner(parse_rljob(doc), RunOptions(output_dir=tmp_path / "out"))
     try:
         await runner.setup()
@@ -148,11 +156,7 @@ def test_folders_that_hold_no_model_and_stores_that_cannot_answer_name_spec_mode
 def test_rljob_validate_reads_config_and_tokenizer_without_the_weights(
     s3_keys: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("RLJOB_CACHE", str(tmp_path / "cache"))
-    original = tiny_policy(tmp_path / "model")
-    uri = upload_model(s3_keys, original, "validate")
-    doc = job_doc(original, tmp_path / "ckpt", steps=1, every=1)
-    doc["spec"]["model"] = {"uri": uri, "s3": {"endpoint": s3_keys.endpoint}}
+    original, uri, doc = job_on_uploaded_model(s3_keys, tmp_path, monkeypatch, "validate")
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
     done = subprocess.run([sys.executable, "-m", "rljob.runtime.cli", "validate", str(job)], cwd=tmp_path,
@@ -160,5 +164,6 @@ def test_rljob_validate_reads_config_and_tokenizer_without_the_weights(
     assert done.returncode == 0, done.stdout + done.stderr
     assert "data ok" in done.stdout
     meta = local_copy_dir(uri, tmp_path / "cache", weights=False)
+    assert list(original.glob("*.safetensors")), "no weight file uploaded: the check below would prove nothing"
     assert (meta / "config.json").is_file() and not list(meta.glob("*.safetensors"))
     assert not local_copy_dir(uri, tmp_path / "cache").exists(), "validate downloaded the weights"

@@ -108,6 +108,8 @@ PVC_URI_PATTERN = r"^pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/.*)?$"
 S3_URI_PREFIX = "s3://"
 # An s3:// URI: a bucket (S3's naming rules: 3-63 lowercase letters, digits, '.', '-') and a key prefix.
 S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$"
+# model.uri: an s3:// URI that names a folder (a key prefix) inside the bucket, not the bucket itself.
+S3_FOLDER_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/+[^/\s]\S*$"
 # A pvc:// URI: the claim (a DNS-1123 subdomain) and a path inside it.
 PvcUri = Annotated[str, StringConstraints(pattern=PVC_URI_PATTERN, max_length=6 + 253 + PATH_MAX)]
 # GPU vendors of inference pools: their SGLang pods load a Hugging Face model folder they must see.
@@ -182,15 +184,58 @@ class HubStorageSpec(ApiModel):
     )
 
 
+_ONE_MODEL_SOURCE = "exactly one of builtin, path, huggingFace, uri must be set"
+_MODEL_S3_NEEDS_URI = "model.s3 applies to model.uri: s3://BUCKET/FOLDER"
+_MODEL_URI_FORM = (
+    "model.uri must be s3://BUCKET/FOLDER (a bucket of 3-63 lowercase letters, digits, '.', '-' and the folder "
+    "holding the model's config.json, weights and tokenizer); a local folder or a claim goes in model.path"
+)
+
+
+class S3Spec(ApiModel):
+    """How to reach the S3-compatible object store (AWS S3, MinIO, SeaweedFS, Ceph RGW...) of an s3:// uri:
+    checkpoint.s3 or model.s3."""
+
+    endpoint: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="S3 API base URL, e.g. http://minio.storage:9000 for MinIO or SeaweedFS; unset: "
+        "AWS_ENDPOINT_URL from the environment, else AWS S3 itself.",
+    )
+    region: str | None = Field(
+        default=None, min_length=1, max_length=63, pattern=r"^[a-z0-9-]+$",
+        description="Region the requests are signed for; unset: AWS_REGION, else us-east-1.",
+    )
+    credentials_secret: DNS1123Subdomain | None = Field(
+        default=None,
+        description="On a cluster: a Secret in the RLJob's namespace with keys AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN optional), passed to the containers that use the store (the "
+        "trainer for checkpoints, the model-download step for a model). Unset: the pod's own environment (e.g. a "
+        "workload identity).",
+    )
+
+
+class ModelS3Spec(S3Spec):
+    """How to reach the object store of an s3:// model.uri, and how much room its download gets on a cluster."""
+
+    size_limit: Quantity = Field(
+        default="100Gi",
+        description="On a cluster: size limit of the emptyDir each pod that loads the model downloads it into.",
+    )
+
+
 class ModelSpec(ApiModel):
     """Where the policy comes from. Exactly one source must be set."""
 
     model_config = ConfigDict(
         json_schema_extra=cel(
-            "[has(self.builtin), has(self.path), has(self.huggingFace)].filter(x, x).size() == 1",
-            "exactly one of builtin, path, huggingFace must be set",
+            "[has(self.builtin), has(self.path), has(self.huggingFace), has(self.uri)].filter(x, x).size() == 1",
+            _ONE_MODEL_SOURCE,
             "!has(self.storage) || has(self.huggingFace)",
             "model.storage applies to model.huggingFace (a model folder on a claim is model.path: pvc://<claim>/<dir>)",
+            "!has(self.s3) || has(self.uri)",
+            _MODEL_S3_NEEDS_URI,
         )
     )
 
@@ -214,17 +259,39 @@ class ModelSpec(ApiModel):
     storage: HubStorageSpec | None = Field(
         default=None, description="On a cluster: where the pods find model.huggingFace (cache claim or download)."
     )
+    uri: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2048,
+        description="s3://<bucket>/<folder>: a Hugging Face model folder in an S3-compatible object store (see "
+        "model.s3), for clusters without egress. On a cluster an init container of every pod that loads the model "
+        "downloads it into an emptyDir; `rljob run` downloads it into $RLJOB_CACHE/models/s3/<bucket>/<folder> "
+        "(again only when the objects changed).",
+        json_schema_extra=cel(f"self.matches(r'{S3_FOLDER_URI_PATTERN}')", _MODEL_URI_FORM),
+    )
+    s3: ModelS3Spec | None = Field(default=None, description="Object store settings of an s3:// model.uri.")
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> ModelSpec:
-        sources = [s for s in (self.builtin, self.path, self.hugging_face) if s]
+        sources = [s for s in (self.builtin, self.path, self.hugging_face, self.uri) if s]
         if len(sources) != 1:
-            raise ValueError("exactly one of builtin, path, huggingFace must be set")
+            raise ValueError(_ONE_MODEL_SOURCE)
         if self.storage is not None and self.hugging_face is None:
             raise ValueError(
                 "model.storage applies to model.huggingFace (a model folder on a claim is model.path: pvc://<claim>/<dir>)"
             )
+        if self.s3 is not None and self.uri is None:
+            raise ValueError(_MODEL_S3_NEEDS_URI)
         return self
+
+    @field_validator("uri")
+    @classmethod
+    def _object_folder_uri(cls, uri: str | None) -> str | None:
+        if uri is not None and not re.match(S3_FOLDER_URI_PATTERN, uri):
+            raise ValueError(f"{uri!r}: {_MODEL_URI_FORM}")
+        if uri is not None and any(part in (".", "..") for part in uri.split("/")[3:]):
+            raise ValueError(f"{uri!r} has a '.' or '..' segment; object keys are not paths")
+        return uri
 
 
 class SyntheticDataSpec(ApiModel):
@@ -901,28 +968,6 @@ class TrainerSpec(ApiModel):
     shm_size: Quantity = Field(default="16Gi", description="On a cluster: size limit of /dev/shm.")
 
 
-class CheckpointS3Spec(ApiModel):
-    """How to reach the object store of an s3:// checkpoint.uri (AWS S3, MinIO, SeaweedFS, Ceph RGW...)."""
-
-    endpoint: str | None = Field(
-        default=None,
-        max_length=2048,
-        pattern=r"^https?://[^\s/]+(/\S*)?$",
-        description="S3 API base URL, e.g. http://minio.storage:9000 for MinIO or SeaweedFS; unset: "
-        "AWS_ENDPOINT_URL from the environment, else AWS S3 itself.",
-    )
-    region: str | None = Field(
-        default=None, min_length=1, max_length=63, pattern=r"^[a-z0-9-]+$",
-        description="Region the requests are signed for; unset: AWS_REGION, else us-east-1.",
-    )
-    credentials_secret: DNS1123Subdomain | None = Field(
-        default=None,
-        description="On a cluster: a Secret in the RLJob's namespace with keys AWS_ACCESS_KEY_ID and "
-        "AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN optional), passed to the trainer. Unset: the trainer "
-        "pod's own environment (e.g. a workload identity).",
-    )
-
-
 class CheckpointSpec(ApiModel):
     """Checkpoints hold model, optimizer, data cursor, RNG and the partial-rollout buffer."""
 
@@ -948,7 +993,7 @@ class CheckpointSpec(ApiModel):
             "the runtime cannot write other schemes or paths",
         ),
     )
-    s3: CheckpointS3Spec | None = Field(default=None, description="Object store settings of an s3:// uri.")
+    s3: S3Spec | None = Field(default=None, description="Object store settings of an s3:// uri.")
     storage_size: Quantity = Field(default="10Gi", description="On a cluster: size of the checkpoint PVC (a quantity).")
     storage_class_name: DNS1123Subdomain | None = Field(
         default=None, description="On a cluster: storage class of the PVC; cannot change."
@@ -1468,14 +1513,10 @@ _ONE_HUB_CACHE = (
     "one Hugging Face cache (HF_HUB_CACHE)"
 )
 _GROUP_ALGOS = "[" + ", ".join(f"'{a}'" for a in GROUP_NORMALISED_ALGORITHMS) + "]"
+
+
 # Rules on the whole spec (cross-field, and transition rules comparing with the stored object).
 # Guards with has() because CEL sees the object after defaulting, but must compile for any shape.
-_S3_ONE_TRAINER_POD = (
-    "checkpoint.uri: an s3:// store needs trainer.replicas 1: the ranks stage each checkpoint in one pod's "
-    "folder before upload; for several trainer pods use a ReadWriteMany pvc:// claim"
-)
-
-
 SPEC_RULES: list[dict[str, Any]] = [
     rule(
         "!has(self.evaluation) || !has(self.evaluation.everySteps) || self.evaluation.everySteps == 0 "
@@ -1500,12 +1541,6 @@ SPEC_RULES: list[dict[str, Any]] = [
         "|| self.model.storage.huggingFaceCache == self.data.storage.huggingFaceCache",
         _ONE_HUB_CACHE,
         ".data.storage.huggingFaceCache",
-    ),
-    rule(
-        f"!({cel_has('self.checkpoint.uri')}) || !self.checkpoint.uri.startsWith('{S3_URI_PREFIX}') "
-        f"|| !({cel_has('self.trainer.replicas')}) || self.trainer.replicas <= 1",
-        _S3_ONE_TRAINER_POD,
-        ".checkpoint.uri",
     ),
     *(
         rule(expr, f"spec.{path} is immutable: it cannot be added, removed or changed once the RLJob exists", f".{path}")
@@ -1551,8 +1586,6 @@ class RLJobSpec(ApiModel):
         caches = {s.hugging_face_cache for s in (self.model.storage, self.data.storage) if s and s.hugging_face_cache}
         if len(caches) > 1:
             raise ValueError(_ONE_HUB_CACHE)
-        if (self.checkpoint.uri or "").startswith(S3_URI_PREFIX) and t.replicas > 1:
-            raise ValueError(_S3_ONE_TRAINER_POD)
         return self
 
 

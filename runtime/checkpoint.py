@@ -177,7 +177,13 @@ class LoadedCheckpoint:
 class CheckpointManager:
     """Writes, lists, loads and prunes the checkpoints of one directory, mirrored to `store` when one is
     given (the directory then stages them). `save` and `load` are collective in a multi-rank job
-    (`distributed`): every rank calls them, in the same order; only rank 0 talks to the store."""
+    (`distributed`): every rank calls them, in the same order.
+
+    With a store, each trainer pod stages in its own folder (its emptyDir home), which holds only the
+    files of its own ranks: the first local rank of every other pod uploads its pod's part (DCP shards,
+    RNG states) and drops it, then rank 0 uploads the rest (DCP metadata, state.pt) and the completion
+    marker last, lists, plans and prunes. On resume every pod's first local rank downloads the
+    checkpoint rank 0 picked, so each rank reads a whole copy (DCP reshards across any rank count)."""
 
     def __init__(self, directory: str | Path, keep: int = 2, distributed: Distributed | None = None,
                  store: ObjectStore | None = None) -> None:
@@ -189,6 +195,17 @@ class CheckpointManager:
     @property
     def rank(self) -> int:
         return self.distributed.rank if self.distributed is not None else 0
+
+    @property
+    def pod_leader(self) -> bool:
+        """Whether this rank stages for its machine (pod): its first local rank (rank 0 in one process)."""
+        return self.distributed is None or self.distributed.env.local_rank == 0
+
+    @property
+    def stages_own_part(self) -> bool:
+        """A rank other than 0 that prepares, uploads and fetches its pod's staging folder: only with a
+        store (a claim or a local folder is one folder rank 0 manages for everyone)."""
+        return self.store is not None and self.rank != 0 and self.pod_leader
 
     def _barrier(self) -> None:
         if self.distributed is not None:
@@ -252,9 +269,9 @@ class CheckpointManager:
         passes `leader_state` (everything else a restart needs)."""
         final = self.directory / f"{_PREFIX}{step:08d}"
         tmp = self.directory / f"{_TMP}{final.name}"
-        if self.rank == 0:
-            if leader_state is None:
-                raise ValueError("rank 0 must pass leader_state to CheckpointManager.save")
+        if self.rank == 0 and leader_state is None:
+            raise ValueError("rank 0 must pass leader_state to CheckpointManager.save")
+        if self.rank == 0 or self.stages_own_part:
             self.directory.mkdir(parents=True, exist_ok=True)
             for stale in self.directory.glob(f"{_TMP}*"):  # left by a crash during an earlier save
                 shutil.rmtree(stale, ignore_errors=True)
@@ -269,6 +286,11 @@ class CheckpointManager:
             torch.save({**leader_state, "world_size": world}, tmp / LEADER_STATE)
         _fsync_tree(tmp)  # this rank's files (and, harmlessly, the others') reach the disk before the marker
         self._barrier()  # every rank's part is on disk
+        if self.store is not None:
+            if self.stages_own_part:  # another pod: its ranks' files exist only here
+                self.store.upload_folder(tmp, final.name)
+                shutil.rmtree(tmp)
+            self._barrier()  # every pod's part is in the store before rank 0 uploads the marker
         if self.rank == 0:
             (tmp / MARKER).write_text(f"{final.name}\n")
             _fsync(tmp / MARKER)
@@ -304,15 +326,20 @@ class CheckpointManager:
         candidates = iter(plan.candidates)
         while True:
             path = next(candidates, None) if self.rank == 0 else None
-            if path is not None:
-                self.fetch(path)  # rank 0 downloads into the staging folder every rank reads
             if self.distributed is not None:
                 path = self.distributed.broadcast(path)
             if path is None:
                 return None
+            path = self.directory / path.name  # rank 0's staging folder is not every pod's
+            if self.rank == 0 or self.stages_own_part:
+                self.fetch(path)  # into the staging folder the ranks of this pod read
+            if self.store is not None:
+                self._barrier()  # every pod has its copy
             loaded, error = self._try_load(trainer_state, path)
             errors = [error] if self.distributed is None else self._gather_errors(error)
             failed = [e for e in errors if e is not None]
+            if self.stages_own_part:  # read by every local rank (the gather waited for them): not needed here
+                shutil.rmtree(path, ignore_errors=True)
             if not failed:
                 assert loaded is not None
                 loaded.skipped = skipped

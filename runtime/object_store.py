@@ -1,12 +1,13 @@
-"""S3-compatible object storage (AWS S3, MinIO, SeaweedFS, Ceph RGW...) for checkpoints: URIs, folders of objects.
+"""S3-compatible object storage (AWS S3, MinIO, SeaweedFS, Ceph RGW...) for checkpoints and models: URIs,
+folders of objects.
 
 Only the storage I/O lives here; what a checkpoint is, and when one counts as complete, is
-`rljob.runtime.checkpoint`'s business. The client is obstore (Apache Arrow's Rust `object_store`):
+`rljob.runtime.checkpoint`'s business, and fetching a model folder `rljob.runtime.models.object_source`'s. The client is obstore (Apache Arrow's Rust `object_store`):
 it signs requests, and retries connection errors, timeouts and 5xx answers with exponential backoff
 and jitter up to `retry_timeout_s`; past that an `ObjectStoreError` names the URI, the endpoint and
 what to check.
 
-Connection settings come, in this order, from the arguments (the spec's `checkpoint.s3`) and from the
+Connection settings come, in this order, from the arguments (the spec's `checkpoint.s3` or `model.s3`) and from the
 standard AWS environment: AWS_ENDPOINT_URL (MinIO, SeaweedFS...), AWS_REGION, AWS_ACCESS_KEY_ID,
 AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN (on a cluster the operator fills the keys from a Secret).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path, PurePosixPath
@@ -79,10 +81,13 @@ class StoreSettings:
 
 
 class ObjectStore:
-    """Folders of objects under one `s3://bucket/prefix`: list, upload, download, delete."""
+    """Folders of objects under one `s3://bucket/prefix`: list, upload, download, delete.
 
-    def __init__(self, uri: ObjectUri, settings: StoreSettings | None = None) -> None:
+    `field`: the spec section the store belongs to (`checkpoint` or `model`), named in errors."""
+
+    def __init__(self, uri: ObjectUri, settings: StoreSettings | None = None, field: str = "checkpoint") -> None:
         self.uri = uri
+        self.field = field
         settings = settings or StoreSettings()
         self.endpoint = settings.endpoint or os.environ.get("AWS_ENDPOINT_URL") or None
         region = settings.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
@@ -106,9 +111,9 @@ class ObjectStore:
         where = f" at {self.endpoint}" if self.endpoint else ""
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return ObjectStoreError(
-            f"checkpoint.uri: could not {action} {self.uri}{where}: {first[:400]}. Check that the store is "
-            "reachable (checkpoint.s3.endpoint or AWS_ENDPOINT_URL), that the bucket exists, and that "
-            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (checkpoint.s3.credentialsSecret on a cluster) may use it."
+            f"{self.field}.uri: could not {action} {self.uri}{where}: {first[:400]}. Check that the store is "
+            f"reachable ({self.field}.s3.endpoint or AWS_ENDPOINT_URL), that the bucket exists, and that "
+            f"AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY ({self.field}.s3.credentialsSecret on a cluster) may use it."
         )
 
     def folders(self) -> dict[str, set[str]]:
@@ -138,8 +143,14 @@ class ObjectStore:
 
     def keys(self, folder: str) -> list[str]:
         """Every object key under `folder`, relative to the prefix."""
+        return list(self.objects(folder))
+
+    def objects(self, folder: str) -> dict[str, str]:
+        """Every object under `folder`: key (relative to the prefix) -> its version as `size:ETag`, which
+        changes whenever the object is rewritten (a local copy compares it to know it is current)."""
         try:
-            return [meta["path"] for batch in obstore.list(self._store, f"{folder}/") for meta in batch]
+            return {meta["path"]: f"{meta['size']}:{meta['e_tag']}"
+                    for batch in obstore.list(self._store, f"{folder}/") for meta in batch}
         except BaseError as err:
             raise self._error(f"list {folder} in", err) from err
 
@@ -158,14 +169,18 @@ class ObjectStore:
         for path in [p for p in files if p not in tail] + tail:
             self.put_file(path, f"{folder}/{path.relative_to(local).as_posix()}")
 
-    def download_folder(self, folder: str, local: Path) -> None:
-        """Replace `local` with a copy of `folder`: written beside it, then renamed into place, so an
-        interrupted download never leaves a folder that looks whole."""
+    def download_folder(self, folder: str, local: Path, select: Callable[[str], bool] | None = None) -> None:
+        """Replace `local` with a copy of `folder` (only the files whose path in it `select` accepts, when
+        given): written beside it, then renamed into place, so an interrupted download never leaves a
+        folder that looks whole."""
         staging = local.with_name(f".download-{local.name}")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         for key in self.keys(folder):
-            target = staging / PurePosixPath(key).relative_to(folder)
+            relative = PurePosixPath(key).relative_to(folder)
+            if select is not None and not select(relative.as_posix()):
+                continue
+            target = staging / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             try:
                 with target.open("wb") as out:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rljob.api.spec import PVC_URI_PREFIX, DataSpec, HubDownloadSpec, HubStorageSpec, ModelSpec, RLJobSpec
+from rljob.api.spec import PVC_URI_PREFIX, DataSpec, HubDownloadSpec, HubStorageSpec, ModelS3Spec, ModelSpec, RLJobSpec, S3Spec
 from rljob.operator.builders.pods import hardened_container_security, scratch_mount
 from rljob.operator.builders.vendor import TRAINER_IMAGES
 
@@ -26,6 +26,13 @@ MODEL_VOLUME = "model"
 HF_CACHE_VOLUME = "hf-cache"
 WEIGHTS_VOLUME = "weights"
 DOWNLOAD_CONTAINER = "model-download"
+# model.uri: the download step mounts the model's emptyDir here and copies the folder into its `model`
+# subfolder (written beside, then renamed into place); the main containers mount that subfolder at MODEL_DIR.
+OBJECT_FETCH_DIR = "/var/lib/rljob/model-fetch"
+OBJECT_FETCH_SUBDIR = "model"
+# The keys an s3.credentialsSecret holds, passed under the same names (the AWS SDKs' and obstore's).
+S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+S3_OPTIONAL_SECRET_KEYS = ("AWS_SESSION_TOKEN",)
 
 
 @dataclass(frozen=True)
@@ -87,7 +94,7 @@ def _mount(name: str, path: str, sub_path: str = "", read_only: bool = True) -> 
 
 def model_path_in_pods(model: ModelSpec) -> str:
     """What the pods load: a mounted folder, or the hub id resolved in a mounted cache (or by SGLang itself)."""
-    if is_pvc(model.path):
+    if is_pvc(model.path) or model.uri is not None:
         return MODEL_DIR
     if model.hugging_face and model.storage and model.storage.download and not model.storage.hugging_face_cache:
         return MODEL_DIR
@@ -156,9 +163,50 @@ def _hub_storage(repo: HubRepo, storage: HubStorageSpec) -> PodStorage:
     return result
 
 
+def s3_credentials_env(s3: S3Spec | None) -> list[dict[str, Any]]:
+    """The object store's keys from `s3.credentialsSecret` (checkpoint.s3 or model.s3), as the standard
+    AWS variables; none without a Secret (the pod's own environment then, e.g. a workload identity)."""
+    if s3 is None or s3.credentials_secret is None:
+        return []
+    def ref(key: str, optional: bool) -> dict[str, Any]:
+        selector = {"name": s3.credentials_secret, "key": key, **({"optional": True} if optional else {})}
+        return {"name": key, "valueFrom": {"secretKeyRef": selector}}
+    return [ref(k, False) for k in S3_SECRET_KEYS] + [ref(k, True) for k in S3_OPTIONAL_SECRET_KEYS]
+
+
+def _object_model_storage(model: ModelSpec) -> PodStorage:
+    """model.uri: an init container copies the folder from the object store into an emptyDir (the
+    download image's rljob runtime, obstore), which the main container mounts read-only at MODEL_DIR."""
+    assert model.uri is not None
+    s3 = model.s3
+    args = [model.uri, f"{OBJECT_FETCH_DIR}/{OBJECT_FETCH_SUBDIR}"]
+    if s3 is not None and s3.endpoint:
+        args += ["--endpoint", s3.endpoint]
+    if s3 is not None and s3.region:
+        args += ["--region", s3.region]
+    download = {
+        "name": DOWNLOAD_CONTAINER,
+        "image": TRAINER_IMAGES["cpu"],
+        "command": ["python", "-m", "rljob.runtime.models.object_source"],
+        "args": args,
+        "env": [{"name": "HOME", "value": "/tmp"}, *s3_credentials_env(s3)],
+        "securityContext": hardened_container_security(),
+        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+        "volumeMounts": [_mount(MODEL_VOLUME, OBJECT_FETCH_DIR, read_only=False), scratch_mount()],
+    }
+    size = s3.size_limit if s3 is not None else ModelS3Spec().size_limit
+    return PodStorage(
+        volumes=[{"name": MODEL_VOLUME, "emptyDir": {"sizeLimit": size}}],
+        mounts=[_mount(MODEL_VOLUME, MODEL_DIR, OBJECT_FETCH_SUBDIR)],
+        init_containers=[download],
+    )
+
+
 def model_storage(spec: RLJobSpec) -> PodStorage:
     """Model volumes of an inference or trainer pod (read-only in the main container)."""
     model = spec.model
+    if model.uri is not None:
+        return _object_model_storage(model)
     if is_pvc(model.path):
         ref = PvcRef.parse(str(model.path))
         return PodStorage(

@@ -30,7 +30,14 @@ from rljob.operator.builders.meta import (
 )
 from rljob.operator.builders.pods import container_mounts, hardened_container_security, merge_env, pod_base, pod_volumes
 from rljob.operator.builders.router import router_url
-from rljob.operator.builders.storage import PodStorage, data_storage, model_storage, runtime_paths, weights_storage
+from rljob.operator.builders.storage import (
+    PodStorage,
+    data_storage,
+    model_storage,
+    runtime_paths,
+    s3_credentials_env,
+    weights_storage,
+)
 from rljob.operator.builders.vendor import PROFILES, RUNTIME_UID, TRAINER_IMAGES, tolerations, vendor_affinity
 
 CONFIG_DIR = "/etc/rljob"
@@ -42,9 +49,6 @@ PVC_URI_PREFIX = "pvc://"
 # The runtime image's home (HOME, working directory, runs/ output, Hugging Face cache): writable emptyDir.
 HOME_DIR = "/home/rljob"
 S3_STAGING_DIR = f"{HOME_DIR}/checkpoint-staging"
-# The keys a checkpoint.s3.credentialsSecret holds, passed under the same names (the AWS SDKs' and obstore's).
-S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-S3_OPTIONAL_SECRET_KEYS = ("AWS_SESSION_TOKEN",)
 # The runtime checkpoints on SIGTERM (suspend, restart); give it time to finish.
 TERMINATION_GRACE_SECONDS = 300
 # torchrun (process 1) forwards SIGTERM to its ranks, then SIGKILLs them after TORCH_ELASTIC_SHUTDOWN_TIMEOUT
@@ -227,7 +231,7 @@ def trainer_container(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
             _field_env("POD_IP", "status.podIP"),
             _field_env("NODE_RANK", f"metadata.annotations['{COMPLETION_INDEX_LABEL}']"),
             *files.env,
-            *s3_credentials_env(spec),
+            *s3_credentials_env(spec.checkpoint.s3),
             *merge_env(defaults, trainer.env),
             # The runtime sends the job's engine key to the workers and the router (Authorization: Bearer).
             engine_key_env(job),
@@ -242,17 +246,6 @@ def trainer_container(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
         "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 10},
         "volumeMounts": mounts,
     }
-
-
-def s3_credentials_env(spec: RLJobSpec) -> list[dict[str, Any]]:
-    """The object store's keys from checkpoint.s3.credentialsSecret, as the standard AWS variables."""
-    s3 = spec.checkpoint.s3
-    if s3 is None or s3.credentials_secret is None:
-        return []
-    def ref(key: str, optional: bool) -> dict[str, Any]:
-        selector = {"name": s3.credentials_secret, "key": key, **({"optional": True} if optional else {})}
-        return {"name": key, "valueFrom": {"secretKeyRef": selector}}
-    return [ref(k, False) for k in S3_SECRET_KEYS] + [ref(k, True) for k in S3_OPTIONAL_SECRET_KEYS]
 
 
 def trainer_storage(spec: RLJobSpec) -> PodStorage:

@@ -83,4 +83,4 @@ def resolve_model_dir(spec: ModelSpec, cache_dir: Path | None = None) -> tuple[P
         return directory, "spec.model.path"
     if spec.hugging_face is not None:
         return resolve_hub_model(spec.hugging_face, spec.revision, cache_dir), "spec.model.huggingFace"
-    raise ModelSourceError("spec.model: builtin models are not folders; use load_policy for them")
+    raise ModelSourceError("spec.model: builtin models and model.uri are no local folders; use load_policy for them")

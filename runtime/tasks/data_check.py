@@ -45,14 +45,17 @@ def _tokenizer_and_context(job: RLJob) -> tuple[TaskTokenizer, int | None]:
     """The job's tokenizer and context length, without building or downloading a model."""
     from rljob.runtime.models.loading import read_config
     from rljob.runtime.models.source import resolve_model_dir
-    from rljob.runtime.tasks.policy import ensure_tiny_architecture
+    from rljob.runtime.tasks.policy import ensure_tiny_architecture, object_model_dir
     from rljob.runtime.tasks.tokenizer import CharTokenizer, load_tokenizer
     from rljob.runtime.tasks.warmup import BUILTIN_NAME, DEFAULT_RECIPE
 
     model = job.spec.model
     if model.builtin == BUILTIN_NAME:
         return CharTokenizer(), DEFAULT_RECIPE.max_positions
-    directory = ensure_tiny_architecture(model.builtin) if model.builtin else resolve_model_dir(model)[0]
+    if model.uri is not None:
+        directory = object_model_dir(model, weights=False)  # the config and the tokenizer, never the weights
+    else:
+        directory = ensure_tiny_architecture(model.builtin) if model.builtin else resolve_model_dir(model)[0]
     context = getattr(read_config(Path(directory)), "max_position_embeddings", None)
     return load_tokenizer(directory), context if isinstance(context, int) else None
 

@@ -1,6 +1,7 @@
 """The job's policy from its `model` section: a builtin (tiny-arith, warmed up by tasks/warmup.py;
-tiny-qwen3 / tiny-llama random architectures), a local Hugging Face folder (`model.path`) or a hub
-id resolved in the local HF cache (`model.huggingFace`).
+tiny-qwen3 / tiny-llama random architectures), a local Hugging Face folder (`model.path`), a hub
+id resolved in the local HF cache (`model.huggingFace`) or an object store folder copied into the
+rljob cache (`model.uri`).
 
 Opening lives in tasks, not in models/, because the tiny-arith builtin is trained on a task (its
 warm-up needs the arith-chain task and the character tokenizer): models/ stays below tasks/.
@@ -65,7 +66,20 @@ def policy_dir(spec: ModelSpec, progress: bool = True) -> tuple[Path, str]:
         return ensure_builtin_arith(progress=progress), "spec.model.builtin"
     if spec.builtin is not None:
         return ensure_tiny_architecture(spec.builtin), "spec.model.builtin"
+    if spec.uri is not None:
+        return object_model_dir(spec), "spec.model.uri"
     return resolve_model_dir(spec)
+
+
+def object_model_dir(spec: ModelSpec, weights: bool = True) -> Path:
+    """The copy of `model.uri` (an object store folder) in the rljob cache, fetched or refreshed first;
+    `weights` False: its config and tokenizer files only (what `rljob validate` reads)."""
+    from rljob.runtime.models.errors import ModelSourceError
+    from rljob.runtime.models.object_source import fetch_model, local_copy_dir, store_settings
+
+    if spec.uri is None:
+        raise ModelSourceError("spec.model.uri is not set")
+    return fetch_model(spec.uri, local_copy_dir(spec.uri, cache_root(), weights), store_settings(spec.s3), weights)
 
 
 def open_policy(
@@ -74,6 +88,7 @@ def open_policy(
     """Model (in `dtype` on `device`), tokenizer and stop tokens of a job's `model` section.
 
     `model.path` is a local folder; `model.huggingFace` is resolved offline in the Hugging Face cache;
+    `model.uri` is copied from its object store into the rljob cache (again only when it changed);
     errors name the field and say what to do.
     """
     from rljob.runtime.models.loading import load_causal_lm, stop_token_ids

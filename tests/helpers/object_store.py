@@ -104,7 +104,11 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
             str(weed), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}", "-s3", f"-s3.port={s3}",
             f"-master.port.grpc={grpc[0]}", f"-volume.port.grpc={grpc[1]}", f"-filer.port.grpc={grpc[2]}",
-            f"-s3.port.grpc={grpc[3]}", f"-s3.config={config}", "-volume.max=0",
+            f"-s3.port.grpc={grpc[3]}", f"-s3.config={config}",
+            # Small volumes, a fixed count: `-volume.max=0` divides the free disk by the 30 GB default
+            # volume size, which on a disk with ~46 GB free left one volume, taken by the first
+            # collection, and every PUT into the bucket's collection then failed with 500.
+            "-master.volumeSizeLimitMB=256", "-volume.max=64",
         ],
         log,
     )

@@ -22,9 +22,11 @@ from tests.helpers.processes import free_port
 RANKS_TIMEOUT_S = 900.0
 
 
-def _entry(rank: int, fn: Callable[..., None], world_size: int, port: int, args: tuple[Any, ...]) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _entry(rank: int, fn: Callable[..., None], world_size: int, port: int, args: tuple[Any, ...],
+           pods: bool) -> None:
+    local_rank, local_world = (0, 1) if pods else (rank, world_size)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
+                      LOCAL_WORLD_SIZE=str(local_world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     try:
         fn(rank, *args)
@@ -35,9 +37,13 @@ def _entry(rank: int, fn: Callable[..., None], world_size: int, port: int, args:
             dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable[..., None], world_size: int, *args: Any, timeout: float = RANKS_TIMEOUT_S) -> None:
-    """fn(rank, *args) on `world_size` processes; raises if any rank fails or the deadline passes."""
-    ctx = mp.start_processes(_entry, args=(fn, world_size, free_port(), args), nprocs=world_size, join=False,
+def run_ranks(fn: Callable[..., None], world_size: int, *args: Any, timeout: float = RANKS_TIMEOUT_S,
+              pods: bool = False) -> None:
+    """fn(rank, *args) on `world_size` processes; raises if any rank fails or the deadline passes.
+
+    `pods`: every rank is the only one of its machine (LOCAL_RANK 0, LOCAL_WORLD_SIZE 1), as in a
+    trainer gang of one-rank pods; otherwise all are local ranks of one machine, as `rljob run --nproc`."""
+    ctx = mp.start_processes(_entry, args=(fn, world_size, free_port(), args, pods), nprocs=world_size, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=1.0):

@@ -1,8 +1,10 @@
 """Checkpoints in a real S3-compatible store (SeaweedFS on loopback, signed requests): save, resume from
-the store on a fresh staging folder, fall back past a torn newest checkpoint, prune, export."""
+the store on a fresh staging folder, fall back past a torn newest checkpoint, prune, export; and two
+trainer pods (gloo ranks, each with its own staging folder) saving their parts and resuming from the store."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -17,6 +19,9 @@ from rljob.runtime.export import export_checkpoint
 from rljob.runtime.object_store import ObjectStore, ObjectStoreError, ObjectUri, StoreSettings
 from rljob.runtime.runner import JobRunner, RunOptions
 from tests.helpers.object_store import S3Server
+from tests.helpers.ranks import run_ranks
+from tests.helpers.rewards import use_shorter_is_better
+from tests.integration.test_distributed_training import _run_rank, assert_same_job_state
 from tests.integration.test_runner_resume import job_doc, tiny_policy
 
 @pytest.fixture
@@ -115,3 +120,40 @@ async def test_save_resume_torn_fallback_prune_and_export(s3_env: S3Server, tmp_
         torch.testing.assert_close(exported[key], trained[key].to(exported[key].dtype))
     named = export_checkpoint(f"{uri}/step-00000003", tmp_path / "hf-3")
     assert named.step == 3
+
+
+def _pod_rank(rank: int, doc: dict, out: Path, phase: str) -> None:
+    """One trainer pod of one rank: its own staging folder (the pod's emptyDir), new for every phase."""
+    doc = copy.deepcopy(doc)
+    doc["spec"]["checkpoint"]["dir"] = str(out / "staging" / f"{phase}-pod-{rank}")
+    _run_rank(rank, doc, out, phase)
+
+
+def test_two_trainer_pods_upload_their_parts_and_resume_from_the_store(s3_env: S3Server, tmp_path: Path) -> None:
+    uri = f"s3://{s3_env.bucket}/runs/two-pods"
+    doc = s3_job(tiny_policy(tmp_path / "model"), tmp_path / "unused", uri, s3_env.endpoint, steps=3)
+    doc["spec"]["checkpoint"]["everySteps"] = 2
+    use_shorter_is_better(doc)  # AdamW moments that are not zero: the state compared means something
+    run_ranks(_pod_rank, 2, doc, tmp_path, "save", pods=True)  # two steps, step 2 saved, then both pods end
+    store = ObjectStore(ObjectUri.parse(uri))
+    assert folders(store) == {"step-00000002": True}
+    keys = {k.removeprefix("step-00000002/") for k in store.keys("step-00000002")}
+    shards = {k for k in keys if k.endswith(".distcp")}
+    assert len(shards) == 2, f"one DCP shard file per rank, each from its own pod: {sorted(keys)}"
+    assert {"rng/rank-00000.pt", "rng/rank-00001.pt", "state.pt", MARKER} <= keys
+    # Pod 1 staged only its own part, uploaded it and kept nothing: the store holds the only whole copy.
+    pod1 = tmp_path / "staging" / "save-pod-1"
+    assert not [p for p in pod1.rglob("*") if p.is_file()]
+    assert sorted(p.name for p in (tmp_path / "staging" / "save-pod-0" / "step-00000002" / "rng").iterdir()) == [
+        "rank-00000.pt"], "pod 0's staging folder held pod 1's files: the test would not show the upload"
+
+    # Two new pods (empty staging folders) resume from the store: the same job state on every rank.
+    run_ranks(_pod_rank, 2, doc, tmp_path, "resume", pods=True)
+    saved = torch.load(tmp_path / "saved.pt", weights_only=False)
+    resumed = torch.load(tmp_path / "resumed.pt", weights_only=False)
+    assert_same_job_state(saved, resumed, "2 pods -> store -> 2 new pods")
+    step, loss = resumed["next"]
+    assert step == 3 and loss == loss
+    assert folders(store) == {"step-00000002": True, "step-00000003": True}
+    assert torch.load(tmp_path / "staging" / "resume-pod-0" / "step-00000003" / "state.pt",
+                      weights_only=False)["world_size"] == 2

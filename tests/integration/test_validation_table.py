@@ -132,6 +132,14 @@ INVALID: list[tuple[str, str, Any, tuple[str, ...]]] = [
     ("toleration-effect-unknown", "spec.rollout.pools[0].tolerations[0].effect", "NoRun",
      ("rollout.pools[0].tolerations[0].effect",)),
     ("hf-id-garbage", "spec.model.huggingFace", "not a / hub id", ("model.huggingFace",)),
+    # model.uri: a folder in an object store, nothing the runtime cannot fetch
+    ("model-uri-bucket-only", "spec.model", {"uri": "s3://models"}, ("model.uri", "s3://BUCKET/FOLDER")),
+    ("model-uri-other-scheme", "spec.model", {"uri": "gs://models/tiny"}, ("model.uri", "s3://BUCKET/FOLDER")),
+    ("model-uri-and-hub-id", "spec.model.uri", "s3://models/tiny", ("model", "exactly one of builtin, path, huggingFace, uri")),
+    ("model-s3-without-uri", "spec.model", {"path": "pvc://models/tiny", "s3": {"endpoint": "http://minio:9000"}},
+     ("model.s3 applies to model.uri",)),
+    ("model-s3-endpoint-no-scheme", "spec.model", {"uri": "s3://models/tiny", "s3": {"endpoint": "minio:9000"}},
+     ("model.s3.endpoint",)),
     ("hf-dataset-id-garbage", "spec.data", {"huggingFace": "not a / hub id", "jsonl": "train.jsonl"},
      ("data.huggingFace",)),
     ("pod-uid-too-big", "spec.pods.securityContext.runAsUser", 2**31, ("pods.securityContext.runAsUser",)),
@@ -223,6 +231,9 @@ CLUSTER_REFUSED: list[tuple[str, dict[str, Any], str]] = [
 ]
 CLUSTER_ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ("hub-model-download", set_path(base(), "spec.model", {**HUB_OFFLINE, "storage": {"download": {}}})),
+    # A cluster without egress: the weights come from its own object store.
+    ("model-from-object-store", set_path(base(), "spec.model", {
+        "uri": "s3://models/qwen3-0.6b", "s3": {"endpoint": "http://seaweedfs.storage:8333", "credentialsSecret": "s3-keys"}})),
     ("hub-data-cache", set_path(base(), "spec.data", {**HUB_DATA_OFFLINE, "storage": {"huggingFaceCache": "pvc://hf-cache"}})),
     ("checkpoint-rwx-two-trainers", set_path(set_path(base(), "spec.trainer.replicas", 2), "spec.checkpoint",
                                              {"accessMode": "ReadWriteMany"})),

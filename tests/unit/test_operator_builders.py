@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from rljob.api.load import parse_rljob
-from rljob.api.spec import CheckpointS3Spec, EnvVar, RLJobSpec
+from rljob.api.spec import EnvVar, RLJobSpec, S3Spec
 from rljob.operator.builders import JobRef, build_children
 from rljob.operator.builders.inference import pool_replicas
 from rljob.operator.builders.meta import MAX_CHILD_NAME, child_name
@@ -301,8 +301,8 @@ def test_checkpoint_uri_variants() -> None:
     pod = _by(children, "Job", "demo-trainer")["spec"]["template"]["spec"]
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "shared-ckpt"}} in pod["volumes"]
     spec.checkpoint.uri = "s3://ckpt-bucket/runs/demo"
-    spec.trainer.replicas = 1  # the ranks of one pod share its staging folder
-    spec.checkpoint.s3 = CheckpointS3Spec(endpoint="http://seaweedfs.storage:8333", credentials_secret="s3-keys")
+    spec.trainer.replicas = 2  # each pod stages its own part of a checkpoint
+    spec.checkpoint.s3 = S3Spec(endpoint="http://seaweedfs.storage:8333", credentials_secret="s3-keys")
     children = build_children(JOB, spec, active=True)
     assert not [c for c in children if c["kind"] == "PersistentVolumeClaim"]
     container = _by(children, "Job", "demo-trainer")["spec"]["template"]["spec"]["containers"][0]

@@ -1089,7 +1089,8 @@ class TruncationTokensBounds(KnobBounds):
 
 
 class TruncationBand(ApiModel):
-    """Healthy range of the truncation rate (share of launched samples that end a round partial)."""
+    """Healthy range of the truncation rate (share of launched samples the length threshold cuts; samples
+    still running at stop-upon-collection are the partial rate, not in it: docs/metrics.md)."""
 
     model_config = ConfigDict(json_schema_extra=cel("self.low < self.high", "low must be below high"))
 

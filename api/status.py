@@ -184,7 +184,22 @@ class AutotuneStatus(StatusModel):
 class JobMetrics(StatusModel):
     """Key runtime metrics reported by the trainer."""
 
-    truncation_rate: float | None = None
+    truncation_rate: float | None = Field(
+        default=None, description="Share of launched samples cut by the length threshold (docs/metrics.md)."
+    )
+    partial_rate: float | None = Field(
+        default=None, description="Share of launched samples still running when the round stopped upon collection."
+    )
+    goodput_tokens_per_second: float | None = Field(
+        default=None, description="Response tokens that reached training per second of wall time, last step."
+    )
+    aborted_token_share: float | None = Field(
+        default=None, description="Share of generated tokens thrown away (staleness, filter, discard), last step."
+    )
+    trainer_idle_seconds: float | None = Field(default=None, description="Seconds the trainer waited, last step.")
+    engine_idle_seconds: float | None = Field(
+        default=None, description="Seconds the engines waited for the trainer, last step."
+    )
     entropy: float | None = None
     reward_mean: float | None = None
     kl: float | None = None

@@ -14,9 +14,42 @@ import matplotlib.pyplot as plt  # noqa: E402
 PLOTS: list[tuple[str, str, str]] = [
     ("reward.png", "reward_mean", "reward (mean of trained batch)"),
     ("throughput.png", "rollout_tokens_per_s", "rollout tokens / s"),
-    ("truncation_rate.png", "truncation_rate", "truncation rate (partial / launched)"),
+    ("truncation_rate.png", "truncation_rate", "truncation rate (cut by the threshold / launched)"),
     ("off_policy_ratio.png", "off_policy_token_ratio", "off-policy token ratio"),
+    ("goodput.png", "goodput_tokens_per_s", "goodput (trained tokens / wall s)"),
 ]
+
+# The signals of docs/metrics.md, one meaning each, shown side by side: (jsonl key, summary label).
+# Records written before a signal existed lack its key; the summary leaves that signal out.
+SIGNALS: list[tuple[str, str]] = [
+    ("truncation_rate", "truncation_rate"),
+    ("partial_rate", "partial_rate"),
+    ("goodput_tokens_per_s", "goodput_tokens_per_s"),
+    ("aborted_token_share", "aborted_token_share"),
+    ("trainer_idle_seconds", "trainer_idle_seconds_per_step"),
+    ("engine_idle_seconds", "engine_idle_seconds_per_step"),
+]
+TRUNCATION_BAND = (0.15, 0.25)  # the healthy band users are told to keep (docs/metrics.md)
+
+
+def signal_means(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean of each signal over the records that carry it (summary key `mean_<label>`)."""
+    out: dict[str, float] = {}
+    for key, label in SIGNALS:
+        values = [float(r[key]) for r in records if key in r]
+        if values:
+            out[f"mean_{label}"] = sum(values) / len(values)
+    return out
+
+
+def truncation_verdict(mean_rate: float, band: tuple[float, float] = TRUNCATION_BAND) -> str:
+    """Where the mean truncation rate lands against the band, in words."""
+    low, high = band
+    if mean_rate < low:
+        return f"below the {low:.0%}-{high:.0%} band: the threshold cuts few samples (raise over-sampling or lower k)"
+    if mean_rate > high:
+        return f"above the {low:.0%}-{high:.0%} band: the threshold cuts too many samples (raise k)"
+    return f"inside the {low:.0%}-{high:.0%} band"
 
 
 def _moving_average(values: list[float], window: int = 5) -> list[float]:
@@ -105,8 +138,10 @@ def write_report(
     if records:
         steps = [int(r["step"]) for r in records]
         for name, key, label in PLOTS:
+            if key not in records[-1]:  # a run recorded before this signal existed
+                continue
             overlay = evals if key == "reward_mean" else None
-            _line_plot(out_dir / name, steps, [float(r[key]) for r in records], label, overlay)
+            _line_plot(out_dir / name, steps, [float(r.get(key, 0.0)) for r in records], label, overlay)
             written.append(out_dir / name)
         _length_plot(out_dir / "length_distribution.png", records)
         written.append(out_dir / "length_distribution.png")
@@ -117,10 +152,11 @@ def write_report(
             reward_first_steps=first,
             reward_last_steps=last,
             mean_rollout_tokens_per_s=sum(r["rollout_tokens_per_s"] for r in records) / len(records),
-            mean_truncation_rate=sum(r["truncation_rate"] for r in records) / len(records),
+            **signal_means(records),
             mean_off_policy_token_ratio=sum(r["off_policy_token_ratio"] for r in records) / len(records),
             final_policy_version=records[-1]["policy_version"],
         )
+        summary["truncation_rate_vs_band"] = truncation_verdict(summary["mean_truncation_rate"])
     if evals:
         summary.update(
             eval_reward_first=evals[0]["reward_mean"],

@@ -267,7 +267,7 @@ class RolloutScheduler:
         for group in sorted(state.cut, key=lambda g: g.prompt_index):
             partial = [s for s in group.samples if s.last_round == self._round and not s.status.finished]
             stats.partial_samples += len(partial)
-            stats.truncated_keys.update((s.group_id, s.index) for s in partial)
+            stats.unfinished_keys.update((s.group_id, s.index) for s in partial)
             self.buffer.push(group)
         stats.buffered_groups = len(state.cut)
         stats.buffer_groups_after = len(self.buffer)
@@ -388,7 +388,7 @@ class RolloutScheduler:
         elif end is SegmentEnd.LENGTH:
             sample.status = SampleStatus.ABORTED  # cut by the segment cap
             stats.segment_cut_samples += 1
-            stats.truncated_keys.add((sample.group_id, sample.index))
+            stats.cut_keys.add((sample.group_id, sample.index))
             return
         else:
             sample.status = SampleStatus.ABORTED

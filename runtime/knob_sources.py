@@ -221,10 +221,11 @@ class LocalAutotuner:
         n = len(window)
         obs = Observation(
             truncation_rate=sum(r.round.truncation_rate for r in window) / n,
+            goodput=sum(r.goodput_tokens_per_s for r in window) / n,
+            partial_rate=sum(r.round.partial_rate for r in window) / n,
+            aborted_token_share=sum(r.aborted_token_share for r in window) / n,
             length_mean=sum(r.batch.length_mean for r in window) / n,
             length_std=sum(r.batch.length_std for r in window) / n,
-            tokens_per_second=sum(r.round.rollout_tokens_per_s for r in window) / n,
-            ceiling_tokens_per_second=(sum(r.round.ceiling_tokens_per_s for r in window) / n) or None,
             off_policy_ratio=sum(r.batch.off_policy_token_ratio for r in window) / n,
             entropy=sum(r.train.entropy for r in window) / n,
             steps=self._records[-1].step,

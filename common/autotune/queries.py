@@ -93,10 +93,11 @@ async def read_observation(client: PrometheusClient, q: JobQueries, step: int | 
     Raises PrometheusUnavailable / PrometheusQueryError / NoData / AmbiguousResult as the client does.
     """
     optional = {
+        "goodput": q.averaged("goodput_tokens_per_second"),
+        "partial_rate": q.averaged("partial_rate"),
+        "aborted_token_share": q.averaged("aborted_token_share"),
         "length_mean": q.averaged("response_length_tokens", '{stat="mean"}'),
         "length_std": q.averaged("response_length_tokens", '{stat="std"}'),
-        "tokens_per_second": q.averaged("rollout_tokens_per_second"),
-        "ceiling_tokens_per_second": q.averaged("rollout_ceiling_tokens_per_second"),
         "off_policy_ratio": q.averaged("off_policy_token_ratio"),
         "entropy": q.averaged("policy_entropy"),
     }

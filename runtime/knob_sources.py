@@ -210,13 +210,21 @@ class LocalAutotuner:
         del self._records[: -max(64, self.spec.autotune.settle_rounds + 1)]
 
     def observation(self, now: float) -> tuple[Observation, Knobs] | None:
-        """Averages of the records made with the newest record's knobs within the window, and those knobs."""
+        """Averages of the newest records made with the newest record's knobs, within the window, and those
+        knobs. Only the unbroken run since the knobs last changed counts: a search that comes back to earlier
+        values must not judge them by rounds run long ago, before the lengths drifted (as the operator's
+        window starts at the last change)."""
         if not self._records:
             return None
         knobs = knobs_in_force(self._records[-1].knobs, self.unit)
         if knobs is None:
             return None
-        same = [r for r in self._records if (k := knobs_in_force(r.knobs, self.unit)) is not None and k.same_as(knobs)]
+        same: list[StepRecord] = []
+        for r in reversed(self._records):
+            k = knobs_in_force(r.knobs, self.unit)
+            if k is None or not k.same_as(knobs):
+                break
+            same.insert(0, r)
         window = [r for r in same if r.time >= now - self.spec.autotune.window_seconds] or same[-1:]
         n = len(window)
         obs = Observation(

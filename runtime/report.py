@@ -43,13 +43,16 @@ def signal_means(records: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def truncation_verdict(mean_rate: float, band: tuple[float, float] = TRUNCATION_BAND) -> str:
-    """Where the mean truncation rate lands against the band, in words."""
+    """Where the mean truncation rate lands against the band, in words, with the usual cause."""
     low, high = band
+    name = f"the {low:.0%}-{high:.0%} band"
     if mean_rate < low:
-        return f"below the {low:.0%}-{high:.0%} band: the threshold cuts few samples (raise over-sampling or lower k)"
+        return (f"below {name}: the length threshold cuts few samples. The segment cap is mean + k·σ but never "
+                "below maxResponseLength / (maxStaleness + 1), and over-sampling ends rounds before long samples "
+                "reach it (they count in the partial rate); lower k, or raise maxStaleness to lower that floor")
     if mean_rate > high:
-        return f"above the {low:.0%}-{high:.0%} band: the threshold cuts too many samples (raise k)"
-    return f"inside the {low:.0%}-{high:.0%} band"
+        return f"above {name}: the length threshold cuts too many samples; raise k"
+    return f"inside {name}"
 
 
 def _moving_average(values: list[float], window: int = 5) -> list[float]:

@@ -29,6 +29,7 @@ from rljob.api.spec import RLJobSpec
 from rljob.api.status import EffectiveKnobs
 from rljob.common.autotune.controller import (
     ControllerConfig,
+    cap_at_floor,
     Knobs,
     Observation,
     TunerState,
@@ -227,9 +228,11 @@ class LocalAutotuner:
             same.insert(0, r)
         window = [r for r in same if r.time >= now - self.spec.autotune.window_seconds] or same[-1:]
         n = len(window)
+        seconds = sum(r.end_to_end_seconds for r in window)
         obs = Observation(
             truncation_rate=sum(r.round.truncation_rate for r in window) / n,
-            goodput=sum(r.goodput_tokens_per_s for r in window) / n,
+            # Tokens over seconds of the whole window: one slow step weighs as its seconds, not as 1/n.
+            goodput=sum(r.round.trained_tokens for r in window) / seconds if seconds > 0 else None,
             partial_rate=sum(r.round.partial_rate for r in window) / n,
             aborted_token_share=sum(r.aborted_token_share for r in window) / n,
             length_mean=sum(r.batch.length_mean for r in window) / n,
@@ -237,6 +240,7 @@ class LocalAutotuner:
             off_policy_ratio=sum(r.batch.off_policy_token_ratio for r in window) / n,
             entropy=sum(r.train.entropy for r in window) / n,
             steps=self._records[-1].step,
+            cap_at_floor=cap_at_floor(self._records[-1].knobs),
         )
         return obs, knobs
 

@@ -88,6 +88,15 @@ def knobs_in_force(values: Mapping[str, float], unit: TruncationUnit | None) -> 
     return Knobs(over_sampling=values["over_sampling"], truncation=truncation, truncation_unit=unit)
 
 
+def cap_at_floor(values: Mapping[str, float]) -> bool | None:
+    """Whether the runtime's segment cap in force (`rljob_knob` values) sits at its floor,
+    maxResponseLength / (maxStaleness + 1): then a lower threshold cuts nothing more. None: not reported."""
+    cap, floor = values.get("segment_cap_tokens"), values.get("segment_cap_floor_tokens")
+    if cap is None or floor is None or cap <= 0:
+        return None
+    return cap <= floor
+
+
 @dataclass(frozen=True)
 class Observation:
     """Recent runtime metrics, averaged over the decision window. Only truncation_rate is required."""
@@ -101,6 +110,7 @@ class Observation:
     off_policy_ratio: float | None = None
     entropy: float | None = None
     steps: int | None = None  # runtime step counter (settle rounds)
+    cap_at_floor: bool | None = None  # the segment cap sits at its floor (cap_at_floor)
 
     @property
     def length_spread(self) -> float | None:
@@ -226,8 +236,12 @@ def _truncation_step(obs: Observation, current: Knobs, cfg: ControllerConfig, st
     if direction == 0:
         return None
     tb = cfg.truncation_bounds(unit)
-    # Above the band the threshold cuts too many samples: raise it. Below: lower it.
-    at_bound = trunc >= tb.max - KNOB_TOLERANCE if direction == 1 else trunc <= tb.min + KNOB_TOLERANCE
+    # Above the band the threshold cuts too many samples: raise it. Below: lower it, unless the cap
+    # already sits at its floor, where a lower threshold cuts nothing more.
+    if direction == 1:
+        at_bound = trunc >= tb.max - KNOB_TOLERANCE
+    else:
+        at_bound = trunc <= tb.min + KNOB_TOLERANCE or obs.cap_at_floor is True
     if at_bound:
         return None
     edge = cfg.band_high if direction == 1 else cfg.band_low
@@ -252,6 +266,9 @@ def _truncation_summary(obs: Observation, current: Knobs, cfg: ControllerConfig)
     if cfg.band_low <= r <= cfg.band_high:
         return f"truncation rate {r:.3f} inside band {band}"
     side = "above" if r > cfg.band_high else "below"
+    if side == "below" and obs.cap_at_floor:
+        return (f"truncation rate {r:.3f} below band {band}, segment cap at its floor "
+                "(maxResponseLength / (maxStaleness + 1)): a lower threshold cuts nothing more")
     tb = cfg.truncation_bounds(current.truncation_unit)
     at = tb.max if side == "above" else tb.min
     if abs(current.truncation - at) <= KNOB_TOLERANCE:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from rljob.common.autotune.controller import Observation
+from rljob.common.autotune.controller import Observation, cap_at_floor
 from rljob.common.autotune.prometheus import NoData, PrometheusClient
 from rljob.api.metrics import METRIC_PREFIX
 from rljob.api.spec import RESERVED_SELECTOR_LABELS
@@ -107,6 +108,7 @@ async def read_observation(client: PrometheusClient, q: JobQueries, step: int | 
         *(_optional(client, expr) for expr in optional.values()),
     )
     # (gather over mixed awaitables types every result as the union of their types)
-    obs = Observation(truncation_rate=rate, steps=step, **dict(zip(optional, values, strict=True)))  # type: ignore[arg-type]
     in_force = {s.labels.get("knob", ""): s.value for s in knobs}  # type: ignore[union-attr]
+    extra: dict[str, Any] = dict(zip(optional, values, strict=True))
+    obs = Observation(truncation_rate=rate, steps=step, cap_at_floor=cap_at_floor(in_force), **extra)  # type: ignore[arg-type]
     return Reading(observation=obs, in_force=in_force, query=q.truncation_rate)

@@ -289,8 +289,11 @@ class RolloutScheduler:
         cap = self.truncation.threshold()
         if cap is None:
             return None
-        floor = math.ceil(self.config.max_response_length / (self.config.max_staleness + 1))
-        return max(cap, floor)
+        return max(cap, self.segment_cap_floor())
+
+    def segment_cap_floor(self) -> int:
+        """The least segment cap: max_response_length / (max_staleness + 1), rounded up."""
+        return math.ceil(self.config.max_response_length / (self.config.max_staleness + 1))
 
     def _over_bound(self, group: Group, policy_version: int) -> bool:
         return any(over_bound(s.versions, policy_version, self.config.max_staleness) for s in group.samples)

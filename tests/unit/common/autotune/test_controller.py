@@ -11,6 +11,7 @@ from rljob.common.autotune.controller import (
     Knobs,
     Observation,
     TunerState,
+    cap_at_floor,
     decide,
 )
 
@@ -138,6 +139,11 @@ SEARCH_TABLE = [
     # The truncation loop goes first: its band is the health constraint.
     ("truncation above band first", obs(0.6, goodput=500.0), SIGMA, SEARCHED_UP, "TruncationAboveBand", 2.0, 0),
     ("truncation at its bound: search goes on", obs(0.6), Knobs(2.0, 6.0, "sigma"), TunerState(), "GoodputProbe", 2.5, 1),
+    # Below the band with the cap at its floor a lower k cuts nothing more: the threshold is at its bound.
+    ("cap at its floor: search goes on", obs(0.0, cap_at_floor=True), SIGMA, TunerState(), "GoodputProbe", 2.5, 1),
+    ("cap above its floor: lower k", obs(0.0, cap_at_floor=False), SIGMA, TunerState(), "TruncationBelowBand", 2.0, 0),
+    ("cap at its floor, above band: raise k", obs(0.6, cap_at_floor=True), SIGMA, TunerState(), "TruncationAboveBand",
+     2.0, 0),
 ]
 
 
@@ -150,6 +156,15 @@ def test_over_sampling_table(observation: Observation, knobs: Knobs, state: Tune
     assert d.changed == (over_sampling != knobs.over_sampling or d.knobs.truncation != knobs.truncation)
     assert d.knobs.truncation == knobs.truncation or reason.startswith("Truncation")
     assert d.message  # every decision says why, in words (status condition and Event)
+
+
+def test_cap_at_floor_reads_the_runtime_knobs() -> None:
+    assert cap_at_floor({"segment_cap_tokens": 100.0, "segment_cap_floor_tokens": 100.0}) is True
+    assert cap_at_floor({"segment_cap_tokens": 140.0, "segment_cap_floor_tokens": 100.0}) is False
+    assert cap_at_floor({"segment_cap_tokens": 0.0, "segment_cap_floor_tokens": 100.0}) is None  # no cap
+    assert cap_at_floor({"over_sampling": 2.0}) is None  # an older runtime
+    d = decide(obs(0.0, cap_at_floor=True), SIGMA, CFG, TunerState(), now=0)
+    assert "segment cap at its floor" in d.message
 
 
 def test_entropy_floor_lowers_over_sampling() -> None:

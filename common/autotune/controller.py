@@ -351,9 +351,12 @@ def _over_sampling_step(obs: Observation, current: Knobs, cfg: ControllerConfig,
                     replace(state, search=0, goodput_ref=ref, next_probe=-d, settled_decisions=0))
     if d == 1:
         # No measurable gain from more over-sampling: go back, fewer off-policy tokens for the same goodput.
-        return move(-1, "GoodputFlat", change, replace(state, search=0, goodput_ref=g, next_probe=-1, settled_decisions=0))
+        return move(-1, "GoodputFlat", change,
+                    replace(state, search=0, goodput_ref=max(ref, g), next_probe=-1, settled_decisions=0))
+    # The reference keeps the higher figure: a run of cuts each "flat" within the tolerance must not
+    # ratchet goodput down step by step (measured on a noisy machine, each small drop looks flat).
     return hold("GoodputFlat", f"{change}: less over-sampling costs nothing, kept",
-                replace(state, search=0, goodput_ref=g, next_probe=1, settled_decisions=0))
+                replace(state, search=0, goodput_ref=max(ref, g), next_probe=1, settled_decisions=0))
 
 
 def decide(

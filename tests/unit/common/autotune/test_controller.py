@@ -3,6 +3,8 @@ bounds, cooldown, settling, modes, and closed loops on toy plants."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from rljob.api.spec import AutotuneSpec, TruncationTokensBounds
 from rljob.common.autotune.controller import (
@@ -165,6 +167,15 @@ def test_cap_at_floor_reads_the_runtime_knobs() -> None:
     assert cap_at_floor({"over_sampling": 2.0}) is None  # an older runtime
     d = decide(obs(0.0, cap_at_floor=True), SIGMA, CFG, TunerState(), now=0)
     assert "segment cap at its floor" in d.message
+
+
+def test_flat_verdicts_never_ratchet_the_reference_down() -> None:
+    """Cuts that each look flat within the tolerance must not add up: the reference keeps the best figure,
+    so the next settled check sees the accumulated drop and probes again."""
+    d = decide(obs(IN_BAND, goodput=96.0), SIGMA, CFG, SEARCHED_DOWN, now=0)
+    assert d.reason == "GoodputFlat" and d.state.goodput_ref == 100.0
+    d = decide(obs(IN_BAND, goodput=89.0, steps=20), SIGMA, CFG, replace(d.state, last_change_step=None), now=0)
+    assert d.changed and d.reason == "GoodputProbe" and d.knobs.over_sampling == 2.5  # 89 < 100 x (1 - 2 x 0.05)
 
 
 def test_entropy_floor_lowers_over_sampling() -> None:

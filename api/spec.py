@@ -1134,7 +1134,8 @@ class TruncationTokensBounds(KnobBounds):
 
 
 class TruncationBand(ApiModel):
-    """Healthy range of the truncation rate (share of launched samples that end a round partial)."""
+    """Healthy range of the truncation rate (share of launched samples the length threshold cuts; samples
+    still running at stop-upon-collection are the partial rate, not in it: docs/metrics.md)."""
 
     model_config = ConfigDict(json_schema_extra=cel("self.low < self.high", "low must be below high"))
 
@@ -1186,7 +1187,19 @@ class AutotuneSpec(ApiModel):
         default=0.1, ge=0, le=100, description="Below this σ/μ of response lengths over-sampling buys nothing and is lowered."
     )
     max_off_policy_ratio: float = Field(
-        default=0.8, ge=0, le=1, description="Over-sampling is never raised while the off-policy token ratio is above."
+        default=0.8, ge=0, le=1, description="Over-sampling is lowered while the off-policy token ratio is above."
+    )
+    max_aborted_token_share: float = Field(
+        default=0.3, ge=0, le=1,
+        description="Staleness budget: over-sampling is lowered while a larger share of generated tokens is thrown "
+        "away (regenerated over maxStaleness, filtered, discarded).",
+    )
+    entropy_floor: float | None = Field(
+        default=None, ge=0, le=100, description="Over-sampling is lowered while the policy entropy is below (unset: no floor)."
+    )
+    goodput_tolerance: float = Field(
+        default=0.05, gt=0, le=1,
+        description="Relative goodput change the over-sampling search counts as a difference (its hysteresis).",
     )
     local: bool = Field(default=False, description="rljob run: tune from the runtime's own step metrics.")
     knobs_file: FilePath | None = Field(

@@ -176,6 +176,14 @@ class AutotuneStatus(StatusModel):
     last_change_time: Timestamp | None = None
     last_change_step: int | None = Field(default=None, ge=0, description="Runtime step counter at the last change.")
     direction: int = Field(default=0, ge=-1, le=1, description="Error being corrected: 1 above band, -1 below.")
+    search: int = Field(
+        default=0, ge=-1, le=1, description="Over-sampling search: direction of the move being judged (0: settled)."
+    )
+    goodput_ref: float | None = Field(
+        default=None, ge=0, description="Goodput (tokens/s) before the move being judged, or at the settled point."
+    )
+    next_probe: int = Field(default=1, ge=-1, le=1, description="Direction of the next over-sampling probe.")
+    settled_decisions: int = Field(default=0, ge=0, description="Decisions since the over-sampling search settled.")
     adjustments: int = Field(default=0, ge=0)
     consecutive_failures: int = Field(default=0, ge=0, description="Failed Prometheus reads in a row (backoff).")
     next_attempt_time: Timestamp | None = None
@@ -184,7 +192,22 @@ class AutotuneStatus(StatusModel):
 class JobMetrics(StatusModel):
     """Key runtime metrics reported by the trainer."""
 
-    truncation_rate: float | None = None
+    truncation_rate: float | None = Field(
+        default=None, description="Share of launched samples cut by the length threshold (docs/metrics.md)."
+    )
+    partial_rate: float | None = Field(
+        default=None, description="Share of launched samples still running when the round stopped upon collection."
+    )
+    goodput_tokens_per_second: float | None = Field(
+        default=None, description="Response tokens that reached training per second of wall time, last step."
+    )
+    aborted_token_share: float | None = Field(
+        default=None, description="Share of generated tokens thrown away (staleness, filter, discard), last step."
+    )
+    trainer_idle_seconds: float | None = Field(default=None, description="Seconds the trainer waited, last step.")
+    engine_idle_seconds: float | None = Field(
+        default=None, description="Seconds the engines waited for the trainer, last step."
+    )
     entropy: float | None = None
     reward_mean: float | None = None
     kl: float | None = None

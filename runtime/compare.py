@@ -39,7 +39,8 @@ class StrategyResult:
     rollout_seconds: float = 0.0
     trained_tokens: int = 0
     off_policy_tokens: int = 0
-    partial_samples: int = 0
+    cut_samples: int = 0  # cut by the length threshold (RoundStats.cut_keys)
+    partial_samples: int = 0  # still running at stop and not cut
     launched_samples: int = 0
     reward_sum: float = 0.0
     samples: int = 0
@@ -67,6 +68,12 @@ class StrategyResult:
 
     @property
     def truncation_rate(self) -> float:
+        """Samples cut by the length threshold per launched sample (docs/metrics.md)."""
+        return self.cut_samples / self.launched_samples if self.launched_samples else 0.0
+
+    @property
+    def partial_rate(self) -> float:
+        """Samples still running at stop-upon-collection (not cut) per launched sample."""
         return self.partial_samples / self.launched_samples if self.launched_samples else 0.0
 
     def add(self, result: RoundResult, version: int) -> None:
@@ -79,7 +86,8 @@ class StrategyResult:
         self.round_tokens_per_s.append(s.tokens_per_second)
         self.trained_tokens += bs.response_tokens
         self.off_policy_tokens += bs.off_policy_tokens
-        self.partial_samples += s.partial_samples
+        self.cut_samples += len(s.cut_keys)
+        self.partial_samples += len(s.unfinished_keys - s.cut_keys)
         self.launched_samples += s.launched_samples
         self.reward_sum += bs.reward_mean * bs.samples
         self.samples += bs.samples
@@ -138,6 +146,7 @@ def comparison_table(results: dict[str, StrategyResult], ceiling: float) -> list
                 "step_seconds": r.step_seconds,
                 "off_policy_ratio": r.off_policy_ratio,
                 "truncation_rate": r.truncation_rate,
+                "partial_rate": r.partial_rate,
                 "reward_mean": r.reward_sum / r.samples if r.samples else 0.0,
                 "over_sync": r.tokens_per_s / sync.tokens_per_s if sync and sync.tokens_per_s else 0.0,
                 "over_ceiling": r.tokens_per_s / ceiling if ceiling else 0.0,

@@ -87,7 +87,10 @@ def metrics_namespace(job: RLJob, environ: Mapping[str, str]) -> str:
 def build_metrics(job: RLJob, output_dir: Path, environ: Mapping[str, str]) -> RuntimeMetrics:
     """The job's metrics: Prometheus collectors and metrics.jsonl (spec.metrics.jsonl, else in `output_dir`)."""
     jsonl = Path(job.spec.metrics.jsonl) if job.spec.metrics.jsonl else output_dir / "metrics.jsonl"
-    return RuntimeMetrics(job.metadata.name, jsonl, namespace=metrics_namespace(job, environ))
+    metrics = RuntimeMetrics(job.metadata.name, jsonl, namespace=metrics_namespace(job, environ))
+    band = job.spec.autotune.truncation_band
+    metrics.set_truncation_band(band.low, band.high)
+    return metrics
 
 
 def build_trainer(job: RLJob, model: torch.nn.Module, distributed: Distributed | None) -> Trainer:

@@ -29,6 +29,7 @@ from rljob.api.spec import RLJobSpec
 from rljob.api.status import EffectiveKnobs
 from rljob.common.autotune.controller import (
     ControllerConfig,
+    cap_at_floor,
     Knobs,
     Observation,
     TunerState,
@@ -210,24 +211,36 @@ class LocalAutotuner:
         del self._records[: -max(64, self.spec.autotune.settle_rounds + 1)]
 
     def observation(self, now: float) -> tuple[Observation, Knobs] | None:
-        """Averages of the records made with the newest record's knobs within the window, and those knobs."""
+        """Averages of the newest records made with the newest record's knobs, within the window, and those
+        knobs. Only the unbroken run since the knobs last changed counts: a search that comes back to earlier
+        values must not judge them by rounds run long ago, before the lengths drifted (as the operator's
+        window starts at the last change)."""
         if not self._records:
             return None
         knobs = knobs_in_force(self._records[-1].knobs, self.unit)
         if knobs is None:
             return None
-        same = [r for r in self._records if (k := knobs_in_force(r.knobs, self.unit)) is not None and k.same_as(knobs)]
+        same: list[StepRecord] = []
+        for r in reversed(self._records):
+            k = knobs_in_force(r.knobs, self.unit)
+            if k is None or not k.same_as(knobs):
+                break
+            same.insert(0, r)
         window = [r for r in same if r.time >= now - self.spec.autotune.window_seconds] or same[-1:]
         n = len(window)
+        seconds = sum(r.end_to_end_seconds for r in window)
         obs = Observation(
             truncation_rate=sum(r.round.truncation_rate for r in window) / n,
+            # Tokens over seconds of the whole window: one slow step weighs as its seconds, not as 1/n.
+            goodput=sum(r.round.trained_tokens for r in window) / seconds if seconds > 0 else None,
+            partial_rate=sum(r.round.partial_rate for r in window) / n,
+            aborted_token_share=sum(r.aborted_token_share for r in window) / n,
             length_mean=sum(r.batch.length_mean for r in window) / n,
             length_std=sum(r.batch.length_std for r in window) / n,
-            tokens_per_second=sum(r.round.rollout_tokens_per_s for r in window) / n,
-            ceiling_tokens_per_second=(sum(r.round.ceiling_tokens_per_s for r in window) / n) or None,
             off_policy_ratio=sum(r.batch.off_policy_token_ratio for r in window) / n,
             entropy=sum(r.train.entropy for r in window) / n,
             steps=self._records[-1].step,
+            cap_at_floor=cap_at_floor(self._records[-1].knobs),
         )
         return obs, knobs
 

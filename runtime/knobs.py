@@ -60,4 +60,6 @@ def knob_values(scheduler: RolloutScheduler) -> dict[str, float]:
         "truncation_k": float(scheduler.truncation.k) if scheduler.truncation.mode == "sigma" else 0.0,
     }
     knobs["segment_cap_tokens"] = float(scheduler.segment_cap() or 0)
+    # With the cap at this floor a lower threshold cuts nothing more (the autotuner's truncation loop stops).
+    knobs["segment_cap_floor_tokens"] = float(scheduler.segment_cap_floor())
     return knobs

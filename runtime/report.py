@@ -25,21 +25,49 @@ from rljob.runtime.metrics import current_names  # noqa: E402
 PLOTS: list[tuple[str, str, str]] = [
     ("reward.png", "reward_mean", "reward (mean of trained batch)"),
     ("throughput.png", "rollout_tokens_per_s", "rollout tokens / s"),
-    ("truncation_rate.png", "truncation_rate", "truncation rate (partial / launched)"),
+    ("truncation_rate.png", "truncation_rate", "truncation rate (cut by the threshold / launched)"),
     ("off_policy_ratio.png", "off_policy_token_ratio", "off-policy token ratio"),
+    ("goodput.png", "goodput_tokens_per_s", "goodput (trained tokens / wall s)"),
 ]
 
+# The signals of docs/metrics.md, one meaning each, shown side by side: (jsonl key, summary label).
+# Records written before a signal existed lack its key; the summary leaves that signal out.
+SIGNALS: list[tuple[str, str]] = [
+    ("truncation_rate", "truncation_rate"),
+    ("partial_rate", "partial_rate"),
+    ("goodput_tokens_per_s", "goodput_tokens_per_s"),
+    ("aborted_token_share", "aborted_token_share"),
+    ("trainer_idle_seconds", "trainer_idle_seconds_per_step"),
+    ("engine_idle_seconds", "engine_idle_seconds_per_step"),
+]
+TRUNCATION_BAND = (0.15, 0.25)  # the healthy band users are told to keep (docs/metrics.md)
 
-# The step metrics a summary averages (the plotted ones are in PLOTS).
-SERIES = ("reward_mean", "rollout_tokens_per_s", "truncation_rate", "off_policy_token_ratio")
+
+def truncation_verdict(mean_rate: float, band: tuple[float, float] = TRUNCATION_BAND) -> str:
+    """Where the mean truncation rate lands against the band, in words, with the usual cause."""
+    low, high = band
+    name = f"the {low:.0%}-{high:.0%} band"
+    if mean_rate < low:
+        return (f"below {name}: the length threshold cuts few samples. The segment cap is mean + k·σ but never "
+                "below maxResponseLength / (maxStaleness + 1), and over-sampling ends rounds before long samples "
+                "reach it (they count in the partial rate); lower k, or raise maxStaleness to lower that floor")
+    if mean_rate > high:
+        return f"above {name}: the length threshold cuts too many samples; raise k"
+    return f"inside {name}"
+
+
+# The step metrics a report keeps, one number per step each: those plotted, the signals, the rest of the summary.
+SERIES = tuple(dict.fromkeys([key for _, key, _ in PLOTS] + [key for key, _ in SIGNALS] + ["reward_mean"]))
 
 
 @dataclass
 class RunHistory:
-    """What a report needs of a run's steps (see the module docstring)."""
+    """What a report needs of a run's steps (see the module docstring). A record written before a
+    signal existed lacks its key: that series holds the steps that carry it (`series_steps`)."""
 
     steps: list[int] = field(default_factory=list)
     series: dict[str, list[float]] = field(default_factory=lambda: {key: [] for key in SERIES})
+    series_steps: dict[str, list[int]] = field(default_factory=lambda: {key: [] for key in SERIES})
     final_policy_version: int = 0
     third: int = 1  # steps in each of the two thirds whose lengths the distribution plot compares
     early_lengths: list[int] = field(default_factory=list)
@@ -48,9 +76,16 @@ class RunHistory:
     def __len__(self) -> int:
         return len(self.steps)
 
-    def mean(self, key: str) -> float:
+    def mean(self, key: str) -> float | None:
+        """The mean of a series over the steps that carry it; None when none does."""
         values = self.series[key]
-        return sum(values) / len(values)
+        return sum(values) / len(values) if values else None
+
+
+def signal_means(history: RunHistory) -> dict[str, float]:
+    """Mean of each signal over the steps that carry it (summary key `mean_<label>`)."""
+    means = {f"mean_{label}": history.mean(key) for key, label in SIGNALS}
+    return {name: value for name, value in means.items() if value is not None}
 
 
 def history_of(records: Iterable[dict[str, Any]], count: int) -> RunHistory:
@@ -58,9 +93,12 @@ def history_of(records: Iterable[dict[str, Any]], count: int) -> RunHistory:
     third = max(1, count // 3)
     history = RunHistory(third=third)
     for index, record in enumerate(itertools.islice(records, count)):
-        history.steps.append(int(record["step"]))
+        step = int(record["step"])
+        history.steps.append(step)
         for key in SERIES:
-            history.series[key].append(float(record[key]))
+            if key in record:
+                history.series[key].append(float(record[key]))
+                history.series_steps[key].append(step)
         history.final_policy_version = int(record["policy_version"])
         if index < third:
             history.early_lengths.extend(record.get("lengths", []))
@@ -164,8 +202,10 @@ def write_report(
     written: list[Path] = []
     if history:
         for name, key, label in PLOTS:
+            if not history.series[key]:  # a run recorded before this signal existed
+                continue
             overlay = evals if key == "reward_mean" else None
-            _line_plot(out_dir / name, history.steps, history.series[key], label, overlay)
+            _line_plot(out_dir / name, history.series_steps[key], history.series[key], label, overlay)
             written.append(out_dir / name)
         _length_plot(out_dir / "length_distribution.png", history)
         written.append(out_dir / "length_distribution.png")
@@ -176,10 +216,11 @@ def write_report(
             reward_first_steps=first,
             reward_last_steps=last,
             mean_rollout_tokens_per_s=history.mean("rollout_tokens_per_s"),
-            mean_truncation_rate=history.mean("truncation_rate"),
+            **signal_means(history),
             mean_off_policy_token_ratio=history.mean("off_policy_token_ratio"),
             final_policy_version=history.final_policy_version,
         )
+        summary["truncation_rate_vs_band"] = truncation_verdict(summary["mean_truncation_rate"])
     if evals:
         summary.update(
             eval_reward_first=evals[0]["reward_mean"],

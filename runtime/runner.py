@@ -75,6 +75,11 @@ def status_metrics(rec: StepRecord) -> dict[str, float | int]:
     """The key metrics the trainer reports into the RLJob status."""
     return {
         "truncation_rate": rec.round.truncation_rate,
+        "partial_rate": rec.round.partial_rate,
+        "goodput_tokens_per_second": rec.goodput_tokens_per_s,
+        "aborted_token_share": rec.aborted_token_share,
+        "trainer_idle_seconds": rec.trainer_idle_seconds,
+        "engine_idle_seconds": rec.engine_idle_seconds,
         "entropy": rec.train.entropy,
         "reward_mean": rec.batch.reward_mean,
         "kl": rec.train.kl,
@@ -120,6 +125,7 @@ class JobRunner:
         self.eval_prompts: list[EvalPrompt] = []
         self.evals: list[EvalResult] = []  # this run's held-out evaluations, in order
         self.catch_up_syncs = 0  # mid-round syncs of unchanged weights to engines that came back behind
+        self._last_step_end: float | None = None  # perf_counter at the previous step's end (wall time)
 
     # ------------------------------------------------------------------ setup
 
@@ -272,12 +278,14 @@ class JobRunner:
         t3 = time.perf_counter()
         # The step boundary: SIGTERM on any rank stops the group after this step, checkpointed below.
         self.stop_requested = self.orders.agree_to_stop(self.stop_requested)
+        since = t0 if self._last_step_end is None else self._last_step_end
+        self._last_step_end = t3
         record = step_record(
             self.step,
             self.version - 1,
             result,
             train_metrics,
-            {"rollout": t1 - t0, "train": t2 - t1, "sync": t3 - t2},
+            {"rollout": t1 - t0, "train": t2 - t1, "sync": t3 - t2, "wall": t3 - since},
             knobs,
             self._ceiling(),
             sync,

@@ -37,7 +37,8 @@ class RoundPart:
     tokens_generated: int = 0
     rollout_tokens_per_s: float = 0.0
     ceiling_tokens_per_s: float = 0.0
-    truncation_rate: float = 0.0
+    truncation_rate: float = 0.0  # cut by the length threshold / launched (docs/metrics.md)
+    partial_rate: float = 0.0  # still running at stop-upon-collection, not cut / launched
     cap_hit_rate: float = 0.0
     launched_samples: int = 0
     partial_samples: int = 0
@@ -59,6 +60,7 @@ class RoundPart:
     discarded_groups: int = 0  # baseline strategies without partial rollout
     regenerated_tokens: int = 0
     discarded_tokens: int = 0
+    aborted_tokens: int = 0  # the three above: generated, then thrown away
     trained_tokens: int = 0
     buffer_tokens_before: int = 0
     buffer_tokens_after: int = 0
@@ -154,17 +156,50 @@ class StepRecord:
     eval_reward: float | None = None  # held-out evaluation after this step, when one ran
     # Data rows skipped since the job began (resumes included), by reason (tasks.dataset.SKIP_REASONS).
     data_rows_skipped: dict[str, int] = field(default_factory=dict)
+    # Wall time since the previous step ended (evaluation, checkpoint and knob polling included);
+    # 0: not measured, the phases' sum stands in.
+    wall_seconds: float = 0.0
 
     @property
     def step_seconds(self) -> float:
         """The step's wall time: its round, train step and sync."""
         return self.round.rollout_seconds + self.train.train_seconds + self.sync.sync_seconds
 
+    @property
+    def end_to_end_seconds(self) -> float:
+        """The step's share of the job's wall time: wall_seconds when measured, else step_seconds."""
+        return max(self.wall_seconds, self.step_seconds)
+
+    @property
+    def goodput_tokens_per_s(self) -> float:
+        """Response tokens that reached training per second of the step's end-to-end wall time."""
+        wall = self.end_to_end_seconds
+        return self.round.trained_tokens / wall if wall > 0 else 0.0
+
+    @property
+    def aborted_token_share(self) -> float:
+        """Share of the step's generated tokens that were thrown away (RoundPart.aborted_tokens)."""
+        generated = self.round.tokens_generated
+        return min(1.0, self.round.aborted_tokens / generated) if generated else 0.0
+
+    @property
+    def trainer_idle_seconds(self) -> float:
+        """Seconds of the step the trainer waited: all but its train step and the weight sync (in
+        this loop the trainer waits for the whole rollout round)."""
+        return max(0.0, self.end_to_end_seconds - self.train.train_seconds - self.sync.sync_seconds)
+
+    @property
+    def engine_idle_seconds(self) -> float:
+        """Seconds of the step the engines waited for the trainer: all but the round and the sync
+        (slots idle inside a round, the tail bubble, show in the ceiling share instead)."""
+        return max(0.0, self.end_to_end_seconds - self.round.rollout_seconds - self.sync.sync_seconds)
+
     def flat(self) -> dict[str, Any]:
         """The exported form: one flat mapping of every field of every part (metrics.jsonl's keys)."""
         top = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _PARTS}
         parts = [asdict(getattr(self, name)) for name in _PARTS]
-        return {**top, "step_seconds": self.step_seconds, **{k: v for part in parts for k, v in part.items()}}
+        derived = {name: getattr(self, name) for name in _DERIVED}
+        return {**top, **derived, **{k: v for part in parts for k, v in part.items()}}
 
     def to_json(self) -> str:
         """One line of metrics.jsonl."""
@@ -172,6 +207,7 @@ class StepRecord:
 
 
 _PARTS = ("round", "batch", "train", "sync")
+_DERIVED = ("step_seconds", "end_to_end_seconds", "goodput_tokens_per_s", "aborted_token_share", "trainer_idle_seconds", "engine_idle_seconds")
 
 
 def step_record(
@@ -185,7 +221,8 @@ def step_record(
     sync: SyncReport | None,
 ) -> StepRecord:
     """The record of step `step`, which trained `result`'s groups on `trained_version` and published the
-    next version; `timings` holds the seconds of its phases ("rollout", "train", "sync")."""
+    next version; `timings` holds the seconds of its phases ("rollout", "train", "sync") and, when
+    measured, "wall": the time since the previous step ended."""
     return StepRecord(
         step=step,
         policy_version=trained_version + 1,
@@ -196,4 +233,5 @@ def step_record(
         train=TrainPart.of(train_metrics, timings.get("train", 0.0)),
         sync=SyncPart.of(sync, timings.get("sync", 0.0)),
         knobs=knobs,
+        wall_seconds=timings.get("wall", 0.0),
     )

@@ -1,16 +1,19 @@
-"""The autotuner's control law: observed truncation rate and friends → new knob values, pure.
+"""The autotuner's control law: observed signals (docs/metrics.md) → new knob values, pure.
 
 Both the operator's timer (metrics from Prometheus) and `rljob run`'s LocalAutotuner (metrics from
-its own step records) call `decide`, so one law runs everywhere. The law and why it is stable are in
-docs/autotune.md; in short:
+its own step records) call `decide`, so one law runs everywhere. The law is in docs/autotune.md; in short,
+two loops, one knob each, at most one change per decision:
 
-- the controlled variable is the truncation rate r (share of launched samples that end a round
-  partial), kept inside a band [low, high];
-- the plant is monotone: raising the truncation threshold (k or the token cap) or lowering the
-  over-sampling ratio lowers r, and the opposite moves raise it;
-- every change is bounded (maxStep, scaled by the error, clamped to [min, max]), separated by a
-  cooldown and a number of settled rounds, and only starts once r is outside the band by the
-  hysteresis margin; once started it continues until r is back inside the band.
+- the truncation threshold (k or the token cap) keeps the truncation rate r (share of launched samples
+  the threshold cut) inside a band [low, high]: the plant is monotone (a higher threshold cuts fewer);
+  a change starts once r is outside the band by the hysteresis margin and continues until it is back;
+- over-sampling climbs goodput (trained tokens per wall second): a bounded search that moves one step,
+  lets the job settle, keeps going while goodput rises by more than a tolerance, steps back when it
+  falls, and stops when the difference is within the tolerance (ties go to less over-sampling); it
+  probes again after a while or when goodput drops. It is bounded by the off-policy share, the entropy
+  floor and the staleness budget (the share of generated tokens thrown away), which lower it when crossed;
+- every change is bounded (maxStep, clamped to [min, max]) and separated by a cooldown and a number
+  of settled rounds, and the truncation loop goes first (its band is the health constraint).
 """
 
 from __future__ import annotations
@@ -85,18 +88,29 @@ def knobs_in_force(values: Mapping[str, float], unit: TruncationUnit | None) -> 
     return Knobs(over_sampling=values["over_sampling"], truncation=truncation, truncation_unit=unit)
 
 
+def cap_at_floor(values: Mapping[str, float]) -> bool | None:
+    """Whether the runtime's segment cap in force (`rljob_knob` values) sits at its floor,
+    maxResponseLength / (maxStaleness + 1): then a lower threshold cuts nothing more. None: not reported."""
+    cap, floor = values.get("segment_cap_tokens"), values.get("segment_cap_floor_tokens")
+    if cap is None or floor is None or cap <= 0:
+        return None
+    return cap <= floor
+
+
 @dataclass(frozen=True)
 class Observation:
     """Recent runtime metrics, averaged over the decision window. Only truncation_rate is required."""
 
-    truncation_rate: float
+    truncation_rate: float  # cut by the length threshold / launched
+    goodput: float | None = None  # trained response tokens per second of wall time
+    partial_rate: float | None = None  # still running at stop / launched (shown, not controlled)
+    aborted_token_share: float | None = None  # generated, then thrown away (stale, filtered, discarded)
     length_mean: float | None = None
     length_std: float | None = None
-    tokens_per_second: float | None = None
-    ceiling_tokens_per_second: float | None = None
     off_policy_ratio: float | None = None
     entropy: float | None = None
     steps: int | None = None  # runtime step counter (settle rounds)
+    cap_at_floor: bool | None = None  # the segment cap sits at its floor (cap_at_floor)
 
     @property
     def length_spread(self) -> float | None:
@@ -104,13 +118,6 @@ class Observation:
         if self.length_mean is None or self.length_std is None or self.length_mean <= 0:
             return None
         return self.length_std / self.length_mean
-
-    @property
-    def ceiling_share(self) -> float | None:
-        """Rollout throughput as a share of the bubble-free ceiling, when both are known."""
-        if self.tokens_per_second is None or not self.ceiling_tokens_per_second:
-            return None
-        return self.tokens_per_second / self.ceiling_tokens_per_second
 
 
 @dataclass(frozen=True)
@@ -127,7 +134,9 @@ class ControllerConfig:
     truncation_tokens: Bounds = Bounds(8, 1_000_000, 64)
     min_length_spread: float = 0.1
     max_off_policy_ratio: float = 0.8
-    near_ceiling: float = 0.95  # above this share of the ceiling more over-sampling buys nothing
+    max_aborted_token_share: float = 0.3  # the staleness budget: above it, less over-sampling
+    goodput_tolerance: float = 0.05  # relative goodput change that counts as a difference
+    reprobe_decisions: int = 10  # settled decisions before over-sampling is probed again
     entropy_floor: float | None = None  # below it, never make the batch more off-policy
 
     @classmethod
@@ -146,6 +155,9 @@ class ControllerConfig:
             ),
             min_length_spread=spec.min_length_spread,
             max_off_policy_ratio=spec.max_off_policy_ratio,
+            max_aborted_token_share=spec.max_aborted_token_share,
+            goodput_tolerance=spec.goodput_tolerance,
+            entropy_floor=spec.entropy_floor,
         )
 
     def truncation_bounds(self, unit: TruncationUnit) -> Bounds:
@@ -158,7 +170,14 @@ class TunerState:
 
     last_change_time: float | None = None
     last_change_step: int | None = None
-    direction: int = 0  # +1 correcting a rate above the band, -1 below, 0 idle
+    direction: int = 0  # truncation loop: +1 correcting a rate above the band, -1 below, 0 idle
+    # Over-sampling search: the direction of the move being judged (0: none, settled), the goodput
+    # measured before that move (or at the settled point), the direction of the next probe, and the
+    # decisions held since the search settled.
+    search: int = 0
+    goodput_ref: float | None = None
+    next_probe: int = 1
+    settled_decisions: int = 0
 
 
 @dataclass(frozen=True)
@@ -168,6 +187,16 @@ class TunerDecision:
     knobs: Knobs
     changed: bool
     reason: str  # CamelCase, usable as a Condition/Event reason
+    message: str
+    state: TunerState
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What one loop wants: new knobs (None: hold), why, and the state after it."""
+
+    knobs: Knobs | None
+    reason: str
     message: str
     state: TunerState
 
@@ -196,106 +225,138 @@ def _error_direction(rate: float, cfg: ControllerConfig, state: TunerState) -> i
     return 0
 
 
-@dataclass(frozen=True)
-class _Proposal:
-    knobs: Knobs
-    reason: str
-    message: str
-
-
-def _propose(obs: Observation, current: Knobs, cfg: ControllerConfig, direction: int) -> _Proposal | None:
-    """The change the law wants, ignoring cooldown; None with no change wanted (reason from _hold_reason)."""
+def _truncation_step(obs: Observation, current: Knobs, cfg: ControllerConfig, state: TunerState) -> _Step | None:
+    """The truncation loop: a threshold change when the rate is outside the band; None when the rate
+    is in the band (or within the margin), truncation is off, or the threshold is at its bound."""
+    unit, trunc = current.truncation_unit, current.truncation
+    if unit is None or trunc is None:
+        return None
     r = obs.truncation_rate
-    band = f"[{cfg.band_low:g}, {cfg.band_high:g}]"
-    unit = current.truncation_unit
-    trunc = current.truncation if unit is not None else None
-    tb = cfg.truncation_bounds(unit) if unit is not None else None
-    os_b = cfg.over_sampling
-
-    if direction == 1:
-        # Too many samples end partial: the batch is too off-policy. Relax truncation first (it cuts
-        # samples that would have finished), then launch fewer surplus groups.
-        frac = _step_fraction(r, cfg.band_high, cfg)
-        if trunc is not None and tb is not None and trunc < tb.max - KNOB_TOLERANCE:
-            new = _moved(trunc, +1, frac, tb, integer=unit == "tokens")
-            return _Proposal(
-                replace(current, truncation=new),
-                "TruncationAboveBand",
-                f"truncation rate {r:.3f} above band {band}: truncation threshold {trunc:g} -> {new:g} {unit}",
-            )
-        if current.over_sampling > os_b.min + KNOB_TOLERANCE:
-            new = _moved(current.over_sampling, -1, frac, os_b, integer=False)
-            return _Proposal(
-                replace(current, over_sampling=new),
-                "TruncationAboveBand",
-                f"truncation rate {r:.3f} above band {band}: over-sampling {current.over_sampling:g} -> {new:g}",
-            )
-        return None
-
-    spread = obs.length_spread
-    if spread is not None and spread < cfg.min_length_spread:
-        # Lengths barely vary: no long tail to hide, so surplus groups only add off-policy tokens.
-        if current.over_sampling > os_b.min + KNOB_TOLERANCE:
-            new = _moved(current.over_sampling, -1, 1.0, os_b, integer=False)
-            return _Proposal(
-                replace(current, over_sampling=new),
-                "LowLengthSpread",
-                f"length spread σ/μ {spread:.3f} below {cfg.min_length_spread:g}: over-sampling buys nothing, "
-                f"{current.over_sampling:g} -> {new:g}",
-            )
-        return None
-
+    direction = _error_direction(r, cfg, state)
     if direction == 0:
         return None
+    tb = cfg.truncation_bounds(unit)
+    # Above the band the threshold cuts too many samples: raise it. Below: lower it, unless the cap
+    # already sits at its floor, where a lower threshold cuts nothing more.
+    if direction == 1:
+        at_bound = trunc >= tb.max - KNOB_TOLERANCE
+    else:
+        at_bound = trunc <= tb.min + KNOB_TOLERANCE or obs.cap_at_floor is True
+    if at_bound:
+        return None
+    edge = cfg.band_high if direction == 1 else cfg.band_low
+    new = _moved(trunc, direction, _step_fraction(r, edge, cfg), tb, integer=unit == "tokens")
+    side = "above" if direction == 1 else "below"
+    # A new threshold changes goodput too: the over-sampling search starts again from a fresh reference.
+    return _Step(
+        replace(current, truncation=new),
+        f"Truncation{side.title()}Band",
+        f"truncation rate {r:.3f} {side} band [{cfg.band_low:g}, {cfg.band_high:g}]: "
+        f"truncation threshold {trunc:g} -> {new:g} {unit}",
+        replace(state, direction=direction, search=0, goodput_ref=None, settled_decisions=0),
+    )
 
-    # Below the band: few samples end partial, so the tail still stalls rounds. Making the batch
-    # more off-policy is refused when the off-policy ratio or the entropy says it is unsafe.
+
+def _truncation_summary(obs: Observation, current: Knobs, cfg: ControllerConfig) -> str:
+    """Where the truncation loop stands when it wants no change, in words (prefix of the decision's message)."""
+    r = obs.truncation_rate
+    band = f"[{cfg.band_low:g}, {cfg.band_high:g}]"
+    if current.truncation_unit is None or current.truncation is None:
+        return f"truncation off (rate {r:.3f})"
+    if cfg.band_low <= r <= cfg.band_high:
+        return f"truncation rate {r:.3f} inside band {band}"
+    side = "above" if r > cfg.band_high else "below"
+    if side == "below" and obs.cap_at_floor:
+        return (f"truncation rate {r:.3f} below band {band}, segment cap at its floor "
+                "(maxResponseLength / (maxStaleness + 1)): a lower threshold cuts nothing more")
+    tb = cfg.truncation_bounds(current.truncation_unit)
+    at = tb.max if side == "above" else tb.min
+    if abs(current.truncation - at) <= KNOB_TOLERANCE:
+        return f"truncation rate {r:.3f} {side} band {band}, threshold at its bound {at:g}"
+    return f"truncation rate {r:.3f} {side} band {band} by less than {cfg.hysteresis:g}"
+
+
+def _over_sampling_limit(obs: Observation, cfg: ControllerConfig) -> tuple[str, str] | None:
+    """The safety bound over-sampling crosses now (reason, message), if any."""
+    spread = obs.length_spread
+    if spread is not None and spread < cfg.min_length_spread:
+        return "LowLengthSpread", f"length spread σ/μ {spread:.3f} below {cfg.min_length_spread:g}: over-sampling buys nothing"
     if obs.off_policy_ratio is not None and obs.off_policy_ratio > cfg.max_off_policy_ratio:
-        return None
+        return "OffPolicyLimit", f"off-policy ratio {obs.off_policy_ratio:.3f} above {cfg.max_off_policy_ratio:g}"
     if cfg.entropy_floor is not None and obs.entropy is not None and obs.entropy < cfg.entropy_floor:
-        return None
-    frac = _step_fraction(r, cfg.band_low, cfg)
-    share = obs.ceiling_share
-    if current.over_sampling < os_b.max - KNOB_TOLERANCE and (share is None or share < cfg.near_ceiling):
-        new = _moved(current.over_sampling, +1, frac, os_b, integer=False)
-        return _Proposal(
-            replace(current, over_sampling=new),
-            "TruncationBelowBand",
-            f"truncation rate {r:.3f} below band {band}: over-sampling {current.over_sampling:g} -> {new:g}",
-        )
-    if trunc is not None and tb is not None and trunc > tb.min + KNOB_TOLERANCE:
-        new = _moved(trunc, -1, frac, tb, integer=unit == "tokens")
-        return _Proposal(
-            replace(current, truncation=new),
-            "TruncationBelowBand",
-            f"truncation rate {r:.3f} below band {band}: truncation threshold {trunc:g} -> {new:g} {unit}",
+        return "LowEntropy", f"entropy {obs.entropy:.3f} below floor {cfg.entropy_floor:g}"
+    if obs.aborted_token_share is not None and obs.aborted_token_share > cfg.max_aborted_token_share:
+        return (
+            "StalenessBudget",
+            f"{obs.aborted_token_share:.3f} of generated tokens thrown away (above {cfg.max_aborted_token_share:g})",
         )
     return None
 
 
-def _hold_reason(obs: Observation, cfg: ControllerConfig, direction: int) -> tuple[str, str]:
-    """Why no change is wanted (reason, message)."""
-    r = obs.truncation_rate
-    band = f"[{cfg.band_low:g}, {cfg.band_high:g}]"
-    spread = obs.length_spread
-    if direction == 0:
-        if cfg.band_low <= r <= cfg.band_high:
-            return "InBand", f"truncation rate {r:.3f} inside band {band}"
-        return "WithinHysteresis", f"truncation rate {r:.3f} outside band {band} by less than {cfg.hysteresis:g}"
-    if direction == -1 and spread is not None and spread < cfg.min_length_spread:
-        return "LowLengthSpread", f"length spread σ/μ {spread:.3f} too low for more over-sampling; at bounds"
-    if direction == -1 and obs.off_policy_ratio is not None and obs.off_policy_ratio > cfg.max_off_policy_ratio:
-        return (
-            "OffPolicyLimit",
-            (
-                f"truncation rate {r:.3f} below band {band}, but off-policy ratio {obs.off_policy_ratio:.3f} "
-                f"is above {cfg.max_off_policy_ratio:g}"
-            ),
-        )
-    if direction == -1 and cfg.entropy_floor is not None and obs.entropy is not None and obs.entropy < cfg.entropy_floor:
-        return "LowEntropy", f"entropy {obs.entropy:.3f} below floor {cfg.entropy_floor:g}: not adding off-policy tokens"
-    side = "above" if direction == 1 else "below"
-    return "AtBounds", f"truncation rate {r:.3f} {side} band {band}, but every knob is at its bound"
+def _over_sampling_step(obs: Observation, current: Knobs, cfg: ControllerConfig, state: TunerState) -> _Step:
+    """The over-sampling loop: bounded by the safety limits, else one step of the goodput search."""
+    b = cfg.over_sampling
+    os_now = current.over_sampling
+
+    def move(direction: int, reason: str, message: str, new_state: TunerState) -> _Step:
+        new = _moved(os_now, direction, 1.0, b, integer=False)
+        return _Step(replace(current, over_sampling=new), reason, f"{message}: over-sampling {os_now:g} -> {new:g}",
+                     new_state)
+
+    def hold(reason: str, message: str, new_state: TunerState = state) -> _Step:
+        return _Step(None, reason, message, new_state)
+
+    can_raise = os_now < b.max - KNOB_TOLERANCE
+    can_lower = os_now > b.min + KNOB_TOLERANCE
+    limit = _over_sampling_limit(obs, cfg)
+    if limit is not None:
+        reason, message = limit
+        reset = replace(state, search=0, goodput_ref=None, next_probe=-1, settled_decisions=0)
+        return move(-1, reason, message, reset) if can_lower else hold(reason, f"{message}; over-sampling at its minimum")
+    g = obs.goodput
+    if g is None or math.isnan(g) or g <= 0:  # 0: no step trained anything in the window
+        return hold("NoGoodput", f"goodput {g!r} not measured: over-sampling {os_now:g} kept")
+    tol = cfg.goodput_tolerance
+
+    def probe(why: str) -> _Step:
+        for direction in (state.next_probe, -state.next_probe):
+            if (direction == 1 and can_raise) or (direction == -1 and can_lower):
+                return move(direction, "GoodputProbe", f"{why}, goodput {g:.1f} tokens/s; probing",
+                            replace(state, search=direction, goodput_ref=g, settled_decisions=0))
+        return hold("AtBounds", f"over-sampling {os_now:g} cannot move within [{b.min:g}, {b.max:g}]")
+
+    if state.search == 0:
+        ref = state.goodput_ref
+        if ref is None:
+            return probe("no goodput reference")
+        if g < ref * (1 - 2 * tol):
+            return probe(f"goodput fell from {ref:.1f}")
+        if state.settled_decisions + 1 >= cfg.reprobe_decisions:
+            return probe(f"{cfg.reprobe_decisions} decisions since the search settled")
+        return hold("GoodputSettled", f"goodput {g:.1f} tokens/s at over-sampling {os_now:g} (searched)",
+                    replace(state, settled_decisions=state.settled_decisions + 1))
+
+    ref = state.goodput_ref if state.goodput_ref is not None else 0.0
+    gain = (g - ref) / ref if ref > 0 else (math.inf if g > 0 else 0.0)
+    d = state.search
+    change = f"goodput {ref:.1f} -> {g:.1f} tokens/s ({gain:+.1%})"
+    if gain > tol:
+        if (d == 1 and can_raise) or (d == -1 and can_lower):
+            return move(d, "GoodputRising", change, replace(state, goodput_ref=g))
+        return hold("GoodputAtBound", f"{change}, over-sampling at its bound",
+                    replace(state, search=0, goodput_ref=g, next_probe=-d, settled_decisions=0))
+    if gain < -tol:
+        # Worse: go back to where goodput was higher; the next probe tries the other way.
+        return move(-d, "GoodputFalling", change,
+                    replace(state, search=0, goodput_ref=ref, next_probe=-d, settled_decisions=0))
+    if d == 1:
+        # No measurable gain from more over-sampling: go back, fewer off-policy tokens for the same goodput.
+        return move(-1, "GoodputFlat", change,
+                    replace(state, search=0, goodput_ref=max(ref, g), next_probe=-1, settled_decisions=0))
+    # The reference keeps the higher figure: a run of cuts each "flat" within the tolerance must not
+    # ratchet goodput down step by step (measured on a noisy machine, each small drop looks flat).
+    return hold("GoodputFlat", f"{change}: less over-sampling costs nothing, kept",
+                replace(state, search=0, goodput_ref=max(ref, g), next_probe=1, settled_decisions=0))
 
 
 def decide(
@@ -312,7 +373,8 @@ def decide(
     `current` are the knobs the tuner last decided (or the spec's); `in_force` the values the
     runtime reports it runs with, when known. In Apply mode a decision waits until the runtime runs
     with `current`, so the metrics always describe the knobs being judged. Recommend mode decides
-    like Apply; the caller only publishes the result.
+    like Apply; the caller only publishes the result. No decision judges the knobs of the last change
+    before the cooldown and the settle rounds have passed.
     """
 
     def hold(reason: str, message: str, new_state: TunerState = state) -> TunerDecision:
@@ -325,27 +387,31 @@ def decide(
     if mode == "Apply" and in_force is not None and not in_force.same_as(current):
         return hold("AwaitingRuntime", "the runtime has not applied the last knob values yet")
 
-    direction = _error_direction(obs.truncation_rate, cfg, state)
-    proposal = _propose(obs, current, cfg, direction)
-    if proposal is None:
-        reason, message = _hold_reason(obs, cfg, direction)
-        return hold(reason, message, replace(state, direction=direction))
-
-    if state.last_change_time is not None and now - state.last_change_time < cfg.cooldown_s:
+    if state.direction != 0 and _error_direction(obs.truncation_rate, cfg, state) == 0:
+        state = replace(state, direction=0)  # back inside the band: the margin applies again
+    step = _truncation_step(obs, current, cfg, state)
+    if step is None:
+        over = _over_sampling_step(obs, current, cfg, state)
+        step = replace(over, message=f"{_truncation_summary(obs, current, cfg)}; {over.message}")
+    judged = step.knobs is not None or state.search != 0  # a change, or a verdict on the last change
+    if judged and state.last_change_time is not None and now - state.last_change_time < cfg.cooldown_s:
         left = cfg.cooldown_s - (now - state.last_change_time)
-        return hold("Cooldown", f"{proposal.message} after the cooldown ({left:.0f} s left)")
+        return hold("Cooldown", f"{step.message} after the cooldown ({left:.0f} s left)")
     if (
-        cfg.settle_rounds
+        judged
+        and cfg.settle_rounds
         and obs.steps is not None
         and state.last_change_step is not None
         and obs.steps - state.last_change_step < cfg.settle_rounds
     ):
         done = obs.steps - state.last_change_step
-        return hold("Settling", f"{proposal.message} after {cfg.settle_rounds} rounds on the last knobs ({done} so far)")
+        return hold("Settling", f"{step.message} after {cfg.settle_rounds} rounds on the last knobs ({done} so far)")
+    if step.knobs is None or step.knobs.same_as(current):
+        return hold(step.reason, step.message, step.state)
     return TunerDecision(
-        knobs=proposal.knobs,
+        knobs=step.knobs,
         changed=True,
-        reason=proposal.reason,
-        message=proposal.message,
-        state=TunerState(last_change_time=now, last_change_step=obs.steps, direction=direction),
+        reason=step.reason,
+        message=step.message,
+        state=replace(step.state, last_change_time=now, last_change_step=obs.steps),
     )

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from rljob.common.autotune.controller import Observation
+from rljob.common.autotune.controller import Observation, cap_at_floor
 from rljob.common.autotune.prometheus import NoData, PrometheusClient
 from rljob.api.metrics import METRIC_PREFIX
 from rljob.api.spec import RESERVED_SELECTOR_LABELS
@@ -93,10 +94,11 @@ async def read_observation(client: PrometheusClient, q: JobQueries, step: int | 
     Raises PrometheusUnavailable / PrometheusQueryError / NoData / AmbiguousResult as the client does.
     """
     optional = {
+        "goodput": q.averaged("goodput_tokens_per_second"),
+        "partial_rate": q.averaged("partial_rate"),
+        "aborted_token_share": q.averaged("aborted_token_share"),
         "length_mean": q.averaged("response_length_tokens", '{stat="mean"}'),
         "length_std": q.averaged("response_length_tokens", '{stat="std"}'),
-        "tokens_per_second": q.averaged("rollout_tokens_per_second"),
-        "ceiling_tokens_per_second": q.averaged("rollout_ceiling_tokens_per_second"),
         "off_policy_ratio": q.averaged("off_policy_token_ratio"),
         "entropy": q.averaged("policy_entropy"),
     }
@@ -106,6 +108,7 @@ async def read_observation(client: PrometheusClient, q: JobQueries, step: int | 
         *(_optional(client, expr) for expr in optional.values()),
     )
     # (gather over mixed awaitables types every result as the union of their types)
-    obs = Observation(truncation_rate=rate, steps=step, **dict(zip(optional, values, strict=True)))  # type: ignore[arg-type]
     in_force = {s.labels.get("knob", ""): s.value for s in knobs}  # type: ignore[union-attr]
+    extra: dict[str, Any] = dict(zip(optional, values, strict=True))
+    obs = Observation(truncation_rate=rate, steps=step, cap_at_floor=cap_at_floor(in_force), **extra)  # type: ignore[arg-type]
     return Reading(observation=obs, in_force=in_force, query=q.truncation_rate)

@@ -154,7 +154,7 @@ def _condition(status: RLJobStatus, true: bool, reason: str, message: str, gener
 def _autotune_patch(a: AutotuneStatus) -> dict[str, Any]:
     wire = a.to_wire()
     # Merge patch: null removes a key that is no longer set (e.g. the backoff deadline after a success).
-    for key in ("lastChangeTime", "lastChangeStep", "nextAttemptTime", "lastDecisionTime"):
+    for key in ("lastChangeTime", "lastChangeStep", "nextAttemptTime", "lastDecisionTime", "goodputRef"):
         wire.setdefault(key, None)
     return wire
 
@@ -248,7 +248,9 @@ def on_reading(
     # Recommend never applies: its base is what the runtime runs, the spec.
     current = current_knobs(spec, status) if mode == "Apply" else spec_knobs(spec)
     state = TunerState(
-        last_change_time=_ts(prev.last_change_time), last_change_step=prev.last_change_step, direction=prev.direction
+        last_change_time=_ts(prev.last_change_time), last_change_step=prev.last_change_step, direction=prev.direction,
+        search=prev.search, goodput_ref=prev.goodput_ref, next_probe=prev.next_probe or 1,
+        settled_decisions=prev.settled_decisions,
     )
     in_force = knobs_in_force(reading.in_force, current.truncation_unit)
     decision = decide(reading.observation, current, cfg, state, now.timestamp(), mode, in_force)
@@ -264,6 +266,10 @@ def on_reading(
             "last_change_time": changed_at,
             "last_change_step": decision.state.last_change_step if decision.changed else prev.last_change_step,
             "direction": decision.state.direction,
+            "search": decision.state.search,
+            "goodput_ref": decision.state.goodput_ref,
+            "next_probe": decision.state.next_probe,
+            "settled_decisions": decision.state.settled_decisions,
             "adjustments": prev.adjustments + int(decision.changed),
             "consecutive_failures": 0,
             "next_attempt_time": None,
@@ -274,6 +280,10 @@ def on_reading(
     result.patch["conditions"] = _condition(status, True, decision.reason, decision.message, generation, now)
     if was_failing:
         result.events.append(AutotuneEvent("Normal", "AutotuneRecovered", f"metrics readable again: {decision.message}"))
+    if not decision.changed and decision.reason != prev.last_decision and not was_failing:
+        # Every decision's reason is an Event too, once per new reason (a hold repeated every interval
+        # would flood the job's Events); the condition carries the latest one.
+        result.events.append(AutotuneEvent("Normal", decision.reason, f"{name}: {decision.message}"))
     if decision.changed:
         if mode == "Apply":
             result.patch["effectiveKnobs"] = _knob_values(decision.knobs, decision, reading.query, now, "autotune")

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 def step_table(rows: deque[StepRecord]) -> Table:
     """The recent steps: reward, held-out reward, rollout figures, staleness, buffer and timings."""
     table = Table(title="steps", expand=False, header_style="bold")
-    for col in ("step", "reward", "held-out", "tok/s", "trunc", "off-pol", "stale", "buffer", "len μ", "rollout s",
-                "train s"):
+    for col in ("step", "reward", "held-out", "tok/s", "goodput", "trunc", "partial", "off-pol", "stale", "buffer",
+                "len μ", "rollout s", "train s"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(
@@ -31,7 +31,9 @@ def step_table(rows: deque[StepRecord]) -> Table:
             f"{r.batch.reward_mean:.3f}",
             "" if r.eval_reward is None else f"{r.eval_reward:.3f}",
             f"{r.round.rollout_tokens_per_s:.0f}",
+            f"{r.goodput_tokens_per_s:.0f}",
             f"{r.round.truncation_rate:.2f}",
+            f"{r.round.partial_rate:.2f}",
             f"{r.batch.off_policy_token_ratio:.2f}",
             str(r.batch.staleness_max),
             str(r.round.buffer_groups),
@@ -46,7 +48,8 @@ def step_line(rec: StepRecord) -> str:
     """One step as a line (--no-live: logs, CI, pods)."""
     return (
         f"step {rec.step}: reward {rec.batch.reward_mean:.3f} tok/s {rec.round.rollout_tokens_per_s:.0f} "
-        f"trunc {rec.round.truncation_rate:.2f} off-policy {rec.batch.off_policy_token_ratio:.2f} buffer {rec.round.buffer_groups}"
+        f"goodput {rec.goodput_tokens_per_s:.0f} trunc {rec.round.truncation_rate:.2f} "
+        f"partial {rec.round.partial_rate:.2f} off-policy {rec.batch.off_policy_token_ratio:.2f} buffer {rec.round.buffer_groups}"
         + ("" if rec.eval_reward is None else f" held-out reward {rec.eval_reward:.3f}")
     )
 

@@ -62,8 +62,13 @@ class RoundStats:
     rollout_seconds: float = 0.0
     tokens_generated: int = 0  # every generate call, aborted ones included
     launched_samples: int = 0  # distinct samples that got a generate call this round
-    partial_samples: int = 0  # launched samples that ended the round unfinished
-    truncated_keys: set[tuple[str, int]] = field(default_factory=set, repr=False)  # cut or partial
+    partial_samples: int = 0  # launched samples that ended the round unfinished (cut or still running)
+    # Two different reasons a sample ends a round unfinished (docs/metrics.md): the length threshold
+    # cut it (the segment cap, mean + k·σ), or it was still running when the round stopped upon
+    # collection. The first is the truncation rate the band is about; the second, the partial rate,
+    # grows with over-sampling. A sample cut by the cap counts as cut even if it was running at stop.
+    cut_keys: set[tuple[str, int]] = field(default_factory=set, repr=False)
+    unfinished_keys: set[tuple[str, int]] = field(default_factory=set, repr=False)  # unfinished at the end
     segment_cut_samples: int = 0  # partial because of the segment cap
     cap_hit_samples: int = 0  # finished with `length` at max_response_length
     resumed_samples: int = 0  # launched with a non-empty partial response
@@ -110,9 +115,23 @@ class RoundStats:
 
     @property
     def truncation_rate(self) -> float:
-        """Share of launched samples the round truncated: ended partial, or cut by the segment cap
-        (even if the round then let the sample finish, see backpressure in run_round)."""
-        return len(self.truncated_keys) / self.launched_samples if self.launched_samples else 0.0
+        """Share of launched samples the length threshold (segment cap) cut, even if the round then
+        let the sample finish (see CONTINUE_CUT in decisions.py)."""
+        return len(self.cut_keys) / self.launched_samples if self.launched_samples else 0.0
+
+    @property
+    def partial_rate(self) -> float:
+        """Share of launched samples still unfinished when the round stopped upon collection, not
+        counting those the threshold cut (they are in truncation_rate): the cost of over-sampling."""
+        partial = self.unfinished_keys - self.cut_keys
+        return len(partial) / self.launched_samples if self.launched_samples else 0.0
+
+    @property
+    def aborted_tokens(self) -> int:
+        """Response tokens generated and then thrown away, never trained: over the staleness bound
+        (regenerated), rejected by the filter (dynamic sampling), or dropped at collection by a
+        strategy that keeps no partials."""
+        return self.regenerated_tokens + self.filtered_tokens + self.discarded_tokens
 
     @property
     def fork_off_policy_ratio(self) -> float:

@@ -267,7 +267,7 @@ class RolloutScheduler:
         for group in sorted(state.cut, key=lambda g: g.prompt_index):
             partial = [s for s in group.samples if s.last_round == self._round and not s.status.finished]
             stats.partial_samples += len(partial)
-            stats.truncated_keys.update((s.group_id, s.index) for s in partial)
+            stats.unfinished_keys.update((s.group_id, s.index) for s in partial)
             self.buffer.push(group)
         stats.buffered_groups = len(state.cut)
         stats.buffer_groups_after = len(self.buffer)
@@ -289,8 +289,11 @@ class RolloutScheduler:
         cap = self.truncation.threshold()
         if cap is None:
             return None
-        floor = math.ceil(self.config.max_response_length / (self.config.max_staleness + 1))
-        return max(cap, floor)
+        return max(cap, self.segment_cap_floor())
+
+    def segment_cap_floor(self) -> int:
+        """The least segment cap: max_response_length / (max_staleness + 1), rounded up."""
+        return math.ceil(self.config.max_response_length / (self.config.max_staleness + 1))
 
     def _over_bound(self, group: Group, policy_version: int) -> bool:
         return any(over_bound(s.versions, policy_version, self.config.max_staleness) for s in group.samples)
@@ -388,7 +391,7 @@ class RolloutScheduler:
         elif end is SegmentEnd.LENGTH:
             sample.status = SampleStatus.ABORTED  # cut by the segment cap
             stats.segment_cut_samples += 1
-            stats.truncated_keys.add((sample.group_id, sample.index))
+            stats.cut_keys.add((sample.group_id, sample.index))
             return
         else:
             sample.status = SampleStatus.ABORTED

@@ -89,7 +89,9 @@ def job_spec(prom_url: str, mode: str) -> dict[str, Any]:
             "truncationBand": {"low": BAND[0], "high": BAND[1]},
             "hysteresis": 0.02,
             "truncationTokens": {"min": 2, "max": 48, "maxStep": 8},
-            "overSampling": {"min": 1.0, "max": 2.0, "maxStep": 0.25},
+            # Pinned: this test is about the truncation loop; the goodput search on over-sampling has its
+            # table tests (tests/unit/common/autotune/test_controller.py) and the benchmark.
+            "overSampling": {"min": 1.5, "max": 1.5, "maxStep": 0.25},
         },
         "backoffLimit": 1,
     }
@@ -230,9 +232,10 @@ def test_autotune_loop_recommend_apply_and_prometheus_outage(
         in_force = knob(prom, "segment_cap_tokens")
         # The rate the controller judges: the mean over its window (one 16-sample round's rate is 0.0-0.5).
         rate = value(prom, "avg_over_time(rljob_truncation_rate[8s])")
-        reason = (condition(get(api, namespace, NAME), "AutotuneActive") or {}).get("reason")
+        # The truncation loop wants no change: the decision's message says where the rate stands.
+        message = (condition(get(api, namespace, NAME), "AutotuneActive") or {}).get("message", "")
         return bool(cap == in_force and rate is not None and BAND[0] - 0.02 <= rate <= BAND[1] + 0.02
-                    and reason in ("InBand", "WithinHysteresis"))
+                    and message.startswith("truncation rate") and ("inside band" in message or "by less than" in message))
 
     wait_for(in_band, "truncation rate inside the band with the tuned knobs in force", timeout=900, interval=2)
     st = get(api, namespace, NAME)["status"]

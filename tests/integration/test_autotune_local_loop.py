@@ -1,8 +1,13 @@
 """The local autotuner closing the loop on the real rollout scheduler (embedded engine, tiny random model).
 
 This is the plant the operator's autotuner controls, without Prometheus or a cluster: the segment
-cap starts far too small, so most samples end rounds partial; the tuner must bring the truncation
-rate into the band within a bounded number of rounds, moving one bounded step at a time.
+cap starts far too small, so the threshold cuts most samples; the tuner must bring the truncation
+rate into the band within a bounded number of rounds, moving one bounded step at a time. Over-sampling
+is pinned (its bounds are one value) so the goodput search does not move it here.
+
+The per-round rate of this small plant is bimodal: a round that fills from resumed partials cuts
+nothing (their remaining tails fit the cap), the next one cuts a third; settling is judged on the
+mean of six rounds.
 """
 
 from __future__ import annotations
@@ -69,7 +74,7 @@ def spec() -> RLJobSpec:
                          "cooldownSeconds": 0, "settleRounds": 1, "hysteresis": 0.02,
                          "truncationBand": {"low": BAND[0], "high": BAND[1]},
                          "truncationTokens": {"min": 2, "max": CAP, "maxStep": 6},
-                         "overSampling": {"min": 1.0, "max": 2.0, "maxStep": 0.25}},
+                         "overSampling": {"min": 1.5, "max": 1.5, "maxStep": 0.25}},
         }
     )
 
@@ -102,15 +107,15 @@ async def test_local_autotuner_brings_truncation_into_band(engine: EmbeddedEngin
         records.append(rec)
         tuner.observe(rec)
         clock["t"] += 5.0
-        # Settled: three rounds on the same knobs whose mean rate is in the band (±0.05 of round noise).
-        last = records[-3:]
+        # Settled: six rounds on the same knobs whose mean rate is in the band (±0.05 of round noise).
+        last = records[-6:]
         mean = sum(r.round.truncation_rate for r in last) / len(last)
-        if len(last) == 3 and all(r.knobs == rec.knobs for r in last) and BAND[0] - 0.05 <= mean <= BAND[1] + 0.05:
+        if len(last) == 6 and all(r.knobs == rec.knobs for r in last) and BAND[0] - 0.05 <= mean <= BAND[1] + 0.05:
             break
     rates = [round(r.round.truncation_rate, 2) for r in records]
     assert records[0].round.truncation_rate > BAND[1] + 0.1, f"must start above the band: {rates}"
     assert len(records) < MAX_ROUNDS, f"did not settle in the band within {MAX_ROUNDS} rounds: rates {rates}, caps {caps}"
     # Every change was one bounded step, and the knobs each round ran with are those in the record.
     steps = [b - a for a, b in itertools.pairwise(caps) if b != a]
-    assert steps and all(0 < s <= 6 for s in steps), steps
+    assert steps and all(0 < abs(s) <= 6 for s in steps), steps
     assert all(r.knobs["segment_cap_tokens"] == c for r, c in zip(records, caps))

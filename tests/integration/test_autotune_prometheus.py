@@ -36,9 +36,11 @@ pytestmark = pytest.mark.prometheus
 def step(n: int, rate: float, cap: float) -> StepRecord:
     return StepRecord(
         step=n, policy_version=n, strategy="april", time=time.time(),
-        round=RoundPart(truncation_rate=rate, rollout_tokens_per_s=500.0, ceiling_tokens_per_s=1000.0),
+        round=RoundPart(truncation_rate=rate, partial_rate=0.25, rollout_seconds=4.0, trained_tokens=1000,
+                        tokens_generated=2000, aborted_tokens=100),
         batch=BatchPart(length_mean=40.0, length_std=20.0, off_policy_token_ratio=0.3), train=TrainPart(entropy=1.2),
-        knobs={"over_sampling": 2.0, "max_staleness": 2.0, "truncation_k": 0.0, "segment_cap_tokens": cap},
+        knobs={"over_sampling": 2.0, "max_staleness": 2.0, "truncation_k": 0.0, "segment_cap_tokens": cap,
+               "segment_cap_floor_tokens": 4.0},
     )
 
 
@@ -100,7 +102,10 @@ async def test_client_reads_observation_and_types_failures(
         obs = reading.observation
         assert obs.truncation_rate == pytest.approx(0.6)
         assert obs.length_spread == pytest.approx(0.5)
-        assert obs.ceiling_share == pytest.approx(0.5)
+        # The signals of docs/metrics.md: 1000 trained tokens over 4 s, 100 of 2000 tokens thrown away.
+        assert obs.goodput == pytest.approx(250.0) and obs.partial_rate == pytest.approx(0.25)
+        assert obs.aborted_token_share == pytest.approx(0.05)
+        assert obs.cap_at_floor is False  # a cap of 8 tokens above its floor of 4: lowering k still cuts more
         # The step is the persisted one passed in, not the runtime's counter (3).
         assert obs.steps == 7 and obs.off_policy_ratio == pytest.approx(0.3) and obs.entropy == pytest.approx(1.2)
         assert reading.in_force["segment_cap_tokens"] == 8 and reading.in_force["over_sampling"] == 2

@@ -538,7 +538,7 @@ def test_upgrade_with_changed_values_and_a_refused_bad_value(kube_cluster: KubeC
     assert any("secrets" in r.resources and r.verbs == ["get", "create"] for r in role.rules)
     rule = custom(kube_cluster).get_namespaced_custom_object(
         "monitoring.coreos.com", "v1", release.namespace, "prometheusrules", f"{release.fullname}-alerts")
-    assert any("> 0.5" in r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
+    assert any("* 0 + 0.5" in r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
     assert crd_established(kube_cluster, "rljobs.rljob.io")
     # A bad value is refused before anything changes (replicas above the schema's maximum of 10).
     refused = release.run("upgrade", release.name, str(CHART), "-f", str(values), "--set", "replicaCount=11", check=False)

@@ -23,7 +23,8 @@ RUNBOOKS = ROOT / "docs/runbooks"
 RUNBOOK_BASE = "https://github.com/rljob/rljob/blob/main/docs/runbooks"
 REQUIRED = {
     "RLJobTruncationRateHigh", "RLJobEntropyCollapse", "RLJobStalenessOverBudget", "RLJobRolloutStalled",
-    "RLJobRewardCollapse", "RLJobWeightSyncFailures", "RLJobRuntimeMetricsAbsent",
+    "RLJobRewardCollapse", "RLJobWeightSyncFailures", "RLJobRuntimeMetricsAbsent", "RLJobTokenWasteHigh",
+    "RLJobEngineIdleHigh",
     # operator health
     "RLJobOperatorDown", "RLJobReconcileErrors", "RLJobFailed", "RLJobDegraded", "RLJobTrainerRestarts",
     "RLJobStuckStarting",

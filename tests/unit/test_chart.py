@@ -444,8 +444,9 @@ def test_prometheus_rule_applies_thresholds_for_severity_and_labels(helm: Path) 
     plain = {r["alert"]: r for g in plain_rules()["groups"] for r in g["rules"]}
     assert "RLJobRewardCollapse" not in alerts and set(plain) - set(alerts) == {"RLJobRewardCollapse"}
     truncation = alerts["RLJobTruncationRateHigh"]
-    assert truncation["expr"] == plain["RLJobTruncationRateHigh"]["expr"].replace("> 0.30", "> 0.4")
-    assert "above 40%" in truncation["annotations"]["summary"] and truncation["for"] == "30m"
+    # The default band top (a runtime that exports no rljob_truncation_band); a job's own band still wins.
+    assert truncation["expr"] == plain["RLJobTruncationRateHigh"]["expr"].replace("* 0 + 0.25", "* 0 + 0.4")
+    assert truncation["for"] == "30m"
     assert "rljob_policy_entropy < 0.1\n" in alerts["RLJobEntropyCollapse"]["expr"]
     assert "> 3600" in alerts["RLJobNoRecentStep"]["expr"] and "3600 seconds" in alerts["RLJobNoRecentStep"]["annotations"]["description"]
     assert alerts["RLJobNoRecentStep"]["labels"]["severity"] == "critical"
@@ -464,10 +465,10 @@ def test_threshold_sites_missing_from_the_rules_file_fail_the_render(helm: Path,
     chart = tmp_path / "rljob-operator"
     shutil.copytree(CHART, chart)
     edited = chart / "files/rljob-alerts.rules.yaml"
-    edited.write_text(edited.read_text().replace("> 0.30", "> 0.35"))
+    edited.write_text(edited.read_text().replace("* 0 + 0.25", "* 0 + 0.35"))
     proc = run_helm(helm, *template_args(sets=RULES_ON, chart=chart), check=False)
     assert proc.returncode != 0
-    assert 'alert RLJobTruncationRateHigh no longer contains "> 0.30"' in proc.stderr, proc.stderr
+    assert 'alert RLJobTruncationRateHigh no longer contains "* 0 + 0.25"' in proc.stderr, proc.stderr
 
 
 def test_rendered_rules_pass_promtool(helm: Path, cached_binary: Callable[[str], Path], tmp_path: Path) -> None:

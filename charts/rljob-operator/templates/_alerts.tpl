@@ -7,9 +7,13 @@ file fails the render, so an edit of the file can never silently disconnect a th
 */}}
 {{- define "rljob-operator.alertThresholdSites" -}}
 RLJobTruncationRateHigh:
-  - {value: truncationRate, default: 0.30, field: expr, old: "> 0.30", format: "> %v"}
-  - {value: truncationRate, default: 0.30, field: summary, old: "above 30%", format: "above %v%%", scale: 100}
-  - {value: truncationRate, default: 0.30, field: description, old: "more than 30%", format: "more than %v%%", scale: 100}
+  - {value: truncationRate, default: 0.25, field: expr, old: "* 0 + 0.25", format: "* 0 + %v"}
+RLJobTokenWasteHigh:
+  - {value: tokenWasteShare, default: 0.30, field: expr, old: "> 0.30", format: "> %v"}
+  - {value: tokenWasteShare, default: 0.30, field: description, old: "more than 30%", format: "more than %v%%", scale: 100}
+RLJobEngineIdleHigh:
+  - {value: engineIdleShare, default: 0.5, field: expr, old: "> 0.5", format: "> %v"}
+  - {value: engineIdleShare, default: 0.5, field: description, old: "more than half of the wall time", format: "more than %v of the wall time"}
 RLJobEntropyCollapse:
   - {value: entropyDropRatio, default: 0.5, field: expr, old: "rljob_policy_entropy < 0.5 *", format: "rljob_policy_entropy < %v *"}
   - {value: entropyDropRatio, default: 0.5, field: description, old: "below half of its 1h maximum", format: "below %v times its 1h maximum"}

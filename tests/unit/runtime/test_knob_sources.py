@@ -168,6 +168,16 @@ def test_local_autotuner_raises_cap_then_waits_for_rounds_on_it() -> None:
     assert tuner.poll() is None  # in band
 
 
+def test_local_autotuner_judges_knobs_only_by_the_rounds_since_they_last_came_into_force() -> None:
+    """Knobs revisited after a drift are judged by their new rounds, not by old ones made with the same values."""
+    clock = FakeClock()
+    tuner = LocalAutotuner(job_spec(), clock=clock)
+    for step, rate, cap in ((1, 0.0, 16), (2, 0.0, 16), (3, 0.2, 24), (4, 0.9, 16)):
+        tuner.observe(record(step, rate, cap, float(step)))
+    seen = tuner.observation(5.0)
+    assert seen is not None and seen[0].truncation_rate == 0.9 and seen[1].truncation == 16
+
+
 def test_local_autotuner_recommend_mode_applies_nothing(caplog: pytest.LogCaptureFixture) -> None:
     tuner = LocalAutotuner(job_spec(mode="Recommend"), clock=lambda: 10.0)
     tuner.observe(record(1, 0.8, 8, 9.0))

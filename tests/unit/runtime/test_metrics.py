@@ -82,3 +82,25 @@ def test_an_older_runs_ledger_keys_are_read_under_todays_names(tmp_path: Path) -
     assert first["filtered_groups"] == 1 and first["regenerated_tokens"] == 10 and first["filtered_tokens"] == 15
     assert ledger_imbalance(first) == (0, 0)
     assert current_names(new) == new  # today's keys pass through
+
+
+def test_each_signal_of_docs_metrics_is_exported_under_its_own_name() -> None:
+    """Truncation and partial rates apart; goodput, waste and idle as gauges; counters for rate()."""
+    from rljob.runtime.step_record import SyncPart
+
+    metrics = RuntimeMetrics("job", namespace="ns")
+    rnd = RoundPart(truncation_rate=0.2, partial_rate=0.3, rollout_seconds=3.0, tokens_generated=1000,
+                    trained_tokens=600, aborted_tokens=250)
+    for step in (1, 2):
+        metrics.record(StepRecord(step=step, policy_version=step, strategy="april", time=float(step), round=rnd,
+                                  train=TrainPart(train_seconds=1.0), sync=SyncPart(sync_seconds=0.5),
+                                  wall_seconds=6.0))
+    out = exposed(metrics)
+    assert out["rljob_truncation_rate"] == 0.2 and out["rljob_partial_rate"] == 0.3
+    assert out["rljob_goodput_tokens_per_second"] == 100.0 and out["rljob_aborted_token_share"] == 0.25
+    assert out["rljob_trainer_idle_seconds"] == 4.5 and out["rljob_engine_idle_seconds"] == 2.5
+    assert out["rljob_trained_tokens_total"] == 1200.0 and out["rljob_aborted_tokens_total"] == 500.0
+    assert out['rljob_phase_seconds{phase="wall"}'] == 6.0 and out['rljob_phase_seconds{phase="step"}'] == 4.5
+    metrics.set_truncation_band(0.1, 0.2)
+    out = exposed(metrics)
+    assert out['rljob_truncation_band{edge="low"}'] == 0.1 and out['rljob_truncation_band{edge="high"}'] == 0.2

@@ -26,6 +26,9 @@ EXPORTED_KEYS = {
     "length_max", "reward_mean", "eval_reward", "entropy", "kl", "clip_fraction", "loss", "grad_norm", "knobs",
     "staleness", "lengths",
     "data_rows_skipped",  # added after the split (bad data rows skipped, by reason)
+    # issue 25: signals with one meaning each (docs/metrics.md)
+    "partial_rate", "aborted_tokens", "aborted_token_share", "goodput_tokens_per_s", "trainer_idle_seconds",
+    "engine_idle_seconds", "wall_seconds", "end_to_end_seconds",
 }
 
 
@@ -89,3 +92,21 @@ def test_a_step_without_training_metrics_or_sync_exports_zeros():
     rec = step_record(1, 0, RoundResult([], stats), None, {"rollout": 1.0}, {}, 0.0, None)
     assert rec.train == TrainPart() and rec.sync == SyncPart()
     assert rec.step_seconds == 1.0 and rec.round.cap_hit_rate == 0.0
+
+
+def test_goodput_waste_and_idle_signals_of_a_step():
+    """Goodput is trained tokens per end-to-end second; waste is what was generated and thrown away;
+    the trainer waits for the round, the engines for the train step."""
+    stats = RoundStats(round_index=1, policy_version=0, strategy="april", tokens_generated=1000,
+                       launched_samples=10, trained_tokens=600, regenerated_tokens=50, filtered_tokens=100,
+                       discarded_tokens=50, cut_keys={("g1", 0), ("g1", 1)},
+                       unfinished_keys={("g1", 1), ("g2", 0), ("g2", 1)})
+    timings = {"rollout": 3.0, "train": 1.5, "sync": 0.5, "wall": 6.0}  # 1 s of evaluation/checkpoint
+    rec = step_record(1, 0, RoundResult([], stats), None, timings, {}, 0.0, None)
+    flat = rec.flat()
+    assert flat["truncation_rate"] == 0.2 and flat["partial_rate"] == 0.2  # g1/1 was cut, then ran at stop
+    assert flat["aborted_tokens"] == 200 and flat["aborted_token_share"] == 0.2
+    assert flat["goodput_tokens_per_s"] == 100.0  # 600 tokens over 6 s of wall, not the 5 s of phases
+    assert flat["trainer_idle_seconds"] == 4.0 and flat["engine_idle_seconds"] == 2.5
+    unmeasured = step_record(1, 0, RoundResult([], stats), None, {"rollout": 3.0, "train": 1.0}, {}, 0.0, None)
+    assert unmeasured.goodput_tokens_per_s == 150.0 and unmeasured.engine_idle_seconds == 1.0

@@ -29,9 +29,9 @@ def spec(mode: str = "Apply", **autotune: Any) -> RLJobSpec:
     )
 
 
-def reading(rate: float, steps: int = 10, over: float = 2.0, cap: float = 8.0) -> Reading:
+def reading(rate: float, steps: int = 10, over: float = 2.0, cap: float = 8.0, goodput: float | None = None) -> Reading:
     return Reading(
-        observation=Observation(truncation_rate=rate, length_mean=20, length_std=10, steps=steps),
+        observation=Observation(truncation_rate=rate, length_mean=20, length_std=10, steps=steps, goodput=goodput),
         in_force={"over_sampling": over, "truncation_k": 0.0, "segment_cap_tokens": cap, "max_staleness": 2},
         query='avg(avg_over_time(rljob_truncation_rate[60s]) * on(job, instance) group_left() rljob_job_info{rljob="j"})',
     )
@@ -67,6 +67,31 @@ def test_apply_writes_effective_knobs_condition_and_event() -> None:
     assert cond is not None and cond.status == "True" and cond.reason == "TruncationAboveBand" and cond.observed_generation == 3
     assert status.autotune is not None and status.autotune.adjustments == 1 and status.autotune.last_change_step == 10
     assert [e.reason for e in r.events] == ["KnobsAdjusted"]
+
+
+def test_the_goodput_search_state_survives_in_status_and_every_new_reason_is_an_event() -> None:
+    """The over-sampling search spans ticks (its state lives in status.autotune); a hold whose reason is
+    new is an Event as well as the condition, a repeated one only the condition."""
+    s = spec(cooldownSeconds=0, settleRounds=0)
+    status = RLJobStatus()
+    first = tick.on_reading("j", s, status, reading(0.2, goodput=100.0), 1, NOW)
+    assert first.decision is not None and first.decision.reason == "GoodputProbe"
+    status = merged(status, first.patch)
+    assert status.autotune is not None and (status.autotune.search, status.autotune.goodput_ref) == (1, 100.0)
+    assert status.effective_knobs.over_sampling is not None and status.effective_knobs.over_sampling.value == 2.5
+    later = NOW + timedelta(seconds=60)
+    second = tick.on_reading("j", s, status, reading(0.2, steps=14, over=2.5, goodput=101.0), 1, later)
+    assert second.decision is not None and second.decision.reason == "GoodputFlat"  # +1%: back to 2.0
+    status = merged(status, second.patch)
+    assert status.autotune is not None and status.autotune.search == 0 and status.autotune.next_probe == -1
+    third = tick.on_reading("j", s, status, reading(0.2, steps=18, goodput=100.0), 1, later + timedelta(seconds=60))
+    assert third.decision is not None and not third.decision.changed and third.decision.reason == "GoodputSettled"
+    assert [(e.reason, e.type) for e in third.events] == [("GoodputSettled", "Normal")]
+    status = merged(status, third.patch)
+    fourth = tick.on_reading("j", s, status, reading(0.2, steps=22, goodput=100.0), 1, later + timedelta(seconds=120))
+    assert fourth.decision is not None and fourth.decision.reason == "GoodputSettled" and fourth.events == []
+    cond = merged(status, fourth.patch).condition(tick.CONDITION)
+    assert cond is not None and cond.reason == "GoodputSettled" and "goodput 100.0" in cond.message
 
 
 def test_recommend_writes_only_recommended_knobs() -> None:

@@ -135,7 +135,9 @@ async def test_april_buffers_partials_and_loses_nothing(engine):
     ledger.generated_tokens += first.stats.tokens_generated
     assert first.stats.launched_samples >= 8 * 3 - 3  # 2x over-sampling of 4 groups of 3
     assert len(scheduler.buffer) > 0, "nothing left in flight at collection: the test lost its tail"
-    assert first.stats.partial_samples > 0 and 0 < first.stats.truncation_rate <= 1
+    # No length threshold: every unfinished sample was still running at stop, none was cut.
+    assert first.stats.partial_samples > 0 and 0 < first.stats.partial_rate <= 1
+    assert first.stats.truncation_rate == 0.0 and not first.stats.cut_keys
     assert (await engine.load()).total == 0, "engine not drained after stop-upon-collection"
     await run_rounds(scheduler, [1, 2, 3], ledger)
     assert_conserved(scheduler, ledger)
@@ -202,6 +204,27 @@ async def test_segment_cap_cuts_long_samples(engine):
     assert sum(r.max_new_tokens <= 6 for r in engine.requests) > len(engine.requests) / 2
     assert any(s.segments > 1 for g in ledger.trained for s in g.samples), "no sample was resumed after a cut"
     assert_conserved(scheduler, ledger)
+
+
+async def test_cut_by_the_threshold_and_running_at_stop_are_counted_apart(engine):
+    """Truncation rate: cut by the segment cap; partial rate: unfinished at stop and never cut. Each
+    launched sample counts in at most one, and their union is every sample that ended unfinished."""
+    truncation = TruncationPolicy(mode="tokens", max_tokens=16)
+    scheduler = make_scheduler(AprilStrategy(over_sampling=3.0), [engine], staleness=8, truncation=truncation)
+    seen_cut = seen_partial = False
+    for v in range(4):
+        for e in scheduler.engines:
+            await e.update_weights(WeightUpdate(version=v, module=e.model))
+        stats = (await scheduler.run_round(v)).stats
+        n = stats.launched_samples
+        assert stats.truncation_rate == pytest.approx(len(stats.cut_keys) / n)
+        assert stats.partial_rate == pytest.approx(len(stats.unfinished_keys - stats.cut_keys) / n)
+        assert stats.truncation_rate + stats.partial_rate <= 1.0
+        assert stats.partial_samples == len(stats.unfinished_keys)
+        seen_cut |= stats.truncation_rate > 0
+        seen_partial |= stats.partial_rate > 0
+    assert seen_cut, "a 16-token cap on geometric lengths up to 48 cut nothing"
+    assert seen_partial, "3x over-sampling left nothing running at stop"
 
 
 async def test_round_finishes_even_when_the_cap_cuts_every_sample(engine):

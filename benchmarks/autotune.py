@@ -1,0 +1,310 @@
+"""The autotuner against fixed knobs: goodput, held-out reward and knob trajectories on a drifting task.
+
+One process runs, side by side and for the same steps:
+- a grid of fixed knobs, 3 over-sampling ratios × 3 values of k (truncation mode sigma);
+- the defaults (the quickstart's knobs, over-sampling 2.0 and k 2.0: also a grid point, so the pair
+  measures the run-to-run noise of one setting);
+- the autotuner in Apply mode: `LocalAutotuner`, the same pure controller (`common/autotune/controller.py`)
+  the operator runs, fed by this configuration's own step records, starting from the defaults.
+
+Each configuration is a `JobRunner` of the quickstart job (tiny-arith policy, embedded engine, GRPO),
+shrunk to fit a small CPU machine. The steps of all configurations are interleaved (one step of each in
+turn), so machine load hits all alike. Every configuration gets the same prompts: the arith-chain task
+whose length distribution drifts: short chains (power law alpha 2.0, max 12 steps) for the first half of
+the steps, long-tailed ones (alpha 0.7, max 30 steps) afterwards.
+
+Goodput (docs/metrics.md) is trained response tokens over the configuration's own step time (rollout +
+train + sync; the time between two of its steps belongs to the others). Held-out reward: the mean reward
+on held-out arith-chain problems after the last step. Prints a table, writes
+docs/benchmarks/autotune.json and autotune.png. Run: `python benchmarks/autotune.py` (about 25 minutes on
+2 shared cores with the defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from machine_info import describe, load_average  # noqa: E402  (benchmarks/machine_info.py)
+from rich.console import Console  # noqa: E402
+from rich.progress import Progress  # noqa: E402
+from rich.table import Table  # noqa: E402
+from rljob.api import load_rljob  # noqa: E402
+from rljob.api import RLJob  # noqa: E402
+from rljob.runtime.knob_sources import knob_sources_for  # noqa: E402
+from rljob.runtime.runner import JobRunner, RunOptions  # noqa: E402
+from rljob.runtime.step_record import StepRecord  # noqa: E402
+from rljob.runtime.tasks.dataset import PromptRecord, PromptStream  # noqa: E402
+from rljob.runtime.tasks.synthetic import ArithChainTask  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+console = Console()
+OVER_SAMPLING = (1.0, 2.0, 3.0)
+K = (1.0, 2.0, 3.0)
+DEFAULTS = (2.0, 2.0)
+EARLY_TASK = ArithChainTask(seed=11, alpha=2.0, max_steps=12)
+LATE_TASK = ArithChainTask(seed=12, alpha=0.7, max_steps=30)
+
+
+def machine() -> str:
+    """CPU, cores and library versions (see machine_info)."""
+    return describe(f"torch {torch.__version__} ({torch.get_num_threads()} threads), no GPU")
+
+
+@dataclass
+class DriftingPrompts:
+    """The prompt source of every configuration: the early task until `switch_step`, then the late one.
+
+    Keyed on the runner's step, not on prompts served, so every configuration (whatever its
+    over-sampling) sees the drift at the same step."""
+
+    early: PromptStream
+    late: PromptStream
+    step: Callable[[], int]
+    switch_step: int
+
+    def next_prompt(self) -> PromptRecord:
+        """The next prompt of the task in force at the runner's current step."""
+        return (self.early if self.step() < self.switch_step else self.late).next_prompt()
+
+
+@dataclass
+class Config:
+    """One side-by-side run."""
+
+    name: str
+    over_sampling: float
+    k: float
+    autotune: bool = False
+    runner: JobRunner | None = None
+    records: list[StepRecord] = field(default_factory=list)
+    eval_reward: float | None = None
+
+    @property
+    def goodput(self) -> float:
+        """Trained response tokens per second of this configuration's own step time."""
+        seconds = sum(r.step_seconds for r in self.records)
+        return sum(r.round.trained_tokens for r in self.records) / seconds if seconds else 0.0
+
+    def mean(self, key: Callable[[StepRecord], float]) -> float:
+        return sum(key(r) for r in self.records) / len(self.records) if self.records else 0.0
+
+
+def job_for(base: RLJob, cfg: Config, args: argparse.Namespace, tmp: Path) -> RLJob:
+    """The quickstart job shrunk for this machine, with this configuration's knobs."""
+    job = base.model_copy(deep=True)
+    spec = job.spec
+    job.metadata.name = f"autotune-{cfg.name}"
+    spec.rollout.rollout_batch_size = args.batch
+    spec.rollout.samples_per_prompt = args.samples
+    spec.rollout.max_response_length = args.max_response
+    # maxStaleness 4: the segment cap never goes below maxResponseLength / (maxStaleness + 1), and with
+    # the quickstart's 2 that floor (67 tokens) is above most early responses: k would cut nothing.
+    spec.rollout.partial.max_staleness = 4
+    spec.rollout.partial.over_sampling = cfg.over_sampling
+    spec.rollout.partial.truncation.mode = "sigma"
+    spec.rollout.partial.truncation.k = cfg.k
+    spec.trainer.steps = args.steps
+    spec.trainer.micro_batch_size = args.batch * args.samples
+    spec.checkpoint.dir = str(tmp / cfg.name / "ckpt")
+    spec.checkpoint.every_steps = 10_000  # the last step's only
+    spec.evaluation.every_steps = args.steps  # once, after the last step
+    spec.evaluation.prompts = args.eval_prompts
+    spec.metrics.port = 0
+    spec.metrics.jsonl = str(tmp / cfg.name / "metrics.jsonl")
+    if cfg.autotune:
+        spec.autotune = spec.autotune.model_copy(update={
+            "mode": "Apply", "local": True, "interval_seconds": 1, "window_seconds": 3600,
+            "cooldown_seconds": 0, "settle_rounds": args.settle, "goodput_tolerance": args.tolerance,
+        })
+    return job
+
+
+async def start(cfg: Config, base: RLJob, args: argparse.Namespace, tmp: Path) -> None:
+    """Set up the configuration's runner, its drifting prompts and (autotune) its knob source."""
+    job = job_for(base, cfg, args, tmp)
+    runner = JobRunner(job, RunOptions(output_dir=tmp / cfg.name, resume=False))
+    await runner.setup()
+    drifting = DriftingPrompts(
+        early=PromptStream([(p.prompt, p.answer) for p in EARLY_TASK.problems(2048)], runner.tokenizer, seed=1),
+        late=PromptStream([(p.prompt, p.answer) for p in LATE_TASK.problems(2048)], runner.tokenizer, seed=1),
+        step=lambda: runner.step, switch_step=args.steps // 2,
+    )
+    runner.scheduler.prompts = drifting  # type: ignore[assignment]
+
+    def own_time_only(record: StepRecord) -> None:
+        # Interleaved: the wall time since this runner's previous step is mostly other configurations'
+        # steps. Its own phases are its wall time (goodput, idle), for this table and for its tuner.
+        record.wall_seconds = 0.0
+
+    runner.step_listeners.append(own_time_only)
+    runner.knob_sources.extend(knob_sources_for(job.spec, runner.step_listeners))
+    cfg.runner = runner
+
+
+def row(cfg: Config) -> dict[str, Any]:
+    """The configuration's figures for the table and the JSON."""
+    return {
+        "name": cfg.name, "over_sampling_start": cfg.over_sampling, "k_start": cfg.k, "autotune": cfg.autotune,
+        "goodput_tokens_per_s": cfg.goodput, "eval_reward": cfg.eval_reward,
+        "mean_truncation_rate": cfg.mean(lambda r: r.round.truncation_rate),
+        "mean_partial_rate": cfg.mean(lambda r: r.round.partial_rate),
+        "mean_aborted_token_share": cfg.mean(lambda r: r.aborted_token_share),
+        "mean_off_policy_token_ratio": cfg.mean(lambda r: r.batch.off_policy_token_ratio),
+        "mean_reward_trained": cfg.mean(lambda r: r.batch.reward_mean),
+        "seconds": sum(r.step_seconds for r in cfg.records),
+        "trained_tokens": sum(r.round.trained_tokens for r in cfg.records),
+        "over_sampling": [r.knobs.get("over_sampling", 0.0) for r in cfg.records],
+        "truncation_k": [r.knobs.get("truncation_k", 0.0) for r in cfg.records],
+        "truncation_rate": [r.round.truncation_rate for r in cfg.records],
+        "goodput_per_step": [r.goodput_tokens_per_s for r in cfg.records],
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    base = load_rljob(args.job)
+    configs = [Config(f"os{o:g}-k{k:g}", o, k) for o in OVER_SAMPLING for k in K]
+    configs += [Config("defaults", *DEFAULTS), Config("autotune", *DEFAULTS, autotune=True)]
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
+        try:
+            with Progress(console=console) as progress:
+                setup = progress.add_task("setting up", total=len(configs))
+                for cfg in configs:
+                    await start(cfg, base, args, tmp)
+                    progress.advance(setup)
+                steps = progress.add_task("steps (all configurations)", total=args.steps * len(configs))
+                for _ in range(args.steps):
+                    for cfg in configs:
+                        assert cfg.runner is not None
+                        cfg.runner.poll_knobs()
+                        record = await cfg.runner.run_step()
+                        cfg.records.append(record)
+                        if record.eval_reward is not None:
+                            cfg.eval_reward = record.eval_reward
+                        progress.advance(steps)
+        finally:
+            for cfg in configs:
+                if cfg.runner is not None:
+                    await cfg.runner.close()
+    rows = [row(c) for c in configs]
+    fixed = [r for r in rows if r["name"].startswith("os")]
+    best = max(fixed, key=lambda r: r["goodput_tokens_per_s"])
+    by_name = {r["name"]: r for r in rows}
+    auto, default = by_name["autotune"], by_name["defaults"]
+    same_setting = by_name[f"os{DEFAULTS[0]:g}-k{DEFAULTS[1]:g}"]
+    return {
+        "benchmark": "autotune",
+        "job": str(Path(args.job).resolve().relative_to(ROOT)) if Path(args.job).resolve().is_relative_to(ROOT)
+        else args.job,
+        "task": (f"arith-chain drifting at step {args.steps // 2}: alpha {EARLY_TASK.alpha} max {EARLY_TASK.max_steps} "
+                 f"steps, then alpha {LATE_TASK.alpha} max {LATE_TASK.max_steps}"),
+        "steps": args.steps, "rollout_batch_size": args.batch, "samples_per_prompt": args.samples,
+        "max_response_length": args.max_response, "eval_prompts": args.eval_prompts, "settle_rounds": args.settle,
+        "goodput_tolerance": args.tolerance,
+        "autotune_goodput": auto["goodput_tokens_per_s"],
+        "best_fixed_goodput": best["goodput_tokens_per_s"],
+        "best_fixed": best["name"],
+        "default_goodput": default["goodput_tokens_per_s"],
+        "autotune_over_best_fixed": auto["goodput_tokens_per_s"] / best["goodput_tokens_per_s"],
+        "autotune_over_defaults": auto["goodput_tokens_per_s"] / default["goodput_tokens_per_s"],
+        "autotune_eval_reward": auto["eval_reward"],
+        "best_fixed_eval_reward": best["eval_reward"],
+        "default_eval_reward": default["eval_reward"],
+        # The defaults are also a grid point: two runs of one setting, the noise of one comparison.
+        "noise_goodput_same_setting": abs(default["goodput_tokens_per_s"] - same_setting["goodput_tokens_per_s"]),
+        "noise_eval_reward_same_setting": abs((default["eval_reward"] or 0.0) - (same_setting["eval_reward"] or 0.0)),
+        "rows": rows,
+        "wall_seconds": time.perf_counter() - started,
+        "machine": machine(),
+        "load_average_1min_at_end": load_average(),
+    }
+
+
+def table(result: dict[str, Any]) -> Table:
+    t = Table(title=f"autotune vs fixed knobs, {result['steps']} steps each, interleaved", header_style="bold")
+    for col in ("configuration", "goodput tok/s", "held-out reward", "trunc", "partial", "waste", "off-policy",
+                "over-sampling end", "k end"):
+        t.add_column(col, justify="right")
+    for r in result["rows"]:
+        t.add_row(r["name"], f"{r['goodput_tokens_per_s']:.1f}",
+                  "" if r["eval_reward"] is None else f"{r['eval_reward']:.3f}",
+                  f"{r['mean_truncation_rate']:.2f}", f"{r['mean_partial_rate']:.2f}",
+                  f"{r['mean_aborted_token_share']:.2f}", f"{r['mean_off_policy_token_ratio']:.2f}",
+                  f"{r['over_sampling'][-1]:g}", f"{r['truncation_k'][-1]:g}")
+    return t
+
+
+def plot(path: Path, result: dict[str, Any]) -> None:
+    """Goodput per configuration (bars) and the autotuner's knob trajectory."""
+    fig, (bars, knobs) = plt.subplots(1, 2, figsize=(11, 4))
+    rows = result["rows"]
+    colors = ["#c0504d" if r["autotune"] else "#2a7ab9" if r["name"] == "defaults" else "#999999" for r in rows]
+    bars.bar([r["name"] for r in rows], [r["goodput_tokens_per_s"] for r in rows], color=colors)
+    bars.set_ylabel("goodput (trained tokens / s)")
+    bars.tick_params(axis="x", rotation=60, labelsize=7)
+    bars.set_title(f"autotune / best fixed = {result['autotune_over_best_fixed']:.2f}, "
+                   f"/ defaults = {result['autotune_over_defaults']:.2f}", fontsize=9)
+    bars.grid(axis="y", alpha=0.3)
+    auto = next(r for r in rows if r["autotune"])
+    steps = list(range(1, len(auto["over_sampling"]) + 1))
+    knobs.step(steps, auto["over_sampling"], where="post", label="over-sampling")
+    knobs.step(steps, auto["truncation_k"], where="post", label="k")
+    knobs.plot(steps, auto["truncation_rate"], marker=".", linewidth=0.8, label="truncation rate")
+    knobs.axvline(result["steps"] // 2 + 0.5, color="black", linestyle="--", linewidth=1, label="length drift")
+    knobs.axhspan(0.15, 0.25, color="green", alpha=0.1, label="truncation band")
+    knobs.set_xlabel("step")
+    knobs.set_title("autotuner: knobs and truncation rate", fontsize=9)
+    knobs.legend(fontsize=7)
+    knobs.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--job", default=str(ROOT / "docs/examples/quickstart.yaml"), help="RLJob the runs derive from")
+    parser.add_argument("--steps", type=int, default=40, help="training steps per configuration")
+    parser.add_argument("--batch", type=int, default=8, help="rollout batch size (prompts per step)")
+    parser.add_argument("--samples", type=int, default=4, help="samples per prompt")
+    parser.add_argument("--max-response", type=int, default=200, help="maxResponseLength")
+    parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts, evaluated after the last step")
+    # Two runs of one setting differ by ~20% in goodput per few steps on a shared 2-core machine: the
+    # search averages settleRounds steps per verdict and calls a difference only above the tolerance.
+    parser.add_argument("--settle", type=int, default=3, help="autotune settleRounds")
+    parser.add_argument("--tolerance", type=float, default=0.1, help="autotune goodputTolerance")
+    parser.add_argument("--output", default=str(ROOT / "docs/benchmarks"), help="folder for JSON and plot")
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+    console.print(table(result))
+    console.print(
+        f"autotune goodput {result['autotune_goodput']:.1f} tok/s = {result['autotune_over_best_fixed']:.2f} x best "
+        f"fixed ({result['best_fixed']}, {result['best_fixed_goodput']:.1f}), "
+        f"{result['autotune_over_defaults']:.2f} x defaults ({result['default_goodput']:.1f}); same-setting noise "
+        f"{result['noise_goodput_same_setting']:.1f} tok/s, held-out reward noise "
+        f"{result['noise_eval_reward_same_setting']:.3f}"
+    )
+    console.print(f"machine: {result['machine']}")
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "autotune.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(out / "autotune.png", result)
+    console.print(f"wrote {out / 'autotune.json'} and {out / 'autotune.png'}")
+
+
+if __name__ == "__main__":
+    main()

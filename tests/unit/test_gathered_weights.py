@@ -1,6 +1,6 @@
 """Rank 0's weight source of a multi-rank job (ranks.GatheredWeights), on one process: each call is one
 full pass of the trainer's buckets, and a pass no transport took is still run once, so the other ranks,
-waiting in its gathers, are never left behind."""
+waiting in its gathers, are never left behind; nor is a pass a push gave up mid-way."""
 
 from __future__ import annotations
 
@@ -23,10 +23,23 @@ def test_each_call_is_a_full_pass_of_the_weights():
 
 def test_a_pass_no_transport_took_is_run_once_and_a_taken_one_is_not_repeated():
     untaken = source()
-    untaken.join_if_untaken()
-    untaken.join_if_untaken()
+    untaken.finish_pass()
+    untaken.finish_pass()
     assert untaken.calls == 1
     taken = source()
     list(taken())
-    taken.join_if_untaken()
+    taken.finish_pass()
     assert taken.calls == 1
+
+
+def test_a_pass_given_up_mid_way_is_pulled_to_its_end():
+    """A push given up on SIGTERM after its first bucket: the rest of that pass still runs (the other
+    ranks wait in its gathers), and no new pass starts."""
+    gathered = source()
+    buckets = gathered()
+    first = next(buckets)
+    left = list(gathered.backend.iter_full_weights(1 << 14))[1:]
+    assert left, "the tiny model must span more than one bucket for this test"
+    gathered.finish_pass()
+    assert next(buckets, None) is None and gathered.calls == 1
+    assert first

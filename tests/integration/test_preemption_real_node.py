@@ -29,8 +29,9 @@ from rljob.runtime.metrics import read_jsonl
 
 pytestmark = [pytest.mark.realnode, pytest.mark.cluster, pytest.mark.slow]
 
-# Steps for two interruptions with steps after each (a step takes ~4 s here).
-STEPS = 12
+# Steps for two interruptions with steps after each (a step takes 2-4 s here, and the status's step may
+# lag a few behind the trainer's: the progress reporter batches its writes).
+STEPS = 24
 TRAINER_LABELS = f"rljob.io/job-name={NAME},rljob.io/role=trainer"
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
@@ -90,12 +91,15 @@ def test_a_deleted_trainer_pod_and_a_suspend_lose_and_repeat_no_step(real_cluste
             assert len(first) == 1 and first[0] > before, (first, before)  # the step in flight, checkpointed
 
             # 2. suspend, steps done after the restart: SIGTERM to both pods.
-            resumed = _step(_wait(job, lambda s: _step(s) >= first[0] + 2, 600, "steps done after the restart"))
+            resumed = _step(_wait(job, lambda s: _step(s) > first[0], 600, "a step done after the restart"))
             assert resumed < STEPS - 2, "too late in the run to suspend it"
             _set_suspend(job, True)
             wait_until(lambda: job.status().get("phase") == "Suspended" and not _trainer_pods(rc, job), 600,
                        "RLJob Suspended, its trainer pods gone", interval=1)
             second = _checkpoints(job)
+            # What the suspended Job says of its stopped pods (the resume below must not count them as a failure).
+            print("trainer Job while suspended:", rc.cluster.kubectl(
+                "get", "job", f"{NAME}-trainer", "-n", job.namespace, "-o", "jsonpath={.status}", check=False).stdout)
             assert second[-1] > resumed, (second, resumed)
             _set_suspend(job, False)
             job.assert_completes(900)
@@ -110,6 +114,8 @@ def test_a_deleted_trainer_pod_and_a_suspend_lose_and_repeat_no_step(real_cluste
                   f"checkpoints {second}")
         except BaseException:
             job.print_diagnostics()
+            print(rc.cluster.kubectl("get", "events", "-n", job.namespace, "--field-selector", "involvedObject.kind=RLJob",
+                                     check=False).stdout)
             raise
         finally:
             sys.stdout.flush()

@@ -72,8 +72,8 @@ class EnginePool:
                 if await self._probe(idx):
                     log.info("engine %s is healthy again", self.engines[idx].name)
                     self.unhealthy.discard(idx)
-            if (idx := self.pick_now()) is not None:
-                return idx
+            if (picked := self.pick_now()) is not None:
+                return picked
             if self.recover is not None and await self.recover():
                 self.lagging.clear()  # every engine that answers holds the current weights again
                 continue

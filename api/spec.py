@@ -856,7 +856,12 @@ class RolloutSpec(ApiModel):
     """How rollouts are generated and scheduled."""
 
     engine: Literal["embedded", "sglang"] = "embedded"
-    strategy: Literal["sync", "april"] = "april"
+    strategy: Literal["sync", "april", "async"] = Field(
+        default="april",
+        description="sync: wait for every group; april: over-sample, stop upon collection, resume the rest next "
+        "step; async: APRIL whose engines keep generating while the trainer trains (interrupted by the weight "
+        "sync, resumed under the new weights; partial.maxStaleness bounds every trained token's age).",
+    )
     rollout_batch_size: int = Field(default=8, gt=0, le=1_000_000, description="Prompt groups trained per step (N).")
     samples_per_prompt: int = Field(
         default=4,

@@ -1,7 +1,7 @@
-"""Rollout throughput of `sync` vs `april` on the embedded engine, against the bubble-free ceiling.
+"""Rollout throughput of `sync`, `april` and `async` on the embedded engine, against the bubble-free ceiling.
 
 Same policy (the warmed-up tiny-arith model), same prompts, same seeds, one process; the rounds of
-the two strategies are interleaved so machine noise hits both alike. The ceiling is the engine's
+the strategies are interleaved so machine noise hits both alike. The ceiling is the engine's
 steady full-batch decode rate. Prints a table, writes docs/benchmarks/rollout_throughput.json and
 a plot. Run: `python benchmarks/rollout_throughput.py` (or `make benchmark`).
 """
@@ -52,9 +52,11 @@ async def run(args: argparse.Namespace) -> dict:
             console.log(f"{strategy:5s} {tag} {i + 1}: {s.tokens_generated} tokens in {s.rollout_seconds:.2f}s "
                         f"({s.tokens_per_second:.0f} tok/s), truncation {s.truncation_rate:.2f}")
 
-        comparison = await compare_strategies(runner, args.rounds, warmup_rounds=args.warmup, on_round=progress)
+        comparison = await compare_strategies(runner, args.rounds, strategies=("sync", "april", "async"),
+                                              warmup_rounds=args.warmup, on_round=progress,
+                                              train_seconds=args.train_seconds)
     rows = {r["strategy"]: r for r in comparison["rows"]}
-    sync, april = rows["sync"], rows["april"]
+    sync, april, asynch = rows["sync"], rows["april"], rows["async"]
     r = job.spec.rollout
     return {
         "benchmark": "rollout_throughput",
@@ -78,6 +80,15 @@ async def run(args: argparse.Namespace) -> dict:
         "april_over_sync": april["over_sync"],
         "april_over_ceiling": april["over_ceiling"],
         "sync_over_ceiling": sync["over_ceiling"],
+        # async: its engines keep generating for a train step's time after each collection (a trainer
+        # on its own hardware); tokens over collection + overlap seconds.
+        "train_seconds": args.train_seconds,
+        "train_seconds_source": args.train_seconds_source,
+        "async_tokens_per_s": asynch["tokens_per_s"],
+        "async_trained_tokens_per_s": asynch["trained_tokens_per_s"],
+        "async_over_sync": asynch["over_sync"],
+        "async_over_ceiling": asynch["over_ceiling"],
+        "async_off_policy_ratio": asynch["off_policy_ratio"],
         "sync_step_seconds": sync["step_seconds"],
         "april_step_seconds": april["step_seconds"],
         "off_policy_ratio": april["off_policy_ratio"],
@@ -88,6 +99,17 @@ async def run(args: argparse.Namespace) -> dict:
     }
 
 
+def train_seconds(given: float | None, folder: Path) -> tuple[float, str]:
+    """The train step's seconds: as given, else the sync runs' trainer-busy seconds per step in
+    time_to_reward.json (the quickstart's train step, the trainer pinned to one core)."""
+    if given is not None:
+        return given, "--train-seconds"
+    path = folder / "time_to_reward.json"
+    if not path.exists():
+        raise SystemExit(f"{path} not found: run benchmarks/time_to_reward.py first, or pass --train-seconds")
+    return json.loads(path.read_text())["train_step_seconds"]["sync"], "time_to_reward.json: train_step_seconds.sync"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--job", default=str(ROOT / "docs/examples/quickstart.yaml"), help="RLJob whose policy, "
@@ -95,7 +117,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8, help="measured rounds per strategy")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first (fills APRIL's buffer)")
     parser.add_argument("--output", default=str(ROOT / "docs/benchmarks"), help="folder for JSON and plot")
+    parser.add_argument("--train-seconds", type=float, default=None, help="the async strategy's overlap per "
+                        "round (default: the quickstart's train step measured in time_to_reward.json)")
     args = parser.parse_args()
+    args.train_seconds, args.train_seconds_source = train_seconds(args.train_seconds, Path(args.output))
     result = asyncio.run(run(args))
 
     console.print(comparison_view(result["rows"], result["ceiling_tokens_per_s"],
@@ -106,7 +131,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "rollout_throughput.json").write_text(json.dumps(result, indent=2) + "\n")
     comparison_plot(out / "rollout_throughput.png", result["rows"], result["ceiling_tokens_per_s"],
-                    f"april/sync = {result['april_over_sync']:.2f}x, april/ceiling = {result['april_over_ceiling']:.2f}")
+                    f"april/ceiling = {result['april_over_ceiling']:.2f}, "
+                    f"async/ceiling = {result['async_over_ceiling']:.2f}")
     console.print(f"wrote {out / 'rollout_throughput.json'} and {out / 'rollout_throughput.png'}")
 
 

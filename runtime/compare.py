@@ -81,8 +81,8 @@ class StrategyResult:
         bs = summarize_batch(result.groups, version)
         self.rounds += 1
         self.tokens += s.tokens_generated
-        self.rollout_seconds += s.rollout_seconds
-        self.round_seconds.append(s.rollout_seconds)
+        self.rollout_seconds += s.generating_seconds  # the overlap with training included (async)
+        self.round_seconds.append(s.generating_seconds)
         self.round_tokens_per_s.append(s.tokens_per_second)
         self.trained_tokens += bs.response_tokens
         self.off_policy_tokens += bs.off_policy_tokens
@@ -112,9 +112,14 @@ async def compare_rollouts(
     warmup_rounds: int = 1,
     on_round: Callable[[str, int, RoundResult], None] = lambda _s, _i, _r: None,
     weights: torch.nn.Module | None = None,
+    train_seconds: float = 0.0,
 ) -> dict[str, StrategyResult]:
     """Run `rounds` measured rounds per scheduler, interleaved; warm-up rounds are not counted
     (they also fill APRIL's buffer, which is its steady state).
+
+    A strategy that overlaps training (async) keeps generating for `train_seconds` after each round:
+    the train step of a trainer on hardware of its own (no training happens here), then the
+    interruption; that time counts in its generating seconds.
 
     With `weights`, every round is followed by a weight sync of those (unchanged) weights under the
     next policy version, outside the measured rollout time: the version cadence of training, so the
@@ -124,6 +129,7 @@ async def compare_rollouts(
     for i in range(warmup_rounds + rounds):
         for name, scheduler in schedulers.items():
             result = await scheduler.run_round(i)
+            await scheduler.generate_during(asyncio.sleep(train_seconds))  # returns at once unless async
             on_round(name, i, result)
             if i >= warmup_rounds:
                 results[name].add(result, i)
@@ -163,8 +169,10 @@ async def compare_strategies(
     strategies: tuple[str, ...] = ("sync", "april"),
     warmup_rounds: int = 1,
     on_round: Callable[[str, int, RoundResult], None] = lambda _s, _i, _r: None,
+    train_seconds: float = 0.0,
 ) -> dict[str, Any]:
-    """Rollout-only comparison of strategies on the runner's current policy, each on engines of its own."""
+    """Rollout-only comparison of strategies on the runner's current policy, each on engines of its own
+    (`train_seconds`: see compare_rollouts)."""
     from rljob.runtime import job_parts as parts
 
     job = runner.job
@@ -183,7 +191,8 @@ async def compare_strategies(
     await asyncio.gather(*(e.start() for e in engines))
     try:
         results = await compare_rollouts(
-            schedulers, rounds, warmup_rounds=warmup_rounds, on_round=on_round, weights=model
+            schedulers, rounds, warmup_rounds=warmup_rounds, on_round=on_round, weights=model,
+            train_seconds=train_seconds,
         )
         first = runner.prompts.records[0]
         prompt_ids = runner.prompts.renderer.render(first.prompt, first.messages).ids
@@ -201,6 +210,7 @@ async def compare_strategies(
     return {
         "rounds": rounds,
         "warmup_rounds": warmup_rounds,
+        "train_seconds": train_seconds,
         "ceiling_tokens_per_s": ceiling,
         "rows": rows,
         "results": {name: asdict(r) for name, r in results.items()},

@@ -270,7 +270,9 @@ class JobRunner:
         t1 = time.perf_counter()
         mine = self.orders.hand_out(result.groups, self.version)  # the whole batch in a single process
         # Metrics of the whole batch on every rank (the trainer all-reduces them): recorded here only.
-        train_metrics = await asyncio.to_thread(self.trainer.train_step, mine, self.version)
+        # Under the async strategy the engines keep generating meanwhile, until the sync below.
+        train_metrics = await self.scheduler.generate_during(
+            asyncio.to_thread(self.trainer.train_step, mine, self.version))
         t2 = time.perf_counter()
         self.version += 1
         self.step += 1

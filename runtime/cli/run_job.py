@@ -170,7 +170,7 @@ def add_parser(sub: Subparsers) -> None:
     run.add_argument("job", help="path of the RLJob YAML file")
     run.add_argument("--output", help="output folder for metrics.jsonl and the report (default: runs/<job name>)")
     run.add_argument("--steps", type=int, help="total training steps, overriding spec.trainer.steps")
-    run.add_argument("--strategy", choices=["sync", "april"], help="override spec.rollout.strategy")
+    run.add_argument("--strategy", choices=["sync", "april", "async"], help="override spec.rollout.strategy")
     run.add_argument("--fresh", action="store_true",
                      help="start a new run from step 0: the previous run's checkpoints move to "
                      "<checkpoint dir>/previous-<time>/ and its metrics.jsonl aside, never resumed")

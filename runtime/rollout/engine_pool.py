@@ -72,9 +72,8 @@ class EnginePool:
                 if await self._probe(idx):
                     log.info("engine %s is healthy again", self.engines[idx].name)
                     self.unhealthy.discard(idx)
-            healthy = [i for i in range(len(self.engines)) if i not in self.unhealthy and i not in self.lagging]
-            if healthy:
-                return min(healthy, key=lambda i: self.assigned[i])
+            if (picked := self.pick_now()) is not None:
+                return picked
             if self.recover is not None and await self.recover():
                 self.lagging.clear()  # every engine that answers holds the current weights again
                 continue
@@ -96,6 +95,12 @@ class EnginePool:
             on_wait()
             await asyncio.sleep(min(delay, left))
             delay = min(delay * 2, retry_max_s)
+
+    def pick_now(self) -> int | None:
+        """Least-loaded engine of the rotation, or None at once when there is none: work launched while
+        the trainer trains must neither wait nor ask for a catch-up sync (the trainer owns the weights)."""
+        healthy = [i for i in range(len(self.engines)) if i not in self.unhealthy and i not in self.lagging]
+        return min(healthy, key=lambda i: self.assigned[i]) if healthy else None
 
     async def _probe(self, idx: int) -> bool:
         try:

@@ -59,7 +59,10 @@ class RoundStats:
     round_index: int
     policy_version: int
     strategy: str
-    rollout_seconds: float = 0.0
+    rollout_seconds: float = 0.0  # collection: from the round's start until the batch was full
+    # Generation while the trainer trained (Strategy.overlaps_training), until the weight sync interrupted it.
+    overlap_seconds: float = 0.0
+    overlap_tokens: int = 0  # of tokens_generated, those generated in that overlap
     tokens_generated: int = 0  # every generate call, aborted ones included
     launched_samples: int = 0  # distinct samples that got a generate call this round
     partial_samples: int = 0  # launched samples that ended the round unfinished (cut or still running)
@@ -101,17 +104,24 @@ class RoundStats:
     over_sampling: float = 1.0
 
     @property
+    def generating_seconds(self) -> float:
+        """Seconds the engines had work this round: collection plus the overlap with training."""
+        return self.rollout_seconds + self.overlap_seconds
+
+    @property
     def tokens_per_second(self) -> float:
         """Every generated token (aborted, filtered and discarded ones included) per second of
-        rollout: APRIL's `tokens_throughput`, the paper's metric."""
-        return self.tokens_generated / self.rollout_seconds if self.rollout_seconds > 0 else 0.0
+        generation: APRIL's `tokens_throughput`, the paper's metric."""
+        seconds = self.generating_seconds
+        return self.tokens_generated / seconds if seconds > 0 else 0.0
 
     @property
     def trained_tokens_per_second(self) -> float:
-        """Response tokens of the returned groups per second of rollout: the honest metric, which
+        """Response tokens of the returned groups per second of generation: the honest metric, which
         counts no filtered, discarded or still-buffered work. A single round may return more
         tokens than it generated (resumed partials); summed over rounds it cannot."""
-        return self.trained_tokens / self.rollout_seconds if self.rollout_seconds > 0 else 0.0
+        seconds = self.generating_seconds
+        return self.trained_tokens / seconds if seconds > 0 else 0.0
 
     @property
     def truncation_rate(self) -> float:

@@ -17,12 +17,20 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from rljob.runtime.engines.base import Engine, EngineError, InvalidRequestError
 from rljob.runtime.rollout.buffer import PartialBuffer
-from rljob.runtime.rollout.decisions import Harvest, Launch, Outcome, chunk_launches, classify, next_launch
+from rljob.runtime.rollout.decisions import (
+    Harvest,
+    Launch,
+    Outcome,
+    ahead_launches,
+    chunk_launches,
+    classify,
+    next_launch,
+)
 from rljob.runtime.rollout.engine_pool import EnginePool, EngineWaitTimeout, Recover, StaleEnginesError
 from rljob.runtime.rollout.round import (
     RewardCollapse,
@@ -40,6 +48,7 @@ from rljob.runtime.rollout.truncation import TruncationPolicy
 from rljob.runtime.rollout.workflow import RolloutWorkflow, Segment, SegmentEnd, SingleTurnWorkflow
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 __all__ = [  # the names callers import from here, wherever they are defined
     "EngineWaitTimeout", "GroupFilter", "GroupScorer", "Prompt", "PromptSource", "Recover", "RolloutConfig",
@@ -107,6 +116,9 @@ class RolloutScheduler:
         self.progress = RoundProgress()
         self._round = 0
         self._group_counter = 0
+        # The round whose groups keep generating while the trainer trains (Strategy.overlaps_training):
+        # returned by run_round, closed by generate_during.
+        self._open: RoundState | None = None
 
     @property
     def engines(self) -> list[Engine]:
@@ -134,7 +146,13 @@ class RolloutScheduler:
     # ------------------------------------------------------------------ round
 
     async def run_round(self, policy_version: int) -> RoundResult:
-        """Collect `batch_size` groups generated (at least partly) by `policy_version`."""
+        """Collect `batch_size` groups generated (at least partly) by `policy_version`.
+
+        Under a strategy that overlaps training, the groups still in flight keep generating after this
+        returns; `generate_during` must follow (its end closes the round's statistics).
+        """
+        if self._open is not None:
+            raise RuntimeError("run_round: the previous round still generates; await generate_during first")
         cfg = self.config
         self._round += 1
         self.pool.new_round()
@@ -156,14 +174,82 @@ class RolloutScheduler:
             # nobody retrieves (logged from a finalizer, at a random point of another test or run).
             await self._cancel_in_flight(state)
             raise
+        if self.strategy.overlaps_training:
+            stats.rollout_seconds = self.clock() - start
+            self._open = state
+            self.progress.phase = "generating ahead"
+        else:
+            await self._close_round(state)
+            stats.rollout_seconds = self.clock() - start
+        return RoundResult(groups=sorted(state.accepted, key=lambda g: g.prompt_index), stats=stats)
+
+    async def generate_during(self, training: Awaitable[T]) -> T:
+        """Await `training`; meanwhile, under a strategy that overlaps training, keep the engines generating.
+
+        The groups of the last round still in flight run on under the weights they started with, and
+        more are launched (decisions.ahead_launches); finished ones are harvested as in the round (the
+        batch being full, they are surplus, kept for the next round). When `training` is done, every
+        request is interrupted (abort, drain) and its group buffered, so the weight sync that follows
+        lands on idle engines and the next round resumes each response under the new weights.
+        Without an open round this only awaits `training`.
+        """
+        state, self._open = self._open, None
+        future = asyncio.ensure_future(training)
+        if state is None:
+            return await future
+        start = self.clock()
+        tokens_before = state.stats.tokens_generated
+        try:
+            while not future.done():
+                self._launch_ahead(state)
+                self._update_progress(state)
+                harvest = asyncio.ensure_future(state.finished.get())
+                await asyncio.wait({future, harvest}, return_when=asyncio.FIRST_COMPLETED)
+                if not harvest.done():
+                    harvest.cancel()
+                    await asyncio.gather(harvest, return_exceptions=True)
+                    continue
+                done = [harvest.result()]
+                while not state.finished.empty():
+                    done.append(state.finished.get_nowait())
+                for task in sorted(done, key=lambda t: state.tasks[t][0].prompt_index):
+                    self._harvest(state, task)
+        except BaseException:
+            await self._cancel_in_flight(state)
+            await asyncio.gather(future, return_exceptions=True)  # a thread cannot be cancelled: let it end
+            raise
+        state.stats.overlap_seconds = self.clock() - start
+        await self._close_round(state)
+        state.stats.overlap_tokens = state.stats.tokens_generated - tokens_before
+        return future.result()
+
+    def _launch_ahead(self, state: RoundState) -> None:
+        """Top up while the trainer trains, on engines that need no waiting: retries first, then groups
+        the segment cap cut (continued now: nothing waits for them before the sync), then buffered groups
+        and fresh prompts, all without the cap."""
+        done_ahead = sum(1 for g in state.cut if g.finished)
+        for _ in range(ahead_launches(len(state.tasks), done_ahead, state.target)):
+            engine_idx = self.pool.pick_now()
+            if engine_idx is None:
+                return  # no engine in the rotation: the round after the sync waits for one, with its deadline
+            unfinished = next((g for g in state.cut if not g.finished), None)
+            if state.retry:
+                group = state.retry.pop(0)
+            elif unfinished is not None:
+                state.cut.remove(unfinished)
+                group = unfinished
+            else:
+                group = self._next_group(state)
+            self._launch(state, group, engine_idx, capped=False)
+
+    async def _close_round(self, state: RoundState) -> None:
+        """Abort and drain what still runs, buffer it, close the ledger."""
         if state.tasks:
             self.progress.phase = "aborting"
             state.cut.extend(await self._abort_and_drain(state))
         self._end_round(state)
-        stats.rollout_seconds = self.clock() - start
         self._update_progress(state)
         self.progress.phase = "done"
-        return RoundResult(groups=sorted(state.accepted, key=lambda g: g.prompt_index), stats=stats)
 
     async def _collect(self, state: RoundState) -> None:
         """Launch and harvest groups until the batch is full."""

@@ -41,6 +41,12 @@ class Strategy:
         """Whether the segment cap (length truncation) applies."""
         return False
 
+    @property
+    def overlaps_training(self) -> bool:
+        """Whether the engines keep generating while the trainer trains (the round's groups still in
+        flight at collection run on, and more are launched, until the weight sync interrupts them)."""
+        return False
+
 
 @dataclass
 class AprilStrategy(Strategy):
@@ -61,10 +67,33 @@ class AprilStrategy(Strategy):
         return True
 
 
+@dataclass
+class AsyncStrategy(AprilStrategy):
+    """Asynchronous APRIL: APRIL's round, and the engines never idle while the trainer trains.
+
+    The groups still in flight when the batch is collected keep generating under the weights they
+    started with, and more are launched so that `launch_target` groups are in flight or done ahead.
+    When the trainer has stepped, the weight sync interrupts them (abort, drain); they resume next
+    round under the new weights, so one response carries tokens of several versions, each stamped
+    with its own. `maxStaleness` is enforced when a group is accepted (decisions.classify).
+    """
+
+    name: str = "async"
+
+    @property
+    def overlaps_training(self) -> bool:
+        return True
+
+
+STRATEGY_NAMES = ("sync", "april", "async")
+
+
 def make_strategy(name: str, over_sampling: float = 2.0) -> Strategy:
-    """Strategy from its config name (`sync` or `april`)."""
+    """Strategy from its config name (`sync`, `april` or `async`)."""
     if name == "sync":
         return Strategy()
     if name == "april":
         return AprilStrategy(over_sampling=over_sampling)
-    raise ValueError(f"unknown rollout strategy {name!r}: use sync or april")
+    if name == "async":
+        return AsyncStrategy(over_sampling=over_sampling)
+    raise ValueError(f"unknown rollout strategy {name!r}: use one of {', '.join(STRATEGY_NAMES)}")

@@ -1,0 +1,292 @@
+"""Time to reward: sync, APRIL and async-APRIL trained on the quickstart task, side by side.
+
+Each strategy trains the same warmed-up policy on the same data seeds (the quickstart job, only
+`rollout.strategy`, the step count and the evaluation cadence changed), one run after the other in
+this one process, seeds interleaved so machine noise hits every strategy alike. The held-out reward
+is measured every `--eval-every` steps on `--eval-prompts` held-out problems; wall time is the time
+of the training steps themselves (rollout, train, weight sync), the held-out evaluations excluded.
+
+Disaggregation on a CPU: a cluster gives the inference pods and the trainer their own GPUs. Here the
+engine's steps (and the event loop that drives them) are pinned to one core and the trainer's steps
+to the other, each side with one torch thread (CPU affinity of the thread that runs the step, set
+when the step starts), so the strategies cannot borrow the other side's core and async-APRIL's
+overlap is what a cluster would see. The output states the pinning.
+
+Reports per strategy: held-out reward against wall time and against step for each seed; the wall
+time to reach sync's final held-out reward (seed-averaged curves, linear interpolation between
+evaluations); the engine's and the trainer's idle shares. Writes docs/benchmarks/time_to_reward.json
+and .png. Run: `python benchmarks/time_to_reward.py` (the JSON is rewritten after every run, marked
+`complete: false` until the last).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from machine_info import describe, load_average  # noqa: E402  (benchmarks/machine_info.py)
+from rich.console import Console  # noqa: E402
+from rljob.api import load_rljob  # noqa: E402
+from rljob.runtime.engines.embedded import EmbeddedEngine  # noqa: E402
+from rljob.runtime.runner import JobRunner, RunOptions  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+STRATEGIES = ("sync", "april", "async")
+console = Console()
+
+
+def pinned(fn: Callable[..., Any], core: int | None, busy: list[float]) -> Callable[..., Any]:
+    """`fn`, run on `core` only (the calling thread's affinity; Linux sets it per thread), its wall
+    time added to `busy[0]`."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            busy[0] += time.perf_counter() - t0
+
+    return run
+
+
+async def train_one(args: argparse.Namespace, strategy: str, seed: int, cores: tuple[int, int] | None) -> dict:
+    """One training run; returns its curves and idle shares."""
+    job = load_rljob(args.job)
+    job.spec.rollout.strategy = strategy
+    assert job.spec.data.synthetic is not None
+    job.spec.data.synthetic.seed = seed
+    job.spec.evaluation.every_steps = args.eval_every
+    job.spec.evaluation.prompts = args.eval_prompts
+    engine_core, trainer_core = cores if cores else (None, None)
+    with tempfile.TemporaryDirectory() as tmp:
+        job.spec.checkpoint.dir = str(Path(tmp) / "ckpt")
+        job.spec.checkpoint.every_steps = args.steps + 1  # only the final one: checkpoints are not the subject
+        runner = JobRunner(job, RunOptions(output_dir=Path(tmp), steps=args.steps, resume=False))
+        if engine_core is not None:
+            os.sched_setaffinity(0, {engine_core})  # the event loop drives the engines: their side
+        await runner.setup()
+        engine_busy, trainer_busy = [0.0], [0.0]
+        for engine in runner.engines:
+            assert isinstance(engine, EmbeddedEngine), "the benchmark pins embedded engines"
+            engine._step = pinned(engine._step, engine_core, engine_busy)  # type: ignore[method-assign]
+        runner.trainer.train_step = pinned(runner.trainer.train_step, trainer_core, trainer_busy)  # type: ignore[method-assign]
+        wall = [0.0]
+        points: list[dict[str, float]] = []
+        steps: list[dict[str, float]] = []
+        evaluate = runner.evaluate
+
+        async def timed_eval():  # type: ignore[no-untyped-def]
+            busy_before = engine_busy[0]
+            result = await evaluate()
+            engine_busy[0] = busy_before  # evaluation is measurement, not training work
+            if result is not None:  # evaluated before the step's listeners ran: its wall time is set after the run
+                points.append({"step": result.step, "reward": result.reward_mean})
+                console.log(f"{strategy:5s} seed {seed} step {result.step:3d}: held-out {result.reward_mean:.3f}")
+            return result
+
+        runner.evaluate = timed_eval  # type: ignore[method-assign]
+
+        def on_step(rec: Any) -> None:
+            wall[0] += rec.step_seconds
+            steps.append({"step": rec.step, "wall_s": wall[0], "reward": rec.batch.reward_mean,
+                          "off_policy_token_ratio": rec.batch.off_policy_token_ratio})
+
+        runner.step_listeners.append(on_step)
+        await runner.run()
+        if engine_core is not None:
+            os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+    walls = {s["step"]: s["wall_s"] for s in steps} | {0: 0.0}
+    for p in points:
+        p["wall_s"] = walls[int(p["step"])]
+    return {
+        "strategy": strategy, "seed": seed, "steps": args.steps, "wall_s": wall[0], "eval": points, "train": steps,
+        "engine_idle_share": max(0.0, 1 - engine_busy[0] / wall[0]) if wall[0] else None,
+        "trainer_idle_share": max(0.0, 1 - trainer_busy[0] / wall[0]) if wall[0] else None,
+    }
+
+
+def mean_curve(runs: list[dict]) -> list[dict[str, float]]:
+    """Held-out reward and wall time averaged over seeds, per evaluation step (steps every seed has)."""
+    common = set.intersection(*({p["step"] for p in r["eval"]} for r in runs)) if runs else set()
+    curve = []
+    for step in sorted(common):
+        pts = [next(p for p in r["eval"] if p["step"] == step) for r in runs]
+        curve.append({"step": step, "wall_s": sum(p["wall_s"] for p in pts) / len(pts),
+                      "reward": sum(p["reward"] for p in pts) / len(pts)})
+    return curve
+
+
+def time_to(curve: list[dict[str, float]], target: float) -> float | None:
+    """Wall time at which `curve` first reaches `target` (linear between evaluations), None if never."""
+    for prev, cur in zip(curve, curve[1:], strict=False):
+        if cur["reward"] >= target:
+            if prev["reward"] >= target:
+                return prev["wall_s"]
+            frac = (target - prev["reward"]) / (cur["reward"] - prev["reward"])
+            return prev["wall_s"] + frac * (cur["wall_s"] - prev["wall_s"])
+    return curve[0]["wall_s"] if curve and curve[0]["reward"] >= target else None
+
+
+def summarize(args: argparse.Namespace, runs: list[dict], cores: tuple[int, int] | None, complete: bool) -> dict:
+    # Compare like with like: only the seeds every strategy has finished enter the curves and ratios.
+    seeds = [seed for seed in args.seeds if all(any(r["strategy"] == s and r["seed"] == seed for r in runs)
+                                                 for s in STRATEGIES)]
+    by = {s: [r for r in runs if r["strategy"] == s and r["seed"] in seeds] for s in STRATEGIES}
+    curves = {s: mean_curve(rs) for s, rs in by.items() if rs}
+    target = curves["sync"][-1]["reward"] if curves.get("sync") else None
+    ttr = {s: (time_to(c, target) if target is not None else None) for s, c in curves.items()}
+    sync_t = ttr.get("sync")
+
+    def ratio(name: str) -> float | None:
+        t = ttr.get(name)
+        return t / sync_t if t is not None and sync_t else None
+
+    final = {s: [r["eval"][-1]["reward"] for r in rs if r["eval"]] for s, rs in by.items()}
+    return {
+        "benchmark": "time_to_reward",
+        "complete": complete,
+        "job": str(Path(args.job).resolve().relative_to(ROOT)) if Path(args.job).resolve().is_relative_to(ROOT)
+        else args.job,
+        "task": "arith-chain (the quickstart), warmed-up tiny-arith policy",
+        "steps": args.steps,
+        "steps_note": (f"{args.steps} steps per run, not the issue's 120: 3 strategies x 3 seeds x 120 steps do not "
+                       "fit the shared 2-core machine's time budget" if args.steps < 120 else "as asked"),
+        "seeds": args.seeds,
+        "seeds_compared": seeds,  # the seeds every strategy finished (curves, ratios and shares use these)
+        "eval_every": args.eval_every,
+        "eval_prompts": args.eval_prompts,
+        "disaggregation": (f"engine steps and the event loop pinned to core {cores[0]}, trainer steps to core "
+                           f"{cores[1]} (sched_setaffinity of the thread running each step), torch threads 1"
+                           if cores else "not pinned (fewer than 2 cores)"),
+        "sync_final_heldout_reward": target,
+        "time_to_sync_final_reward_s": ttr,
+        "async_over_sync_time_to_reward": ratio("async"),
+        "april_over_sync_time_to_reward": ratio("april"),
+        "time_to_reward_note": ("a null ratio: that strategy's seed-averaged held-out curve never reached sync's "
+                                f"final held-out reward within the {args.steps} steps"),
+        # Wall seconds of the whole run over sync's (same steps): the speed half of time to reward.
+        "wall_over_sync_same_steps": {s: sum(r["wall_s"] for r in rs) / sum(r["wall_s"] for r in by["sync"])
+                                      for s, rs in by.items() if rs and by["sync"]},
+        "final_heldout_reward_per_seed": final,
+        "mean_wall_s": {s: sum(r["wall_s"] for r in rs) / len(rs) for s, rs in by.items() if rs},
+        # The trainer's own seconds per step (its busy time): the rollout benchmark's async overlap window.
+        "train_step_seconds": {s: sum((1 - r["trainer_idle_share"]) * r["wall_s"] / r["steps"] for r in rs) / len(rs)
+                               for s, rs in by.items() if rs},
+        "engine_idle_share": {s: sum(r["engine_idle_share"] for r in rs) / len(rs) for s, rs in by.items() if rs},
+        "trainer_idle_share": {s: sum(r["trainer_idle_share"] for r in rs) / len(rs) for s, rs in by.items() if rs},
+        "mean_curves": curves,
+        "runs": runs,
+        "machine": describe(f"torch {torch.__version__} ({torch.get_num_threads()} threads), no GPU"),
+        "load_average_1min_at_end": load_average(),
+    }
+
+
+def plot(path: Path, result: dict) -> None:
+    colors = {"sync": "#999999", "april": "#2a7ab9", "async": "#c0504d"}
+    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(11, 4))
+    for run in result["runs"]:
+        c = colors[run["strategy"]]
+        ax_t.plot([p["wall_s"] for p in run["eval"]], [p["reward"] for p in run["eval"]], color=c, alpha=0.25, lw=1)
+        ax_s.plot([p["step"] for p in run["eval"]], [p["reward"] for p in run["eval"]], color=c, alpha=0.25, lw=1)
+    for name, curve in result["mean_curves"].items():
+        label = name if name != "async" else "async-APRIL"
+        ax_t.plot([p["wall_s"] for p in curve], [p["reward"] for p in curve], color=colors[name], lw=2, marker="o",
+                  label=label)
+        ax_s.plot([p["step"] for p in curve], [p["reward"] for p in curve], color=colors[name], lw=2, marker="o",
+                  label=label)
+    target = result["sync_final_heldout_reward"]
+    if target is not None:
+        for ax in (ax_t, ax_s):
+            ax.axhline(target, color="black", ls="--", lw=1)
+    ratios = ", ".join(f"{k.split('_')[0]}/sync {v:.2f}" for k, v in result.items()
+                       if k.endswith("_over_sync_time_to_reward") and v is not None)
+    ax_t.set_xlabel("wall seconds (training steps, evaluation excluded)")
+    ax_s.set_xlabel("step")
+    for ax in (ax_t, ax_s):
+        ax.set_ylabel("held-out reward")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"time to sync's final held-out reward (dashed): {ratios or 'n/a'}; "
+                 f"{len(result['seeds_compared'])} data seeds, thin lines per seed", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def resummarize(args: argparse.Namespace) -> None:
+    """Summary and plot again from the runs an earlier invocation wrote (a run cut short keeps its runs)."""
+    out = Path(args.output)
+    old = json.loads((out / "time_to_reward.json").read_text())
+    runs = old["runs"]
+    args.steps, args.seeds = old["steps"], old["seeds"]
+    args.eval_every, args.eval_prompts = old["eval_every"], old["eval_prompts"]
+    cores = (0, 1) if old["disaggregation"].startswith("engine steps") else None
+    complete = len(runs) == len(args.seeds) * len(STRATEGIES)
+    result = summarize(args, runs, cores, complete)
+    result["machine"], result["load_average_1min_at_end"] = old["machine"], old["load_average_1min_at_end"]
+    if not complete:
+        result["incomplete_note"] = (f"{len(runs)} of {len(args.seeds) * len(STRATEGIES)} runs finished before "
+                                     "the time budget ran out; the comparison uses the seeds every strategy finished")
+    (out / "time_to_reward.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(out / "time_to_reward.png", result)
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    cores = (0, 1) if (os.cpu_count() or 1) >= 2 and not args.no_pin else None
+    if cores:
+        torch.set_num_threads(1)
+    console.print(f"disaggregation: engines on core {cores[0]}, trainer on core {cores[1]}, 1 torch thread each"
+                  if cores else "disaggregation: off")
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.warmup_steps:  # one-off costs (allocations, first-call paths) must not land on the first strategy
+        await train_one(argparse.Namespace(**{**vars(args), "steps": args.warmup_steps, "eval_prompts": 8}),
+                        "sync", args.seeds[0], cores)
+    runs: list[dict] = []
+    for seed in args.seeds:
+        for strategy in STRATEGIES:
+            runs.append(await train_one(args, strategy, seed, cores))
+            done = len(runs) == len(args.seeds) * len(STRATEGIES)
+            result = summarize(args, runs, cores, complete=done)
+            (out / "time_to_reward.json").write_text(json.dumps(result, indent=2) + "\n")
+            plot(out / "time_to_reward.png", result)
+            console.print(f"{strategy} seed {seed}: {runs[-1]['wall_s']:.0f} s; async/sync "
+                          f"{result['async_over_sync_time_to_reward']}, april/sync "
+                          f"{result['april_over_sync_time_to_reward']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--job", default=str(ROOT / "docs/examples/quickstart.yaml"))
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="data seeds")
+    parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--eval-prompts", type=int, default=256)
+    parser.add_argument("--warmup-steps", type=int, default=2, help="an unmeasured sync run first")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin engines and trainer to their own cores")
+    parser.add_argument("--output", default=str(ROOT / "docs/benchmarks"))
+    parser.add_argument("--resummarize", action="store_true", help="only rebuild summary and plot from the runs "
+                        "already in the output's time_to_reward.json")
+    args = parser.parse_args()
+    if args.resummarize:
+        resummarize(args)
+    else:
+        asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""The async strategy on the real embedded engine with a tiny random transformer: the engines keep
+generating while a (stand-in) training step runs, the weight sync interrupts them mid-response, the
+next round resumes each response under the new weights, and every token carries the version that
+generated it.
+
+The stand-in training step ends on observed events (the overlap generated tokens and finished a group
+ahead), never after a fixed time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import pytest
+
+from rljob.runtime.engines.base import WeightUpdate
+from rljob.runtime.rollout.decisions import ahead_launches
+from rljob.runtime.rollout.round import RoundResult
+from rljob.runtime.rollout.scheduler import RolloutScheduler
+from rljob.runtime.rollout.strategy import AprilStrategy, AsyncStrategy, make_strategy
+from tests.helpers.tiny_model import build_tiny_model
+from tests.unit.runtime.rollout.test_scheduler import Ledger, RecordingEngine, assert_conserved, make_scheduler
+
+DEADLINE_S = 120.0
+
+
+async def until(condition: Callable[[], bool], what: str) -> str:
+    """The stand-in training step: returns once `condition` holds (generous deadline)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():
+        assert time.monotonic() < deadline, f"not observed within {DEADLINE_S:.0f} s: {what}"
+        await asyncio.sleep(0.01)
+    return "trained"
+
+
+def overlap_done(scheduler: RolloutScheduler, result: RoundResult) -> Callable[[], bool]:
+    """The overlap finished a group ahead and has requests in flight (so the sync interrupts some)."""
+    stats = result.stats
+    return lambda: stats.surplus_groups >= 1 and scheduler.progress.in_flight_groups >= 1
+
+
+@pytest.fixture
+async def engine():
+    e = RecordingEngine(build_tiny_model(seed=1), max_batch_size=32, seed=0)
+    await e.start()
+    yield e
+    await e.close()
+
+
+async def async_step(scheduler: RolloutScheduler, version: int, ledger: Ledger) -> RoundResult:
+    """One step of the runner's loop: sync weights `version`, collect, 'train' while generating ahead."""
+    for e in scheduler.engines:
+        if e.weight_version != version:
+            await e.update_weights(WeightUpdate(version=version, module=e.model))
+    result = await scheduler.run_round(version)
+    assert len(result.groups) == scheduler.config.batch_size
+    assert await scheduler.generate_during(until(overlap_done(scheduler, result), "a group done ahead")) == "trained"
+    for e in scheduler.engines:
+        assert (await e.load()).total == 0, "engine not drained before the weight sync"
+    ledger.trained += result.groups
+    ledger.generated_tokens += result.stats.tokens_generated
+    ledger.discarded_tokens += result.stats.discarded_stale_tokens
+    return result
+
+
+def test_make_strategy_knows_async() -> None:
+    strategy = make_strategy("async", over_sampling=1.5)
+    assert isinstance(strategy, AsyncStrategy) and strategy.overlaps_training and strategy.keeps_partials
+    assert strategy.launch_target(8) == 12
+    assert not AprilStrategy().overlaps_training
+    with pytest.raises(ValueError, match="sync, april, async"):
+        make_strategy("fully-async")
+
+
+@pytest.mark.parametrize(("in_flight", "done_ahead", "target", "launches"), [
+    (0, 0, 8, 8),  # engines empty: fill them
+    (5, 0, 8, 3),
+    (5, 3, 8, 0),  # a batch's worth of work kept: nothing more
+    (2, 9, 8, 0),  # more done ahead than the target (surplus of the round itself): never negative
+])
+def test_ahead_launches_keep_target_groups_in_flight_or_done(in_flight, done_ahead, target, launches) -> None:
+    assert ahead_launches(in_flight, done_ahead, target) == launches
+
+
+async def test_engines_generate_during_training_and_the_sync_interrupts_mid_response(engine):
+    scheduler = make_scheduler(AsyncStrategy(over_sampling=2.0), [engine], staleness=2)
+    ledger = Ledger()
+    first = await async_step(scheduler, 0, ledger)
+    s = first.stats
+    assert s.overlap_tokens > 0 and s.overlap_seconds > 0, "nothing generated while training"
+    assert s.surplus_groups >= 1 and s.tokens_per_second > 0
+    # Interrupted mid-response: unfinished samples with tokens of version 0 wait in the buffer.
+    partials = [smp for g in scheduler.buffer for smp in g.samples if not smp.status.finished and smp.response_ids]
+    assert partials, "the sync interrupted no request mid-response"
+    before = {(p.group_id, p.index): (list(p.response_ids), list(p.versions)) for p in partials}
+    assert all(set(v) == {0} for _, v in before.values())
+    # The trainer stepped: version 1. The next round resumes each interrupted response from its prefix.
+    engine.requests.clear()
+    await engine.update_weights(WeightUpdate(version=1, module=build_tiny_model(seed=2)))
+    await async_step(scheduler, 1, ledger)
+    mixed = 0
+    for p in partials:
+        ids, versions = before[(p.group_id, p.index)]
+        assert p.response_ids[: len(ids)] == ids and p.versions[: len(ids)] == versions
+        resumed = [r for r in engine.requests if r.rid.startswith(f"r2.{p.group_id}.s{p.index}.")]
+        if resumed:
+            assert resumed[0].input_ids == p.prompt_ids + ids, "the resume did not continue the prefix"
+            # Exactly: every token after the prefix came from version 1 (until the next interruption).
+            assert set(p.versions[len(ids):]) <= {1}
+            mixed += len(p.versions) > len(ids)
+        assert len(p.versions) == len(p.response_ids) == len(p.logprobs)
+    assert mixed >= 1, "no response carries tokens of two versions"
+    assert_conserved(scheduler, ledger)
+
+
+async def test_async_conserves_every_token_over_several_steps(engine):
+    scheduler = make_scheduler(AsyncStrategy(over_sampling=2.0), [engine], staleness=2)
+    ledger = Ledger()
+    overlap = 0
+    for v in range(4):
+        result = await async_step(scheduler, v, ledger)
+        s = result.stats
+        overlap += s.overlap_tokens
+        # The round's own ledger balances, its overlap included.
+        assert (s.buffer_tokens_before + s.tokens_generated == s.trained_tokens + s.buffer_tokens_after
+                + s.discarded_stale_tokens + s.wasted_tokens + s.discarded_tokens)
+        for g in result.groups:
+            for smp in g.samples:
+                assert smp.status.finished and smp.reward is not None
+                assert all(v - 2 <= tv <= v for tv in smp.versions), (v, set(smp.versions))
+    assert overlap > 0
+    assert_conserved(scheduler, ledger)
+
+
+async def test_staleness_bound_zero_regenerates_every_group_done_ahead(engine):
+    # η = 0: a group finished while the trainer trained at v is one version old at v + 1, over the
+    # bound: it is regenerated (counted), never trained.
+    scheduler = make_scheduler(AsyncStrategy(over_sampling=2.0), [engine], staleness=0)
+    ledger = Ledger()
+    regenerated = 0
+    for v in range(3):
+        result = await async_step(scheduler, v, ledger)
+        regenerated += result.stats.regenerated_samples
+        for g in result.groups:
+            for smp in g.samples:
+                assert set(smp.versions) <= {v}, f"trained at {v} with tokens of versions {set(smp.versions)}"
+    assert regenerated > 0 and ledger.discarded_tokens > 0, "the bound was never exercised"
+    assert_conserved(scheduler, ledger)
+
+
+async def test_run_round_refuses_to_start_while_the_last_round_still_generates(engine):
+    scheduler = make_scheduler(AsyncStrategy(over_sampling=2.0), [engine])
+    result = await scheduler.run_round(0)
+    with pytest.raises(RuntimeError, match="generate_during"):
+        await scheduler.run_round(1)
+    await scheduler.generate_during(until(lambda: True, "nothing"))
+    assert (await engine.load()).total == 0
+    assert result.stats.buffer_tokens_after == scheduler.buffer.token_count()
+
+
+async def test_a_failed_training_step_stops_the_overlap_and_leaves_nothing_running(engine):
+    scheduler = make_scheduler(AsyncStrategy(over_sampling=2.0), [engine])
+    result = await scheduler.run_round(0)
+
+    async def failing() -> None:
+        await until(lambda: result.stats.overlap_tokens > 0 or scheduler.progress.tokens > 0, "tokens")
+        raise RuntimeError("trainer out of memory")
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        await scheduler.generate_during(failing())
+    await until(lambda: engine.current_load().total == 0, "engine idle after the failure")

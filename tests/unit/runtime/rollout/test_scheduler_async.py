@@ -61,7 +61,7 @@ async def async_step(scheduler: RolloutScheduler, version: int, ledger: Ledger) 
         assert (await e.load()).total == 0, "engine not drained before the weight sync"
     ledger.trained += result.groups
     ledger.generated_tokens += result.stats.tokens_generated
-    ledger.discarded_tokens += result.stats.discarded_stale_tokens
+    ledger.discarded_tokens += result.stats.regenerated_tokens
     return result
 
 
@@ -125,7 +125,7 @@ async def test_async_conserves_every_token_over_several_steps(engine):
         overlap += s.overlap_tokens
         # The round's own ledger balances, its overlap included.
         assert (s.buffer_tokens_before + s.tokens_generated == s.trained_tokens + s.buffer_tokens_after
-                + s.discarded_stale_tokens + s.wasted_tokens + s.discarded_tokens)
+                + s.regenerated_tokens + s.filtered_tokens + s.discarded_tokens)
         for g in result.groups:
             for smp in g.samples:
                 assert smp.status.finished and smp.reward is not None

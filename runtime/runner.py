@@ -5,6 +5,9 @@ policy), which job_parts.py builds from the spec. The same loop runs in `rljob r
 the trainer pod of the operator (engine `sglang`). In a multi-rank job it is rank 0, and keeps the other
 ranks in step with the orders of ranks.py; each step's measurements go into a `StepRecord`
 (step_record.py).
+
+Why about 430 lines: the step is read top to bottom in one place (start and resume, the step, the
+weight push with its SIGTERM grace, the step-boundary vote, checkpoints); the parts it calls hold the logic.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ weight updates. Follows the client rules of reference/sglang_protocol.md §4, §
 The parts: HTTP calls and their retries (http_retry.py), the worker table with membership, probes
 and the router's list (worker_table.py; its rules in membership.py), the configuration
 (sglang_config.py); this module is the engine: generation, aborts and drains, weight endpoints.
+Why about 490 lines: these three share the per-worker slots and the abort epoch (a call that waited
+for its slot while an abort ran must not be sent), so they stay one class.
 
 Membership (membership.py holds the rules): the client owns the router's worker list; on a cluster the
 router starts empty and has no discovery of its own, so the client is the only one adding workers. A

@@ -9,6 +9,12 @@ either in a returned group or in the partial buffer, except groups rejected by t
 filter (counted as filtered), responses over the staleness bound (regenerated) and, for strategies
 that keep no partials, groups still running or surplus at collection (discarded); see the ledger
 in docs/architecture.md#the-round-ledger.
+
+Why one module of about 500 lines: what is left here is the I/O of one round over one `RoundState`
+(launch, harvest, abort and drain, and `generate_during`, the async strategy's overlap with training),
+every part reading and writing the same in-flight tasks; the decisions, the state, the staleness
+bound, scoring, the per-sample workflow and the engines' health already live in their own modules,
+and splitting the rest would pass the round's task table between modules.
 """
 
 from __future__ import annotations

@@ -74,6 +74,7 @@ from rljob.runtime.engines.base import (
 from rljob.runtime.engines.http_retry import HttpCaller, NoReply
 from rljob.runtime.engines.membership import WorkerView, catch_up_needed, engine_healthy
 from rljob.runtime.engines.protocol import (
+    continue_generation_call,
     HEALTH,
     HEALTH_GENERATE,
     Call,
@@ -157,6 +158,14 @@ class SGLangEngine(Engine):
 
     # ----------------------------------------------------------------- lifecycle
 
+    async def _resume_generation(self, url: str) -> None:
+        """``/continue_generation`` on one worker, best effort: its health probe decides what follows."""
+        call = continue_generation_call()
+        try:
+            await self._caller.call(call.method, url + call.path, json=call.body, timeout=self.config.probe_timeout_s)
+        except NoReply as err:
+            log.info("could not resume generation on %s before probing it: %s", url, err)
+
     async def start(self) -> None:
         """Discover workers if none are configured, then wait until each answers ``/health_generate``."""
         deadline = time.monotonic() + self.config.health_timeout_s
@@ -174,6 +183,10 @@ class SGLangEngine(Engine):
                 await asyncio.sleep(0.5)
                 urls = await self.table.discover_workers()
             self.table.workers = {u: WorkerState(u, served_version=self.weight_version) for u in urls}
+        # A trainer killed inside a weight sync (between /pause_generation and /continue_generation)
+        # leaves its workers paused, and a paused worker never passes /health_generate: this trainer
+        # resumes them first (continue_generation changes nothing on a running worker).
+        await asyncio.gather(*(self._resume_generation(u) for u in self.workers))
         pending = set(self.workers)
         while pending and time.monotonic() < deadline:
             results = await asyncio.gather(

@@ -673,3 +673,20 @@ async def test_worker_killed_mid_round_is_marked_unhealthy_without_hanging(clust
         for client in clients:
             await client.close()
 
+
+
+async def test_a_new_client_resumes_a_worker_a_killed_trainer_left_paused(served: Served) -> None:
+    """A trainer killed inside a weight sync, between /pause_generation and /continue_generation, leaves
+    the worker paused (found on the real node: the restarted trainer then waited on /health_generate
+    for ever). The next trainer's client resumes it before probing it."""
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        assert (await http.post("/pause_generation", json={"mode": "in_place"})).status_code == 200
+    assert served.server.gate.paused
+    successor = SGLangEngine(SGLangClientConfig(worker_urls=[served.url], health_timeout_s=60,
+                                                health_generate_timeout_s=5, probe_timeout_s=2.0))
+    try:
+        await asyncio.wait_for(successor.start(), 90)
+        assert not served.server.gate.paused
+        assert (await successor.generate(greedy("resumed", 3))).finish_reason == "length"
+    finally:
+        await successor.close()

@@ -38,7 +38,14 @@ class FaultyServer(SGLangProtocolServer):
     def __init__(self, engine: EmbeddedEngine, options: ServerOptions | None = None, faults: Faults = Faults()) -> None:
         self.faults = faults
         self._aborts_to_ignore = faults.ignore_first_aborts
+        # A hung handler would hold stop() for aiohttp's 60 s shutdown timeout; stop() releases it first.
+        self._release_hangs = asyncio.Event()
         super().__init__(engine, options)
+
+    async def stop(self) -> None:
+        """Release hung handlers, then stop as the production server does."""
+        self._release_hangs.set()
+        await super().stop()
 
     def _reply(self, req: GenerateRequest, res: GenerateResult, sp: proto.SamplingParamsBody,
                return_logprob: bool, text_in_logprobs: bool, latency: float) -> dict[str, Any]:
@@ -62,5 +69,6 @@ class FaultyServer(SGLangProtocolServer):
         if self.faults.health_generate == "503":
             raise JsonError(503, "fault switch: health_generate fails")
         if self.faults.health_generate == "hang":
-            await asyncio.Event().wait()
+            await self._release_hangs.wait()
+            raise JsonError(503, "fault switch: health_generate hung until the server stopped")
         return await super()._health_generate(request)

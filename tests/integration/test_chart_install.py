@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MONITORING_KINDS = {"ServiceMonitor": "servicemonitors", "PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules"}
 # An RBAC denial as the kubernetes client, kopf and our Kube wrapper report it.
 _FORBIDDEN = re.compile(r"Forbidden|\bHTTP 403\b|\(403\)")
+_DISCOVERY_LAG = re.compile(r"cannot find RESTMapping for APIVersion rljob\.io/\S+ Kind RLJob")
 # Everything on, so that every template is installed (the monitoring CRDs are stand-ins, see below).
 INSTALL_VALUES = {
     "serviceMonitor": {"enabled": True},
@@ -205,8 +206,15 @@ class ChartOperator(OperatorProcess):
                          workdir / "operator.log", env)
 
     def forbidden_lines(self) -> list[str]:
-        """Log lines reporting an RBAC denial (a bare "403" also matches timestamps and uids)."""
-        return [line for line in self.log_text().splitlines() if _FORBIDDEN.search(line)]
+        """Log lines reporting an RBAC denial (a bare "403" also matches timestamps and uids).
+
+        Not counted: OwnerReferencesPermissionEnforcement's 403 "cannot find RESTMapping ... no matches
+        for kind RLJob", which the API server answers until its own RESTMapper has learnt the CRD that
+        helm just installed (seconds, longer under load). That is discovery lag, not a missing rule,
+        and the operator's apply retry outlives it (seen once with the suite on two xdist workers).
+        """
+        return [line for line in self.log_text().splitlines()
+                if _FORBIDDEN.search(line) and not _DISCOVERY_LAG.search(line)]
 
 
 @pytest.fixture

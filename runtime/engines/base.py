@@ -50,6 +50,7 @@ class GenerateResult:
     finish_reason: FinishReason
     weight_version: int | None = None
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from a shared prefill (SGLang's meta_info.cached_tokens)
 
 
 @dataclass

@@ -35,6 +35,7 @@ class SamplingParamsBody(BaseModel):
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    n: int = Field(default=1, ge=1)  # parallel samples of each input (the server expands them; the client sends 1 each)
 
 
 class GenerateBody(BaseModel):

@@ -157,6 +157,49 @@ async def test_flush_cache_is_400_while_busy_and_200_when_idle(served: Served) -
         assert (await http.get("/flush_cache")).status_code == 200
 
 
+def _metric(text: str, name: str) -> float:
+    """The value of the first sample ``name{...} value`` in a /metrics page."""
+    line = next(ln for ln in text.splitlines() if ln.startswith(name + "{"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+async def test_a_groups_requests_share_one_prefill_and_report_cached_tokens(served: Served) -> None:
+    """One request per sample (what the client sends): the prompt is prefilled once, the other samples'
+    ``meta_info.cached_tokens`` say they reused it, /metrics counts it as SGLang does, and /flush_cache
+    makes the next request prefill again."""
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3}, "return_logprob": True}
+    stats = served.server.engine.stats
+    before = stats.prefill_tokens  # the client's start-up health generation prefilled its own prompt
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        replies = await asyncio.gather(*(http.post("/generate", json={**body, "rid": f"s{i}"}) for i in range(6)))
+        cached = sorted(r.json()["meta_info"]["cached_tokens"] for r in replies)
+        metrics = (await http.get("/metrics")).text
+        assert (await http.post("/flush_cache")).status_code == 200
+        after = (await http.post("/generate", json={**body, "rid": "after-flush"})).json()
+    assert cached == [0] + [len(PROMPT)] * 5
+    assert stats.prefill_tokens - before == 2 * len(PROMPT)  # the group's prefill, then after the flush
+    assert _metric(metrics, "sglang:cached_tokens_total") == 5 * len(PROMPT)
+    assert _metric(metrics, "sglang:prompt_tokens_total") - before == 6 * len(PROMPT)
+    assert after["meta_info"]["cached_tokens"] == 0
+
+
+async def test_n_primes_the_prompt_then_answers_n_samples_under_new_rids(served: Served) -> None:
+    """SGLang's ``n`` (tokenizer_manager._handle_batch_request): a prefill-only request puts the prompt in
+    the cache, then ``n`` samples run under fresh rids (the caller's names none of them), one list back."""
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3, "n": 3}, "rid": "group", "return_logprob": True}
+    before = served.server.engine.stats.prefill_tokens
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        replies = (await http.post("/generate", json=body)).json()
+        mixed = await http.post("/generate", json={"input_ids": [PROMPT, PROMPT], "sampling_params": [
+            {"max_new_tokens": 2, "n": 2}, {"max_new_tokens": 2}]})
+    assert isinstance(replies, list) and len(replies) == 3
+    ids = {r["meta_info"]["id"] for r in replies}
+    assert len(ids) == 3 and "group" not in ids
+    assert all(len(r["output_ids"]) == 3 and r["meta_info"]["cached_tokens"] == len(PROMPT) for r in replies)
+    assert served.server.engine.stats.prefill_tokens - before == len(PROMPT)  # only the prefill-only request computed it
+    assert mixed.status_code == 400 and "parallel_sample_num" in mixed.json()["error"]["message"]
+
+
 async def test_update_weight_version_aborts_by_default(served: Served) -> None:
     task = asyncio.create_task(served.client.generate(greedy("victim", 400)))
     await wait_until_generating(served.server)

@@ -333,6 +333,7 @@ def parse_generate_reply(
         finish_reason=_finish_type(meta),
         weight_version=version,
         prompt_tokens=int(meta.get("prompt_tokens") or 0),
+        cached_tokens=int(meta.get("cached_tokens") or 0),
     )
 
 

@@ -14,7 +14,7 @@ Older SGLang behaviours the client must tolerate are reproduced by a test-only s
 (tests/helpers/server_faults.py); this module has no fault switches. The TP ranks' side of the
 weight-update groups is server_groups.py, the pause flag and model-update lock admission.py.
 
-Why one module of about 800 lines: each handler mirrors one SGLang endpoint and they share one
+Why one module of about 850 lines: each handler mirrors one SGLang endpoint and they share one
 state (the engine, the admission gate, the table of live request ids, the served version string);
 split further, every part would reach into the others.
 """

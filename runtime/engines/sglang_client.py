@@ -5,12 +5,14 @@ healthy worker). The client holds as many /generate calls in flight as the rotat
 together, each worker counting its own max running requests (capacity.py); a call that waited for its
 slot, or for a retry, while ``abort_all`` ran is not sent. Everything the router does not forward or cannot be trusted with goes to every worker
 directly: aborts (the router answers 404 to /abort_request), load polling for drain verification, and
-weight updates. Follows the client rules of reference/sglang_protocol.md §4, §10, §11.
+weight updates. Follows the client rules of reference/sglang_protocol.md §4, §10, §11. A group's
+samples that start from their prompt share its prefill: the first primes one worker with the prompt
+and all of them go there, what SGLang's ``n`` does inside the server (prompt_groups.py).
 
 The parts: HTTP calls and their retries (http_retry.py), the worker table with membership, probes
 and the router's list (worker_table.py; its rules in membership.py), the configuration
-(sglang_config.py); this module is the engine: generation, aborts and drains, weight endpoints.
-Why about 490 lines: these three share the per-worker slots and the abort epoch (a call that waited
+(sglang_config.py), the prompts in flight (prompt_groups.py); this module is the engine: generation, aborts and drains, weight endpoints.
+Why about 540 lines: these three share the per-worker slots and the abort epoch (a call that waited
 for its slot while an abort ran must not be sent), so they stay one class.
 
 Membership (membership.py holds the rules): the client owns the router's worker list; on a cluster the

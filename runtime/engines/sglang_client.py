@@ -11,7 +11,8 @@ and all of them go there, what SGLang's ``n`` does inside the server (prompt_gro
 
 The parts: HTTP calls and their retries (http_retry.py), the worker table with membership, probes
 and the router's list (worker_table.py; its rules in membership.py), the configuration
-(sglang_config.py), the prompts in flight (prompt_groups.py); this module is the engine: generation, aborts and drains, weight endpoints.
+(sglang_config.py), the prompts in flight (prompt_groups.py); this module is the engine: generation,
+aborts and drains, weight endpoints.
 Why about 540 lines: these three share the per-worker slots and the abort epoch (a call that waited
 for its slot while an abort ran must not be sent), so they stay one class.
 

@@ -11,10 +11,9 @@ Layout: ``[slots, kv_heads, 2H, head_dim]`` per layer, where H is the longest co
 ``max_new_tokens``) any admitted request may reach. All rows write the same column, ``cursor``; a
 sequence occupies columns ``[start, cursor)`` of its row and the attention mask hides the rest, so
 each row sees its own tokens only, at its own positions (rotary embeddings get per-row position ids).
-A new sequence's prefill (its prompt's valid tokens only, no padding) is copied into the columns just
-left of the cursor. When the cursor reaches
-2H, every live sequence lies in the right half (none is longer than H), so the right half moves left
-and the cursor goes back to H: one copy every H steps.
+A new sequence's prefill (its prompt's tokens only, no padding) is copied into the columns just left
+of the cursor. When the cursor reaches 2H, every live sequence lies in the right half (none is longer
+than H), so the right half moves left and the cursor goes back to H: one copy every H steps.
 
 The cache is handed to the Hugging Face model as its ``cache`` argument: attention layers call
 ``update`` with the new column and attend to the returned views; the engine passes a ready 4D mask,

@@ -38,6 +38,9 @@ class GenerateRequest:
     stop_token_ids: list[int] = field(default_factory=list)
     top_k: int = -1  # -1 = off (SGLang convention)
     stop: list[str] = field(default_factory=list)  # stop strings: finish once the response text contains one
+    # Other requests of the same input_ids are sent alongside (a group's samples starting from their
+    # prompt): an engine that routes requests may prefill the prompt once for all of them.
+    share_prefill: bool = False
 
 
 @dataclass
@@ -50,6 +53,7 @@ class GenerateResult:
     finish_reason: FinishReason
     weight_version: int | None = None
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from a shared prefill (SGLang's meta_info.cached_tokens)
 
 
 @dataclass

@@ -2,8 +2,9 @@
 
 One background asyncio task runs the decode loop. Each iteration (one "step") frees the KV slots of
 finished sequences, prefills the requests admitted from the waiting queue (a few forwards over prompts
-of similar length) into free slots of the preallocated KV cache (slot_cache.py), and decodes one token
-for every running sequence in one forward. The torch work of a step runs
+of similar length, each distinct prompt at most once: requests with the same token ids, a GRPO group's
+samples, share one prefill through the prefix cache, prefix_cache.py) into free slots of the
+preallocated KV cache (slot_cache.py), and decodes one token for every running sequence in one forward. The torch work of a step runs
 in a worker thread (``asyncio.to_thread``), so the event loop stays free to accept requests and aborts
 while a step computes; weight updates take the same lock as a step, so they land between steps.
 
@@ -11,9 +12,9 @@ Abort follows SGLang: a waiting request finishes at once with no tokens; a runni
 the step in flight, with every token generated so far (log-probs included). Log-probs follow the
 convention of ``sampling.py``: log_softmax(logits / temperature) of the chosen token, before top-k/top-p.
 
-Why one module of about 550 lines: the decode loop, admission, aborts and the weight install share
-one lock and one table of running sequences; the KV cache (slot_cache.py), sampling (sampling.py) and
-the HTTP face (server.py) already live apart.
+Why one module of about 650 lines: the decode loop, admission, aborts and the weight install share
+one lock and one table of running sequences; the KV cache (slot_cache.py), the prefix cache
+(prefix_cache.py), sampling (sampling.py) and the HTTP face (server.py) already live apart.
 """
 
 from __future__ import annotations
@@ -40,12 +41,16 @@ from rljob.runtime.engines.base import (
     InvalidRequestError,
     WeightUpdate,
 )
+from rljob.runtime.engines.prefix_cache import Prefill, PrefillCache
 from rljob.runtime.engines.sampling import SamplingParams, sample_tokens
 from rljob.runtime.engines.slot_cache import SlotKVCache
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Detokenize = Callable[[list[int]], str]
+_GroupKey = tuple[int, ...] | int  # what sequences sharing one prefill have in common (_group_key)
+# Default prefix cache: 16384 prompt tokens of keys and values (as much as 64 rows of 256-token prompts).
+DEFAULT_PREFIX_CACHE_TOKENS = 16384
 
 
 @dataclass
@@ -53,13 +58,20 @@ class EngineStats:
     """Counters since start; the runtime metrics and the benchmark read them."""
 
     generated_tokens: int = 0
-    prefill_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens run through the model
+    cached_prefill_tokens: int = 0  # prompt tokens taken from a shared prefill instead (prefix_cache.py)
     prefill_steps: int = 0
     decode_steps: int = 0
     busy_seconds: float = 0.0  # wall time spent inside steps
     finished: Counter[str] = field(default_factory=Counter)  # finish reason -> requests
     last_step_tokens_per_s: float = 0.0  # generated tokens / wall time of the latest step
     full_step_seconds: float = 0.0  # moving average of decode-only steps at >= half the max batch
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """Share of admitted prompt tokens served from a shared prefill (SGLang's ``cache_hit_rate``)."""
+        total = self.prefill_tokens + self.cached_prefill_tokens
+        return self.cached_prefill_tokens / total if total else 0.0
 
     @property
     def tokens_per_busy_second(self) -> float:
@@ -76,6 +88,7 @@ class _Sequence:
     abort_requested: bool = False
     finish_reason: FinishReason | None = None
     slot: int | None = None  # its row in the KV cache once prefilled
+    cached_tokens: int = 0  # prompt tokens it took from a shared prefill
 
     @property
     def sampling(self) -> SamplingParams:
@@ -149,6 +162,8 @@ class EmbeddedEngine(Engine):
     ``model`` is an in-memory ``PreTrainedModel`` (used as is, not copied) or a ``save_pretrained``
     directory. ``max_batch_size`` bounds the running batch; further requests wait in FIFO order.
     ``seed`` seeds the sampling generator. ``torch_threads`` sets torch's intra-op threads when given.
+    ``prefix_cache_tokens`` bounds the prefix cache (prefix_cache.py) that lets requests with the same
+    token ids share one prefill; 0 turns sharing off (every request prefills its own prompt).
     """
 
     name = "embedded"
@@ -165,9 +180,12 @@ class EmbeddedEngine(Engine):
         torch_threads: int | None = None,
         max_context_len: int | None = None,
         detokenize: Detokenize | None = None,
+        prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
+        if prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens must be >= 0 (0 turns prefix sharing off), got {prefix_cache_tokens}")
         self._source = model
         self.max_batch_size = max_batch_size
         self.weight_version = weight_version
@@ -183,6 +201,7 @@ class EmbeddedEngine(Engine):
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._cache: SlotKVCache | None = None  # allocated on the first prefill
+        self._prefixes = PrefillCache(prefix_cache_tokens) if prefix_cache_tokens else None
         self._wake = asyncio.Event()
         self._step_lock = asyncio.Lock()
         self._paused = False
@@ -236,15 +255,30 @@ class EmbeddedEngine(Engine):
         for seq in self._running:
             self._finish(seq, seq.finish_reason or "abort")
         self._running, self._cache = [], None
+        self.flush_prefix_cache()
+
+    @property
+    def shares_prefill(self) -> bool:
+        """Whether requests with the same token ids share one prefill (a prefix cache is on)."""
+        return self._prefixes is not None
+
+    def flush_prefix_cache(self) -> None:
+        """Forget every cached prefill (SGLang's ``/flush_cache``; weight installs do it themselves)."""
+        if self._prefixes is not None:
+            self._prefixes.clear()
 
     # ----------------------------------------------------------------- requests
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        """Queue ``request`` and wait for it to finish (stop, length or abort)."""
+        """Queue ``request`` and wait for it to finish (stop, length or abort).
+
+        With a prefix cache, ``max_new_tokens`` 0 is a prefill-only request, as in SGLang: it prefills the
+        prompt into the cache (what SGLang's ``n`` does before sending the samples) and returns no tokens.
+        """
         if self._loop_task is None:
             await self.start()
         self._validate(request)
-        if request.max_new_tokens <= 0:
+        if request.max_new_tokens < 0 or (request.max_new_tokens == 0 and self._prefixes is None):
             return self._result_of(request, [], [], "length")
         seq = _Sequence(request=request, future=asyncio.get_running_loop().create_future())
         self._waiting.append(seq)
@@ -374,6 +408,9 @@ class EmbeddedEngine(Engine):
         checkpoint of a tied model may hold one of the two names); a bucket is a part of the model.
         """
         targets = self.model.state_dict(keep_vars=True)
+        # Cached prefills were computed under the old weights: a first token sampled from them would be
+        # stamped with the new version (SGLang flushes its radix cache on every weight update too).
+        self.flush_prefix_cache()
         tied = {"lm_head.weight", "model.embed_tokens.weight"} if whole else set()
         given = {n for n, _ in tensors}
         unknown = sorted(given - set(targets) - tied)
@@ -450,7 +487,7 @@ class EmbeddedEngine(Engine):
                 self._finish(seq, "abort")
 
     def _result_of(
-        self, request: GenerateRequest, ids: list[int], logprobs: list[float], reason: FinishReason
+        self, request: GenerateRequest, ids: list[int], logprobs: list[float], reason: FinishReason, cached: int = 0
     ) -> GenerateResult:
         return GenerateResult(
             rid=request.rid,
@@ -459,13 +496,14 @@ class EmbeddedEngine(Engine):
             finish_reason=reason,
             weight_version=self.weight_version,
             prompt_tokens=len(request.input_ids),
+            cached_tokens=cached,
         )
 
     def _finish(self, seq: _Sequence, reason: FinishReason) -> None:
         if seq.future.done():
             return
         self.stats.finished[reason] += 1
-        seq.future.set_result(self._result_of(seq.request, seq.output_ids, seq.output_logprobs, reason))
+        seq.future.set_result(self._result_of(seq.request, seq.output_ids, seq.output_logprobs, reason, seq.cached_tokens))
 
     def _fail_running(self, error: EngineError) -> None:
         for seq in self._running:
@@ -519,29 +557,97 @@ class EmbeddedEngine(Engine):
         """Prefill the admitted sequences in length buckets; samples each one's first token."""
         kv = self._kv()
         kv.reserve(max(len(s.request.input_ids) + s.request.max_new_tokens for s in seqs))
-        for chunk in prefill_chunks(seqs, lambda s: len(s.request.input_ids)):
-            self._prefill_chunk(chunk, kv)
-        return len(seqs)
+        return sum(self._prefill_chunk(chunk, kv) for chunk in prefill_chunks(seqs, lambda s: len(s.request.input_ids)))
 
-    def _prefill_chunk(self, seqs: list[_Sequence], kv: SlotKVCache) -> None:
-        """One left-padded forward over prompts of similar length, copied into fresh KV slots."""
-        width = max(len(s.request.input_ids) for s in seqs)
-        ids = torch.zeros((len(seqs), width), dtype=torch.long, device=self._device)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long, device=self._device)
-        for row, seq in enumerate(seqs):
-            prompt = seq.request.input_ids
+    def _prefill_chunk(self, seqs: list[_Sequence], kv: SlotKVCache) -> int:
+        """Prefill prompts of similar length, each distinct prompt at most once, into fresh KV slots.
+
+        With a prefix cache, sequences with the same token ids form one group: their prompt comes from
+        the cache or from one row of this chunk's forward, and every member copies it into its own slot.
+        Without one, each sequence is a group of its own. Either way the first tokens are sampled in one
+        call over the chunk's sequences in order, so both paths draw the same random numbers.
+        Returns the tokens sampled (prefill-only requests, ``max_new_tokens`` 0, sample none).
+        """
+        groups: dict[_GroupKey, list[_Sequence]] = {}
+        for seq in seqs:
+            groups.setdefault(self._group_key(seq), []).append(seq)
+        prefills = self._prefills_of(groups)
+        sampled = [s for s in seqs if s.request.max_new_tokens > 0]
+        first: dict[int, torch.Tensor] = {}  # id(sequence) -> its first token
+        if sampled:
+            logits = torch.stack([prefills[self._group_key(s)].logits for s in sampled])
+            tokens, logprobs = sample_tokens(logits, [s.sampling for s in sampled], self._generator)
+            for seq, tok, lp in zip(sampled, tokens.tolist(), logprobs.tolist(), strict=True):
+                seq.take(int(tok), float(lp), self._detokenize)
+            first = dict(zip(map(id, sampled), tokens.unbind(), strict=True))
+        for key, members in groups.items():
+            for seq in members:
+                if seq.request.max_new_tokens <= 0:
+                    seq.finish_reason = "length"  # prefill-only: done once its prompt is in the cache
+            live = [s for s in members if s.request.max_new_tokens > 0]
+            if live:
+                slots = [kv.allocate() for _ in live]
+                for seq, slot in zip(live, slots, strict=True):
+                    seq.slot = slot
+                kv.admit(slots, prefills[key].keys, prefills[key].values, torch.stack([first[id(s)] for s in live]))
+        return len(sampled)
+
+    def _prefills_of(self, groups: dict[_GroupKey, list[_Sequence]]) -> dict[_GroupKey, Prefill]:
+        """Each group's prefill: from the prefix cache, else from one forward over the groups missing.
+        The member whose prompt ran through the model paid for it; every other member reused it."""
+        prefills: dict[_GroupKey, Prefill] = {}
+        missing: list[_GroupKey] = []
+        for key, members in groups.items():
+            cached = self._prefixes.get(members[0].request.input_ids) if self._prefixes is not None else None
+            if cached is not None:
+                prefills[key] = cached
+            else:
+                missing.append(key)
+        if missing:
+            computed = self._forward_prompts([groups[k][0].request.input_ids for k in missing])
+            prefills.update(zip(missing, computed, strict=True))
+        fresh = set(missing)
+        for key, members in groups.items():
+            for seq in members[1:] if key in fresh else members:
+                seq.cached_tokens = len(seq.request.input_ids)
+                self.stats.cached_prefill_tokens += seq.cached_tokens
+        return prefills
+
+    def _group_key(self, seq: _Sequence) -> _GroupKey:
+        """Sequences that share a prefill: the same token ids with a prefix cache, else each on its own."""
+        return tuple(seq.request.input_ids) if self._prefixes is not None else id(seq)
+
+    def _forward_prompts(self, prompts: list[list[int]]) -> list[Prefill]:
+        """One left-padded forward over ``prompts``; each one's valid keys, values and last logits
+        (kept in the prefix cache when there is one)."""
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros((len(prompts), width), dtype=torch.long, device=self._device)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long, device=self._device)
+        for row, prompt in enumerate(prompts):
             ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             mask[row, width - len(prompt) :] = 1
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        prefill = DynamicCache(config=self.model.config)
-        logits = self._forward(ids, mask, positions, prefill)
-        tokens, logprobs = sample_tokens(logits, [s.sampling for s in seqs], self._generator)
-        for seq, tok, lp in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True):
-            seq.take(int(tok), float(lp), self._detokenize)
-            seq.slot = kv.allocate()
-        kv.admit([s.slot for s in seqs if s.slot is not None], prefill, mask, tokens)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(ids, mask, positions, cache)
         self.stats.prefill_steps += 1
         self.stats.prefill_tokens += int(mask.sum())
+        # transformers types a cache's layers as a union with linear-attention layers (no keys/values);
+        # a prefill of these models holds attention layers only.
+        layers: list[tuple[torch.Tensor, torch.Tensor]] = [
+            (layer.keys, layer.values) for layer in cache.layers  # type: ignore[union-attr, misc]
+        ]
+        out: list[Prefill] = []
+        for row, prompt in enumerate(prompts):
+            lo = width - len(prompt)  # padded columns are left out: they may hold NaN from empty attention
+            prefill = Prefill(keys=[k[row, :, lo:] for k, _ in layers], values=[v[row, :, lo:] for _, v in layers],
+                              logits=logits[row])
+            if self._prefixes is not None:
+                # A copy: a view would keep the whole padded batch alive for as long as the entry lives.
+                prefill = Prefill([k.clone() for k in prefill.keys], [v.clone() for v in prefill.values],
+                                  prefill.logits.clone())
+                self._prefixes.put(prompt, prefill)
+            out.append(prefill)
+        return out
 
     def _decode(self) -> int:
         """One forward over the slot rows; free and finished rows are computed but ignored."""

@@ -35,6 +35,7 @@ class SamplingParamsBody(BaseModel):
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    n: int = Field(default=1, ge=1)  # parallel samples of each input (the server expands them; the client sends 1 each)
 
 
 class GenerateBody(BaseModel):
@@ -332,6 +333,7 @@ def parse_generate_reply(
         finish_reason=_finish_type(meta),
         weight_version=version,
         prompt_tokens=int(meta.get("prompt_tokens") or 0),
+        cached_tokens=int(meta.get("cached_tokens") or 0),
     )
 
 

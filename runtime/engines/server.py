@@ -14,7 +14,7 @@ Older SGLang behaviours the client must tolerate are reproduced by a test-only s
 (tests/helpers/server_faults.py); this module has no fault switches. The TP ranks' side of the
 weight-update groups is server_groups.py, the pause flag and model-update lock admission.py.
 
-Why one module of about 800 lines: each handler mirrors one SGLang endpoint and they share one
+Why one module of about 850 lines: each handler mirrors one SGLang endpoint and they share one
 state (the engine, the admission gate, the table of live request ids, the served version string);
 split further, every part would reach into the others.
 """
@@ -46,7 +46,7 @@ import rljob.runtime.engines.protocol as proto
 from rljob.runtime.engines.admission import AdmissionGate
 from rljob.runtime.engines.auth import api_key_middleware
 from rljob.runtime.engines.base import EngineError, GenerateRequest, GenerateResult, WeightUpdate
-from rljob.runtime.engines.embedded import EmbeddedEngine, InvalidRequestError
+from rljob.runtime.engines.embedded import DEFAULT_PREFIX_CACHE_TOKENS, EmbeddedEngine, InvalidRequestError
 from rljob.runtime.engines.server_groups import GroupError, TPRankGroups
 
 log = logging.getLogger(__name__)
@@ -176,8 +176,10 @@ class _SGLangMetrics(Collector):
             "Generation throughput of the latest decode step (tokens/s).",
             stats.last_step_tokens_per_s if load.running else 0.0,
         )
-        yield gauge("sglang:cache_hit_rate", "Prefix cache hit rate (no prefix cache here).", 0.0)
-        yield counter("sglang:prompt_tokens", "Prefilled prompt tokens.", stats.prefill_tokens)
+        yield gauge("sglang:cache_hit_rate", "Share of prompt tokens served from the prefix cache.", stats.cache_hit_rate)
+        # As SGLang's: every admitted prompt token, and those of them the prefix cache served.
+        yield counter("sglang:prompt_tokens", "Prompt tokens.", stats.prefill_tokens + stats.cached_prefill_tokens)
+        yield counter("sglang:cached_tokens", "Prompt tokens served from the prefix cache.", stats.cached_prefill_tokens)
         yield counter("sglang:generation_tokens", "Generated tokens.", stats.generated_tokens)
         yield counter("sglang:num_requests", "Finished requests.", sum(stats.finished.values()))
         yield counter("sglang:num_aborted_requests", "Requests finished by abort.", stats.finished["abort"])
@@ -318,6 +320,12 @@ class SGLangProtocolServer:
         params = _as_list(body.sampling_params, n)
         want_logprobs = _as_list(body.return_logprob, n)
         started = time.perf_counter()
+        samples = {sp.n for sp in params}
+        if len(samples) > 1:
+            raise JsonError(400, "The parallel_sample_num should be the same for all samples in sample params.")
+        if (parallel := samples.pop()) > 1:
+            batch_inputs, params, want_logprobs = await self._prime(batch_inputs, params, want_logprobs, parallel)
+            rids, single = [None] * len(batch_inputs), False
         done = await self._run([rid or uuid.uuid4().hex for rid in rids], batch_inputs, params)
         latency = time.perf_counter() - started
         replies = [
@@ -325,6 +333,17 @@ class SGLangProtocolServer:
             for (req, res), sp, lp in zip(done, params, want_logprobs, strict=True)
         ]
         return web.json_response(replies[0] if single else replies)
+
+    async def _prime(
+        self, batch_inputs: list[list[int]], params: list[proto.SamplingParamsBody], want_logprobs: list[bool], n: int
+    ) -> tuple[list[list[int]], list[proto.SamplingParamsBody], list[bool]]:
+        """SGLang's ``n`` (``tm._handle_batch_request``): one prefill-only request (``max_new_tokens`` 0) per
+        input puts its prompt in the prefix cache, then each input runs ``n`` times, every sample under a
+        new random rid (the caller's rid names none of them), answered as one list grouped by input."""
+        prefill_only = [sp.model_copy(update={"max_new_tokens": 0}) for sp in params]
+        await self._run([uuid.uuid4().hex for _ in batch_inputs], batch_inputs, prefill_only)
+        return ([ids for ids in batch_inputs for _ in range(n)], [sp for sp in params for _ in range(n)],
+                [lp for lp in want_logprobs for _ in range(n)])
 
     async def _run(
         self, rids: list[str], batch_inputs: list[list[int]], params: list[proto.SamplingParamsBody]
@@ -444,7 +463,7 @@ class SGLangProtocolServer:
             "finish_reason": proto.finish_reason_json(res, req.max_new_tokens, message),
             "prompt_tokens": len(req.input_ids),
             "completion_tokens": len(res.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": res.cached_tokens,
             "weight_version": self.weight_version,
             "e2e_latency": latency,
         }
@@ -528,6 +547,7 @@ class SGLangProtocolServer:
                 status=400,
                 text=f"Cache not flushed: {load.running} running and {load.waiting} waiting requests. Retry when idle.",
             )
+        self.engine.flush_prefix_cache()
         return web.Response(status=200, text="Cache flushed.")
 
     # ----------------------------------------------------------------- info and load
@@ -560,7 +580,7 @@ class SGLangProtocolServer:
             "max_total_num_tokens": self.max_total_num_tokens,
             "token_usage": used / max(1, self.max_total_num_tokens),
             "gen_throughput": self.engine.stats.last_step_tokens_per_s if load.running else 0.0,
-            "cache_hit_rate": 0.0,
+            "cache_hit_rate": self.engine.stats.cache_hit_rate,
         }
 
     async def _server_info(self, _request: web.Request) -> web.Response:
@@ -769,6 +789,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--tokenizer-path", default=None, help="Hugging Face tokenizer directory, to accept text input")
     p.add_argument("--startup-delay", type=float, default=0.0, help="seconds to keep answering 503 after loading")
+    p.add_argument("--disable-radix-cache", action="store_true",
+                   help="no prefix sharing: every request prefills its own prompt, as SGLang's flag of that name")
     p.add_argument("--enable-metrics", action="store_true", help="accepted for SGLang compatibility; /metrics is always on")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--api-key", default=None,
@@ -804,6 +826,7 @@ def main(argv: list[str] | None = None) -> None:
         torch_threads=args.torch_threads,
         max_context_len=args.context_length,
         detokenize=tokenizer.decode if tokenizer is not None else None,  # stop strings
+        prefix_cache_tokens=0 if args.disable_radix_cache else DEFAULT_PREFIX_CACHE_TOKENS,
     )
     options = ServerOptions(
         model_path=args.model_path,

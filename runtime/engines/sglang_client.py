@@ -5,12 +5,15 @@ healthy worker). The client holds as many /generate calls in flight as the rotat
 together, each worker counting its own max running requests (capacity.py); a call that waited for its
 slot, or for a retry, while ``abort_all`` ran is not sent. Everything the router does not forward or cannot be trusted with goes to every worker
 directly: aborts (the router answers 404 to /abort_request), load polling for drain verification, and
-weight updates. Follows the client rules of reference/sglang_protocol.md §4, §10, §11.
+weight updates. Follows the client rules of reference/sglang_protocol.md §4, §10, §11. A group's
+samples that start from their prompt share its prefill: the first primes one worker with the prompt
+and all of them go there, what SGLang's ``n`` does inside the server (prompt_groups.py).
 
 The parts: HTTP calls and their retries (http_retry.py), the worker table with membership, probes
 and the router's list (worker_table.py; its rules in membership.py), the configuration
-(sglang_config.py); this module is the engine: generation, aborts and drains, weight endpoints.
-Why about 490 lines: these three share the per-worker slots and the abort epoch (a call that waited
+(sglang_config.py), the prompts in flight (prompt_groups.py); this module is the engine: generation,
+aborts and drains, weight endpoints.
+Why about 540 lines: these three share the per-worker slots and the abort epoch (a call that waited
 for its slot while an abort ran must not be sent), so they stay one class.
 
 Membership (membership.py holds the rules): the client owns the router's worker list; on a cluster the
@@ -86,6 +89,7 @@ from rljob.runtime.engines.protocol import (
     parse_load,
     update_weights_from_disk_call,
 )
+from rljob.runtime.engines.prompt_groups import PromptGroups
 from rljob.runtime.engines.sglang_config import SGLangClientConfig
 from rljob.runtime.engines.worker_table import WorkerState, WorkerTable
 
@@ -115,6 +119,7 @@ class SGLangEngine(Engine):
             headers=bearer_headers(config.api_key),
         )
         self._caller = HttpCaller(self._http, config.retry_policy())
+        self._prompts = PromptGroups()  # prompts with requests in flight, for shared prefills
         self.table = WorkerTable(config, self._caller, weight_version)
 
     def worker_capacity(self, worker: WorkerState) -> int:
@@ -241,7 +246,7 @@ class SGLangEngine(Engine):
 
     # ----------------------------------------------------------------- generation
 
-    def _generate_target(self) -> tuple[str, WorkerState | None]:
+    def _generate_target(self, prefer: str | None = None) -> tuple[str, WorkerState | None]:
         if self.table.router_url is not None:
             if not self.table.router_up:
                 raise EngineError(f"the sglang router at {self.table.router_url} is down; generation waits until it answers")
@@ -253,23 +258,56 @@ class SGLangEngine(Engine):
                 + ", ".join(f"{w.url}: {w.last_error or f'serves {w.served_version}'}" for w in self.workers.values())
                 + "); check the inference pods and the weight sync, then call health() to re-admit them"
             )
-        worker = min(current, key=lambda w: w.in_flight / self.worker_capacity(w))  # the least full
+        preferred = [w for w in current if w.url == prefer]
+        worker = preferred[0] if preferred else min(current, key=lambda w: w.in_flight / self.worker_capacity(w))
         return worker.url, worker
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        """POST /generate (router or least busy worker); see the module docstring for failures."""
+        """POST /generate (router or least busy worker); see the module docstring for failures.
+
+        A request marked ``share_prefill`` (a group's sample starting from its prompt) joins the other
+        requests of the same prompt: the first primes a worker with the prompt, and all of them go there
+        (prompt_groups.py), so the worker prefills the prompt once for the group.
+        """
         submitted_version = self.weight_version
         if request.max_new_tokens <= 0:
             return GenerateResult(request.rid, [], [], "length", submitted_version, len(request.input_ids))
         epoch = self._abort_epoch
+        if not (request.share_prefill and self.config.share_prefill):
+            result, _ = await self._generate_with_slot(request, submitted_version, epoch, None)
+            return result
+        async with self._prompts.join(request.input_ids, lambda: self._prime(request, epoch)) as primed:
+            result, _ = await self._generate_with_slot(request, submitted_version, epoch, primed)
+            return result
+
+    async def _prime(self, request: GenerateRequest, epoch: int) -> str | None:
+        """Prefill ``request``'s prompt alone (``max_new_tokens`` 0, SGLang's prefill-only request, what its
+        ``n`` sends first); returns the worker that holds it now (None through the router, which routes
+        the samples by their prefix itself, or when priming failed: the samples then go as usual)."""
+        prime = replace(request, rid=request.rid + "prime", max_new_tokens=0)
+        try:
+            result, url = await self._generate_with_slot(prime, self.weight_version, epoch, None)
+        except EngineError as exc:  # also a refused request: each sample meets the refusal itself
+            log.info("could not prime the prompt of %s (its samples go unprimed): %s", request.rid, exc)
+            return None
+        return url if result.finish_reason != "abort" else None
+
+    async def _generate_with_slot(
+        self, request: GenerateRequest, submitted_version: int, epoch: int, prefer: str | None
+    ) -> tuple[GenerateResult, str | None]:
+        """_generate_in_slot holding one of the client's in-flight slots."""
         await self._slots.acquire()
         try:
-            return await self._generate_in_slot(request, submitted_version, epoch)
+            return await self._generate_in_slot(request, submitted_version, epoch, prefer)
         finally:
             self._slots.release()
 
-    async def _generate_in_slot(self, request: GenerateRequest, submitted_version: int, epoch: int) -> GenerateResult:
-        """generate()'s attempts, once it holds a slot; ``epoch``: the abort epoch it was submitted in."""
+    async def _generate_in_slot(
+        self, request: GenerateRequest, submitted_version: int, epoch: int, prefer: str | None
+    ) -> tuple[GenerateResult, str | None]:
+        """generate()'s attempts, once it holds a slot; ``epoch``: the abort epoch it was submitted in;
+        ``prefer``: the worker to send it to while that one is in the rotation. Returns the result and the
+        worker that answered (None through the router)."""
         timeout = httpx.Timeout(self.config.generate_timeout_s, connect=self.config.control_timeout_s)
         aborted = GenerateResult(request.rid, [], [], "abort", submitted_version, len(request.input_ids))
         last_error = ""
@@ -277,8 +315,8 @@ class SGLangEngine(Engine):
             if self._abort_epoch != epoch:
                 # abort_all ran while this request waited for its slot or its retry: sending it now would
                 # start work the drain must abort again (and could stretch it past drainTimeoutSeconds).
-                return aborted
-            base, worker = self._generate_target()
+                return aborted, None
+            base, worker = self._generate_target(prefer)
             call = generate_call(request, attempt_rid(request.rid, attempt))
             if worker is not None:
                 worker.in_flight += 1
@@ -295,7 +333,7 @@ class SGLangEngine(Engine):
                 log.warning("generate %s on %s failed (attempt %d): %s", request.rid, base, attempt + 1, exc)
                 await self._after_generate_failure(worker, last_error)
                 if exc.sent and self._abort_epoch != epoch:
-                    return aborted  # aborted meanwhile: the caller wants the request back, not a retry
+                    return aborted, None  # aborted meanwhile: the caller wants the request back, not a retry
                 await self._caller.backoff(attempt)
                 continue
             finally:
@@ -303,7 +341,8 @@ class SGLangEngine(Engine):
                     worker.in_flight -= 1
             if worker is not None:
                 self.table.note_success(worker)
-            return replace(self._parse_generate(resp, base, request, submitted_version), rid=request.rid)
+            result = replace(self._parse_generate(resp, base, request, submitted_version), rid=request.rid)
+            return result, worker.url if worker is not None else None
         raise EngineError(
             f"/generate for {request.rid} failed {self.config.retries + 1} times (last: {last_error}); "
             "check the SGLang workers and router, the sample can be resumed from its previous state"

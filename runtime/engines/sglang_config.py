@@ -40,6 +40,9 @@ class SGLangClientConfig:
     probe_backoff_max_s: float = 8.0
     manage_router: bool = True  # keep the router's worker list equal to the rotation
     router_add_grace_s: float = 10.0  # a worker the router accepted but does not list yet is posted again after this
+    # A group's samples that start from its prompt: prime one worker with the prompt (a prefill-only
+    # request), then send them all there, so it prefills the prompt once (prompt_groups.py).
+    share_prefill: bool = True
     api_key: str | None = None  # the job's engine key: sent as a bearer token to workers and router (engines/auth.py)
 
     def retry_policy(self) -> RetryPolicy:

@@ -11,9 +11,9 @@ Layout: ``[slots, kv_heads, 2H, head_dim]`` per layer, where H is the longest co
 ``max_new_tokens``) any admitted request may reach. All rows write the same column, ``cursor``; a
 sequence occupies columns ``[start, cursor)`` of its row and the attention mask hides the rest, so
 each row sees its own tokens only, at its own positions (rotary embeddings get per-row position ids).
-A new sequence's prefill is copied into the columns just left of the cursor. When the cursor reaches
-2H, every live sequence lies in the right half (none is longer than H), so the right half moves left
-and the cursor goes back to H: one copy every H steps.
+A new sequence's prefill (its prompt's tokens only, no padding) is copied into the columns just left
+of the cursor. When the cursor reaches 2H, every live sequence lies in the right half (none is longer
+than H), so the right half moves left and the cursor goes back to H: one copy every H steps.
 
 The cache is handed to the Hugging Face model as its ``cache`` argument: attention layers call
 ``update`` with the new column and attend to the returned views; the engine passes a ready 4D mask,
@@ -26,7 +26,7 @@ import heapq
 from typing import Any
 
 import torch
-from transformers import DynamicCache, PretrainedConfig
+from transformers import PretrainedConfig
 
 _ALIGN = 64  # context capacity grows in multiples of this, so growth (a full copy) is rare
 
@@ -111,27 +111,25 @@ class SlotKVCache:
 
     # ----------------------------------------------------------------- prefill
 
-    def admit(self, slots: list[int], prefill: DynamicCache, mask: torch.Tensor, first_tokens: torch.Tensor) -> None:
-        """Copy a left-padded prefill (``mask`` [n, w], 1 = token) into ``slots``, ending left of the cursor."""
-        width = int(mask.shape[1])
-        lo = self.cursor - width
+    def admit(self, slots: list[int], keys: list[torch.Tensor], values: list[torch.Tensor], first_token: torch.Tensor) -> None:
+        """Copy one prompt's prefill (per layer ``[kv_heads, tokens, head_dim]``) into every one of ``slots``,
+        ending left of the cursor; ``first_token`` [len(slots)] are their first generated tokens.
+
+        Several slots take the same prefill when a group's samples share their prompt (prefix_cache.py):
+        one broadcast copy per layer.
+        """
+        length = int(keys[0].shape[1])
+        lo = self.cursor - length
         idx = torch.tensor(slots, dtype=torch.long, device=self._device)
-        keep = mask.bool()
-        # Padded query rows of a left-padded prefill may attend to nothing and come out NaN; a masked
-        # NaN still poisons attention (0 * NaN), so padded entries are zeroed on the way in.
-        keep4 = keep[:, None, :, None]
-        for layer, cached in enumerate(prefill.layers):
-            # transformers types a cache's layers as a union with linear-attention layers (no keys/values);
-            # a prefill of these models holds attention layers only.
-            self.keys[layer][idx, :, lo : self.cursor] = torch.where(keep4, cached.keys, 0.0)  # type: ignore[union-attr, arg-type]
-            self.values[layer][idx, :, lo : self.cursor] = torch.where(keep4, cached.values, 0.0)  # type: ignore[union-attr, arg-type]
+        for layer in range(self._layers):
+            self.keys[layer][idx, :, lo : self.cursor] = keys[layer]
+            self.values[layer][idx, :, lo : self.cursor] = values[layer]
         self.valid[idx] = False
-        self.valid[idx, lo : self.cursor] = keep
-        lengths = keep.sum(dim=1)
-        for slot, length in zip(slots, lengths.tolist(), strict=True):
-            self._start[slot] = self.cursor - int(length)
-        self.positions[idx] = lengths
-        self.next_tokens[idx] = first_tokens
+        self.valid[idx, lo : self.cursor] = True
+        for slot in slots:
+            self._start[slot] = lo
+        self.positions[idx] = length
+        self.next_tokens[idx] = first_token
 
     # ----------------------------------------------------------------- decode
 

@@ -455,6 +455,7 @@ class RolloutScheduler:
             engine=self.engines[engine_idx], rid=f"r{self._round}.{sample.group_id}.s{sample.index}.{sample.segments}.",
             max_new_tokens=min(budget, cap) if cap is not None else budget, policy_version=state.policy_version,
             sampling=cfg.sampling(), aborting=state.aborting,
+            group_prompt=sample.prompt_ids if not sample.response_length and cfg.samples_per_prompt > 1 else None,
         )
         try:
             result = await self.workflow.generate(sample, segment)

@@ -44,6 +44,9 @@ class Segment:
     policy_version: int  # stamped on the tokens when the engine reports no version of its own
     sampling: Sampling
     aborting: asyncio.Event  # set when the round aborts: return at once, keeping what is resumable
+    # The prompt this sample starts from together with other samples of its group (None: it resumes a
+    # response, or its group is one sample): a request of exactly these ids may share their prefill.
+    group_prompt: list[int] | None = None
 
     def request(self, input_ids: list[int], max_new_tokens: int | None = None, suffix: str = "") -> GenerateRequest:
         """A generate request with this segment's settings (at most the segment's budget)."""
@@ -52,6 +55,7 @@ class Segment:
         return GenerateRequest(
             rid=self.rid + suffix, input_ids=input_ids, max_new_tokens=budget, temperature=s.temperature,
             top_p=s.top_p, stop_token_ids=list(s.stop_token_ids), stop=list(s.stop),
+            share_prefill=self.group_prompt is not None and input_ids == self.group_prompt,
         )
 
     def version(self, result: GenerateResult) -> int:

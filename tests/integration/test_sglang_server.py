@@ -157,6 +157,142 @@ async def test_flush_cache_is_400_while_busy_and_200_when_idle(served: Served) -
         assert (await http.get("/flush_cache")).status_code == 200
 
 
+def _metric(text: str, name: str) -> float:
+    """The value of the first sample ``name{...} value`` in a /metrics page."""
+    line = next(ln for ln in text.splitlines() if ln.startswith(name + "{"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+async def test_a_groups_requests_share_one_prefill_and_report_cached_tokens(served: Served) -> None:
+    """One request per sample (what the client sends): the prompt is prefilled once, the other samples'
+    ``meta_info.cached_tokens`` say they reused it, /metrics counts it as SGLang does, and /flush_cache
+    makes the next request prefill again."""
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3}, "return_logprob": True}
+    stats = served.server.engine.stats
+    before = stats.prefill_tokens  # the client's start-up health generation prefilled its own prompt
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        replies = await asyncio.gather(*(http.post("/generate", json={**body, "rid": f"s{i}"}) for i in range(6)))
+        cached = sorted(r.json()["meta_info"]["cached_tokens"] for r in replies)
+        metrics = (await http.get("/metrics")).text
+        assert (await http.post("/flush_cache")).status_code == 200
+        after = (await http.post("/generate", json={**body, "rid": "after-flush"})).json()
+    assert cached == [0] + [len(PROMPT)] * 5
+    assert stats.prefill_tokens - before == 2 * len(PROMPT)  # the group's prefill, then after the flush
+    assert _metric(metrics, "sglang:cached_tokens_total") == 5 * len(PROMPT)
+    assert _metric(metrics, "sglang:prompt_tokens_total") - before == 6 * len(PROMPT)
+    assert after["meta_info"]["cached_tokens"] == 0
+
+
+async def test_n_primes_the_prompt_then_answers_n_samples_under_new_rids(served: Served) -> None:
+    """SGLang's ``n`` (tokenizer_manager._handle_batch_request): a prefill-only request puts the prompt in
+    the cache, then ``n`` samples run under fresh rids (the caller's names none of them), one list back."""
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3, "n": 3}, "rid": "group", "return_logprob": True}
+    before = served.server.engine.stats.prefill_tokens
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        replies = (await http.post("/generate", json=body)).json()
+        mixed = await http.post("/generate", json={"input_ids": [PROMPT, PROMPT], "sampling_params": [
+            {"max_new_tokens": 2, "n": 2}, {"max_new_tokens": 2}]})
+    assert isinstance(replies, list) and len(replies) == 3
+    ids = {r["meta_info"]["id"] for r in replies}
+    assert len(ids) == 3 and "group" not in ids
+    assert all(len(r["output_ids"]) == 3 and r["meta_info"]["cached_tokens"] == len(PROMPT) for r in replies)
+    assert served.server.engine.stats.prefill_tokens - before == len(PROMPT)  # only the prefill-only request computed it
+    assert mixed.status_code == 400 and "parallel_sample_num" in mixed.json()["error"]["message"]
+
+
+@pytest.fixture
+async def two_workers(model_dirs: tuple[Path, Path]) -> AsyncIterator[tuple[list[SGLangProtocolServer], list[str]]]:
+    servers = [SGLangProtocolServer(EmbeddedEngine(model_dirs[0], max_batch_size=8),
+                                    ServerOptions(model_path=str(model_dirs[0]))) for _ in range(2)]
+    try:
+        urls = [await server.start() for server in servers]
+        yield servers, urls
+    finally:
+        for server in servers:
+            await server.stop()
+
+
+def group_of(n: int, prefix: str, share: bool, budget: int = 6) -> list[GenerateRequest]:
+    return [GenerateRequest(rid=f"{prefix}{i}", input_ids=PROMPT, max_new_tokens=budget, temperature=1.0,
+                            share_prefill=share) for i in range(n)]
+
+
+async def test_the_client_primes_a_groups_prompt_on_one_worker_and_sends_the_group_there(
+    two_workers: tuple[list[SGLangProtocolServer], list[str]],
+) -> None:
+    """What SGLang's ``n`` does, with one request per sample: a prefill-only request first, then every
+    sample on the worker that holds the prompt, each reporting the whole prompt as cached. Unmarked
+    requests spread over the workers as before, and each worker prefills the prompt for itself."""
+    servers, urls = two_workers
+    client = fast_client(*urls)
+    await client.start()
+    try:
+        before = [s.engine.stats.prefill_tokens for s in servers]
+        shared = await asyncio.gather(*(client.generate(r) for r in group_of(8, "g1-", share=True)))
+        computed = [s.engine.stats.prefill_tokens - b for s, b in zip(servers, before, strict=True)]
+        assert sorted(computed) == [0, len(PROMPT)]  # one worker prefilled the prompt, once
+        assert [r.cached_tokens for r in shared] == [len(PROMPT)] * 8  # the prime came before every sample
+        assert all(len(r.output_ids) == 6 and r.finish_reason == "length" for r in shared)
+        assert len(client._prompts) == 0  # the group is gone with its last request
+
+        for server in servers:
+            server.engine.flush_prefix_cache()
+        before = [s.engine.stats.prefill_tokens for s in servers]
+        spread = await asyncio.gather(*(client.generate(r) for r in group_of(8, "g2-", share=False)))
+        computed = [s.engine.stats.prefill_tokens - b for s, b in zip(servers, before, strict=True)]
+        assert computed == [len(PROMPT), len(PROMPT)]  # both workers got samples, both prefilled
+        assert sum(r.cached_tokens for r in spread) == 6 * len(PROMPT)
+    finally:
+        await client.close()
+
+
+async def test_a_rollout_round_primes_each_groups_prompt_for_its_samples(served: Served) -> None:
+    """The scheduler marks a group's fresh samples (segment.group_prompt), so over SGLang every sample of
+    the round is served from its primed prompt: the worker computes each prompt once."""
+    from rljob.runtime.rollout.scheduler import RolloutConfig, RolloutScheduler
+    from rljob.runtime.rollout.strategy import make_strategy
+    from rljob.runtime.tasks.dataset import PromptStream
+    from rljob.runtime.tasks.tokenizer import CharTokenizer
+
+    stats = served.server.engine.stats
+    computed, cached = stats.prefill_tokens, stats.cached_prefill_tokens
+    config = RolloutConfig(batch_size=2, samples_per_prompt=4, max_response_length=6)
+    prompts = PromptStream([("12+3=", "15"), ("7*6=", "42")], CharTokenizer())
+    scheduler = RolloutScheduler([served.client], config, make_strategy("sync"), prompts, score=lambda _s: 0.0)
+    result = await asyncio.wait_for(scheduler.run_round(0), timeout=120)
+    lengths = [len(g.samples[0].prompt_ids) for g in result.groups]
+    assert len(result.groups) == 2 and result.stats.new_groups == 2
+    assert stats.prefill_tokens - computed == sum(lengths)  # one prefill per group: its priming
+    assert stats.cached_prefill_tokens - cached == 4 * sum(lengths)  # every sample found its prompt primed
+
+
+async def test_an_abort_during_a_primed_group_returns_every_sample_and_resumes_them(
+    two_workers: tuple[list[SGLangProtocolServer], list[str]],
+) -> None:
+    """APRIL over a primed group: abort_all while its samples run returns each one with its partial
+    output and log-probs (none lost), the group is forgotten, and the resumed samples finish their budgets."""
+    servers, urls = two_workers
+    client = fast_client(*urls)
+    await client.start()
+    try:
+        requests = group_of(12, "g3-", share=True, budget=300)  # 12 > max_batch_size 8: some wait queued
+        tasks = [asyncio.create_task(client.generate(r)) for r in requests]
+        await wait_until(lambda: any(s.engine.stats.generated_tokens > 20 for s in servers), "the group generating")
+        await client.abort_all()
+        first = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        assert all(r.finish_reason == "abort" for r in first)
+        assert any(r.output_ids for r in first) and all(len(r.output_ids) < 300 for r in first)
+        assert all(len(r.output_logprobs) == len(r.output_ids) for r in first)
+        assert (await client.load()).total == 0 and len(client._prompts) == 0
+        second = await asyncio.gather(*(
+            client.generate(GenerateRequest(rid=f"{q.rid}-r", input_ids=PROMPT + r.output_ids,
+                                            max_new_tokens=300 - len(r.output_ids), temperature=1.0))
+            for q, r in zip(requests, first, strict=True)))
+        assert all(len(a.output_ids) + len(b.output_ids) == 300 for a, b in zip(first, second, strict=True))
+    finally:
+        await client.close()
+
+
 async def test_update_weight_version_aborts_by_default(served: Served) -> None:
     task = asyncio.create_task(served.client.generate(greedy("victim", 400)))
     await wait_until_generating(served.server)

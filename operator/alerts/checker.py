@@ -106,4 +106,4 @@ async def check_job(kube: Kube, pool: PrometheusPool, namespace: str, name: str)
         await asyncio.to_thread(kube.post_event, body, "Warning", decision.condition.reason, decision.condition.message)
     for event in decision.events:
         await asyncio.to_thread(kube.post_event, body, event.type, event.reason, event.message)
-        log.info("alert actions %s: %s: %s", label, event.reason, event.message)
+        log.info("alert actions: %s: %s", event.reason, event.message)

@@ -95,7 +95,7 @@ def rollback_id(state: AlertState) -> str:
 
 def _act(entry: AlertActionSpec, state: AlertState, spec: RLJobSpec, decision: AlertDecision, label: str) -> str:
     """Take the entry's action for an episode that has held long enough; returns what was done."""
-    held = f"{label}: {entry.alert} has held since {state.since.isoformat()} (value {state.value})"
+    held = f"{label}: {entry.alert} has held since {state.since.isoformat()} (value {state.value:.4g})"
     if entry.action == "Notify":
         decision.events.append(AlertEvent("Warning", entry.alert, f"{held}; action Notify"))
         return _DONE["Notify"]

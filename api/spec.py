@@ -1259,7 +1259,7 @@ class AlertActionSpec(ApiModel):
     """What the operator does while one of the job's alert conditions holds (docs/alerts.md#alerts-that-act)."""
 
     model_config = ConfigDict(
-        json_schema_extra=cel(  # type: ignore[typeddict-item]
+        json_schema_extra=cel(
             f"!has(self.action) || self.action != 'RollbackToCheckpoint' || self.alert in {_ROLLBACK_ALERTS_CEL}",
             _ROLLBACK_ONLY_ON_COLLAPSE,
             "!has(self.learningRate) || (has(self.action) && self.action == 'RollbackToCheckpoint')",

@@ -23,7 +23,9 @@ read back as zeros and load without an error). If the newest marked checkpoint f
 before it is loaded: `load` says which folders it skipped and why (LoadedCheckpoint.skipped).
 `spec.checkpoint.rollbackTo: {step, id}` (the operator's RollbackToCheckpoint alert action) moves every
 folder newer than the newest complete checkpoint at or before `step` into `rolled-back-<id>/` (deletes
-it from a store) before the resume, once: the marker `rollbacks/<id>` records that it was applied.
+it from a store) before the resume, once: the marker `rollbacks/<id>` records that it was applied. The
+checkpoint a trainer writes when it is stopped (SIGTERM) prunes nothing, so the stop before a rollback
+never removes its target.
 In a multi-rank job the directory must be one shared filesystem (a ReadWriteMany volume on a cluster).
 
 With an object store (`checkpoint.uri: s3://bucket/prefix`) the directory is a local staging folder:
@@ -326,9 +328,12 @@ class CheckpointManager:
         return found[0] if found else None
 
     def save(
-        self, step: int, trainer_state: dict[str, Any], rng: dict[str, Any], leader_state: dict[str, Any] | None = None
+        self, step: int, trainer_state: dict[str, Any], rng: dict[str, Any], leader_state: dict[str, Any] | None = None,
+        prune: bool = True,
     ) -> Path:
-        """Write the checkpoint of `step` (collective) and prune old ones; returns its directory.
+        """Write the checkpoint of `step` (collective) and, unless `prune` is False, prune old ones; returns
+        its directory. (The checkpoint a stopping trainer writes does not prune: the next start may be a
+        rollback to one of the older checkpoints; the next regular save prunes.)
 
         `trainer_state` is this rank's Trainer.checkpoint_state(), `rng` its RNG states; rank 0
         passes `leader_state` (everything else a restart needs)."""
@@ -366,7 +371,8 @@ class CheckpointManager:
             _fsync(self.directory)  # the rename itself
             if self.store is not None:
                 self.store.upload_folder(final, final.name, last=MARKER)
-            self._prune(step)
+            if prune:
+                self._prune(step)
             log.info("checkpoint written: %s", self.location(final))
         self._barrier()  # nobody reads or prunes while rank 0 renames
         return final

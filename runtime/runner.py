@@ -338,7 +338,9 @@ class JobRunner:
         """Write a checkpoint of the current step (every rank writes its part) and tell the RLJob status about it."""
         self.orders.send(Order("checkpoint", step=self.step))
         rng = {**rng_state(), "engines": [e.sampling_state() for e in self.engines]}
-        path = self.checkpoints.save(self.step, self.trainer.checkpoint_state(), rng, self.leader_state())
+        # A stopping trainer keeps the older checkpoints: its successor may be a rollback to one of them.
+        path = self.checkpoints.save(self.step, self.trainer.checkpoint_state(), rng, self.leader_state(),
+                                     prune=not self.stop_requested)
         if self.progress_reporter is not None:
             self.progress_reporter.report_checkpoint(self.step, self.checkpoints.location(path))
         return path

@@ -237,3 +237,14 @@ def test_roll_back_applies_once_and_keeps_nothing_it_cannot_replace(tmp_path: Pa
     assert impossible.target is None and not impossible.applied_before and len(manager.checkpoints()) == 2
     assert "raise checkpoint.keep" in impossible.describe(0)
     assert manager.roll_back(0, "r2").applied_before
+
+
+def test_a_save_without_pruning_keeps_the_older_checkpoints_until_the_next_regular_save(tmp_path: Path) -> None:
+    """The checkpoint a stopping trainer writes (prune=False) leaves a rollback's target in place."""
+    manager = CheckpointManager(tmp_path, keep=2)
+    for step in (1, 2):
+        manager.save(step, _trainer(0).checkpoint_state(), rng_state(), {"step": step})
+    manager.save(3, _trainer(0).checkpoint_state(), rng_state(), {"step": 3}, prune=False)
+    assert [p.name for p in manager.checkpoints()] == ["step-00000001", "step-00000002", "step-00000003"]
+    manager.save(4, _trainer(0).checkpoint_state(), rng_state(), {"step": 4})
+    assert [p.name for p in manager.checkpoints()] == ["step-00000003", "step-00000004"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -44,10 +45,9 @@ async def read_conditions(client: PrometheusClient, name: str, namespace: str, s
     }
 
 
-def _condition(status: RLJobStatus, state: decide.ConditionState, generation: int) -> dict[str, Any]:
+def _condition(status: RLJobStatus, state: decide.ConditionState, generation: int, now: datetime) -> dict[str, Any]:
     """The AlertAction condition on the wire (its transition time moves only when its status does)."""
     old = status.condition(decide.CONDITION)
-    now = utcnow()
     return Condition(
         type=decide.CONDITION, status=state.status, reason=state.reason, message=state.message[:2000],
         observed_generation=generation,
@@ -66,27 +66,39 @@ def _patch_spec(kube: Kube, body: dict[str, Any], patch: dict[str, Any]) -> None
     )
 
 
+def _read(kube: Kube, namespace: str, name: str, fresh: bool) -> tuple[dict[str, Any], RLJobSpec, RLJobStatus] | None:
+    """The RLJob with its spec and status parsed (None: gone, being deleted, or unreadable). `fresh` reads the
+    API server itself, past the operator's watch cache."""
+    body = Kube.get_rljob(kube, namespace, name) if fresh else kube.get_rljob(namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
+    try:
+        return body, RLJobSpec.model_validate(body.get("spec") or {}), RLJobStatus.model_validate(body.get("status") or {})
+    except ValidationError as err:  # the lifecycle handlers report an invalid spec
+        log.warning("alert actions %s/%s: spec or status unreadable: %s", namespace, name, err)
+        return None
+
+
 async def check_job(kube: Kube, pool: PrometheusPool, namespace: str, name: str) -> None:
     """Check one RLJob's alert conditions when due, and act on them."""
     kube = dataclasses.replace(kube, field_manager=ALERTS_FIELD_MANAGER)
-    body = await asyncio.to_thread(kube.get_rljob, namespace, name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
+    read = await asyncio.to_thread(_read, kube, namespace, name, False)
+    if read is None or read[2].outcome is not None:
         return
-    try:
-        spec = RLJobSpec.model_validate(body.get("spec") or {})
-        status = RLJobStatus.model_validate(body.get("status") or {})
-    except ValidationError as err:  # the lifecycle handlers report an invalid spec
-        log.warning("alert actions %s/%s: spec or status unreadable: %s", namespace, name, err)
-        return
-    now = utcnow()
-    if status.outcome is not None:
-        return
+    body, spec, status = read
     if not spec.alert_actions:
         if status.alerts is not None or status.condition(decide.CONDITION) is not None:
             await asyncio.to_thread(kube.apply_rljob_status, namespace, name, {})  # give up what it owned
         return
-    if not decide.due(spec, status.alerts, now):
+    if not decide.due(spec, status.alerts, utcnow()):
         return
+    # Due by the cache: decide from the object as stored, which holds this checker's last write (the cache
+    # may not yet), so an action is never taken twice in one episode. One read per job and interval.
+    read = await asyncio.to_thread(_read, kube, namespace, name, True)
+    now = utcnow()
+    if read is None or read[2].outcome is not None or not decide.due(read[1], read[2].alerts, now):
+        return
+    body, spec, status = read
     label = f"{namespace}/{name}"
     try:
         client = await prometheus_client_for(spec, namespace, pool)
@@ -99,7 +111,7 @@ async def check_job(kube: Kube, pool: PrometheusPool, namespace: str, name: str)
     if decision.spec_patch:
         await asyncio.to_thread(_patch_spec, kube, body, decision.spec_patch)
     generation = int(body["metadata"].get("generation") or 0)
-    owned = {"alerts": decision.alerts.to_wire(), "conditions": [_condition(status, decision.condition, generation)]}
+    owned = {"alerts": decision.alerts.to_wire(), "conditions": [_condition(status, decision.condition, generation, now)]}
     await asyncio.to_thread(kube.apply_rljob_status, namespace, name, owned)
     old = status.condition(decide.CONDITION)
     if decision.condition.status == "Unknown" and (old is None or old.reason != decision.condition.reason):

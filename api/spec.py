@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -999,6 +999,10 @@ class CheckpointSpec(ApiModel):
         ),
     )
     s3: S3Spec | None = Field(default=None, description="Object store settings of an s3:// uri.")
+    rollback_to: CheckpointRollback | None = Field(
+        default=None,
+        description="Roll back to an older checkpoint on the next start (set by the RollbackToCheckpoint alert action).",
+    )
     storage_size: Quantity = Field(default="10Gi", description="On a cluster: size of the checkpoint PVC (a quantity).")
     storage_class_name: DNS1123Subdomain | None = Field(
         default=None, description="On a cluster: storage class of the PVC; cannot change."
@@ -1029,6 +1033,21 @@ class CheckpointSpec(ApiModel):
         if self.s3 is not None and not (self.uri or "").startswith(S3_URI_PREFIX):
             raise ValueError("checkpoint.s3 is set but checkpoint.uri is not an s3:// URI; set uri: s3://BUCKET/PREFIX")
         return self
+
+
+class CheckpointRollback(ApiModel):
+    """Resume once from an older checkpoint (the operator's RollbackToCheckpoint alert action sets it)."""
+
+    step: int = Field(
+        ge=0, le=MAX_COUNT,
+        description="Resume from the newest complete checkpoint at or before this step; the newer ones are set aside "
+        "(moved to <dir>/rolled-back-<id>/, deleted from an object store).",
+    )
+    id: str = Field(
+        min_length=1, max_length=63, pattern=DNS1035_LABEL_PATTERN,
+        description="Names this rollback: the runtime applies it once (a marker rollback-<id> in the checkpoint "
+        "folder or store), so later restarts resume from the newest checkpoint again.",
+    )
 
 
 class MetricsSpec(ApiModel):
@@ -1210,6 +1229,70 @@ class AutotuneSpec(ApiModel):
     knobs_file: FilePath | None = Field(
         default=None, description="rljob run: JSON/YAML file of knob overrides, re-read when it changes."
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# alert actions
+
+
+# The chart's alerts a job can act on (charts/rljob-operator/files/rljob-alerts.rules.yaml): runtime alerts
+# about the job's own training, whose condition the operator checks with the chart rule's own expression.
+ActionableAlert = Literal[
+    "RLJobTruncationRateHigh", "RLJobTokenWasteHigh", "RLJobEngineIdleHigh", "RLJobEntropyCollapse",
+    "RLJobRewardCollapse", "RLJobStalenessOverBudget",
+]
+ACTIONABLE_ALERTS: tuple[str, ...] = get_args(ActionableAlert)
+# A rollback undoes training that went wrong: the policy collapsed. Other conditions are about the rollout's
+# efficiency, which an older policy does not fix.
+ROLLBACK_ALERTS = ("RLJobEntropyCollapse", "RLJobRewardCollapse")
+_ROLLBACK_ALERTS_CEL = "[" + ", ".join(f"'{a}'" for a in ROLLBACK_ALERTS) + "]"
+AlertAction = Literal["Notify", "Suspend", "RollbackToCheckpoint"]
+_ROLLBACK_ONLY_ON_COLLAPSE = (
+    "action RollbackToCheckpoint is for " + " and ".join(ROLLBACK_ALERTS) + " only: an older checkpoint does not fix "
+    "the rollout's efficiency; use Notify or Suspend"
+)
+_LR_ONLY_ON_ROLLBACK = "learningRate is for action RollbackToCheckpoint only (the learning rate the resumed run trains with)"
+_LR_NOT_LOWER = "learningRate must not exceed algorithm.learningRate: a rollback resumes with a lower learning rate"
+
+
+class AlertActionSpec(ApiModel):
+    """What the operator does while one of the job's alert conditions holds (docs/alerts.md#alerts-that-act)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            f"!has(self.action) || self.action != 'RollbackToCheckpoint' || self.alert in {_ROLLBACK_ALERTS_CEL}",
+            _ROLLBACK_ONLY_ON_COLLAPSE,
+            "!has(self.learningRate) || (has(self.action) && self.action == 'RollbackToCheckpoint')",
+            _LR_ONLY_ON_ROLLBACK,
+        )
+    )
+
+    alert: ActionableAlert = Field(
+        description="The chart alert whose condition (its expression, for this job's series) the operator checks."
+    )
+    action: AlertAction = Field(
+        default="Notify",
+        description="Notify: an Event and the AlertAction condition. Suspend: also sets spec.suspend. "
+        "RollbackToCheckpoint (entropy or reward collapse): also resumes from the newest checkpoint taken before the "
+        "condition began (spec.checkpoint.rollbackTo), with learningRate if given.",
+    )
+    for_seconds: int | None = Field(
+        default=None, ge=0, le=DAY_S,
+        description="How long the condition must hold before the action; unset: the chart rule's `for`.",
+    )
+    learning_rate: float | None = Field(
+        default=None, gt=0, le=1,
+        description="RollbackToCheckpoint: the learning rate the resumed run trains with (written to "
+        "algorithm.learningRate); unset: unchanged.",
+    )
+
+    @model_validator(mode="after")
+    def _action_fits(self) -> AlertActionSpec:
+        if self.action == "RollbackToCheckpoint" and self.alert not in ROLLBACK_ALERTS:
+            raise ValueError(f"action: {_ROLLBACK_ONLY_ON_COLLAPSE}")
+        if self.learning_rate is not None and self.action != "RollbackToCheckpoint":
+            raise ValueError(f"learningRate: {_LR_ONLY_ON_ROLLBACK}")
+        return self
 
 
 _HELD_OUT_REQUIRED = (
@@ -1560,6 +1643,12 @@ SPEC_RULES: list[dict[str, Any]] = [
         _ONE_HUB_CACHE,
         ".data.storage.huggingFaceCache",
     ),
+    rule(
+        "!has(self.alertActions) || self.alertActions.all(a, !has(a.learningRate) || a.learningRate <= "
+        f"({cel_has('self.algorithm.learningRate')} ? self.algorithm.learningRate : {AlgorithmSpec().learning_rate}))",
+        _LR_NOT_LOWER,
+        ".alertActions",
+    ),
     *(
         rule(expr, f"spec.{path} is immutable: it cannot be added, removed or changed once the RLJob exists", f".{path}")
         for expr, path in (
@@ -1591,6 +1680,30 @@ class RLJobSpec(ApiModel):
     active_deadline_seconds: int | None = Field(default=None, gt=0, le=2**31 - 1)
     backoff_limit: int = Field(default=3, ge=0, le=1000)
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
+    alert_actions: list[AlertActionSpec] = Field(
+        default_factory=list,
+        max_length=len(ACTIONABLE_ALERTS),
+        description="What the operator does when the job's own alert conditions hold, checked against "
+        "spec.autotune.prometheus every autotune.intervalSeconds (docs/alerts.md#alerts-that-act). One entry per alert.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["alert"]},
+    )
+
+    @field_validator("alert_actions")
+    @classmethod
+    def _one_per_alert(cls, actions: list[AlertActionSpec]) -> list[AlertActionSpec]:
+        seen: set[str] = set()
+        for index, entry in enumerate(actions):
+            if entry.alert in seen:
+                raise ValueError(f"[{index}].alert: {entry.alert} is listed twice; one entry per alert")
+            seen.add(entry.alert)
+        return actions
+
+    @model_validator(mode="after")
+    def _rollback_rate_lower(self) -> RLJobSpec:
+        for index, entry in enumerate(self.alert_actions):
+            if entry.learning_rate is not None and entry.learning_rate > self.algorithm.learning_rate:
+                raise ValueError(f"alertActions[{index}].learningRate: {_LR_NOT_LOWER}")
+        return self
 
     @model_validator(mode="after")
     def _held_out_set(self) -> RLJobSpec:

@@ -10,6 +10,7 @@ manager owns its own condition types):
   trainer.lastReportTime, metrics;
 - autotuner (`rljob-autotuner`): the AutotuneActive condition, autotune, recommendedKnobs,
   effectiveKnobs entries whose source is `autotune`.
+- alert-action checker (`rljob-alerts`): the AlertAction condition and `alerts`.
 """
 
 from __future__ import annotations
@@ -189,6 +190,30 @@ class AutotuneStatus(StatusModel):
     next_attempt_time: Timestamp | None = None
 
 
+class AlertState(StatusModel):
+    """One alert condition of spec.alertActions that held at the last check (cleared ones are dropped)."""
+
+    alert: str
+    since: Timestamp = Field(description="The first check at which the condition held (its episode's start).")
+    value: float | None = Field(default=None, description="The alert expression's value at the last check.")
+    checkpoint_before: CheckpointRef | None = Field(
+        default=None, description="The job's newest checkpoint when the condition began (a rollback's target)."
+    )
+    action: str | None = Field(default=None, description="The action taken once the condition held forSeconds.")
+    acted_time: Timestamp | None = None
+
+
+class AlertsStatus(StatusModel):
+    """The alert-action checker's bookkeeping (field manager rljob-alerts)."""
+
+    last_check_time: Timestamp | None = None
+    holding: list[AlertState] = Field(default_factory=list, max_length=16)
+
+    def state(self, alert: str) -> AlertState | None:
+        """The state of one alert, if its condition held at the last check."""
+        return next((a for a in self.holding if a.alert == alert), None)
+
+
 class JobMetrics(StatusModel):
     """Key runtime metrics reported by the trainer."""
 
@@ -242,6 +267,7 @@ class RLJobStatus(StatusModel):
         default=None, description="Autotune mode Recommend: values the autotuner would set; never applied."
     )
     autotune: AutotuneStatus | None = None
+    alerts: AlertsStatus | None = None
     metrics: JobMetrics = Field(default_factory=JobMetrics)
 
     def condition(self, type_: str) -> Condition | None:

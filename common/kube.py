@@ -26,6 +26,7 @@ RLJOB_PLURAL = "rljobs"
 # applies only the fields it owns, so none of them can overwrite another's (api/status.py lists them).
 OPERATOR_FIELD_MANAGER = "rljob-operator"
 AUTOTUNER_FIELD_MANAGER = "rljob-autotuner"
+ALERTS_FIELD_MANAGER = "rljob-alerts"
 TRAINER_FIELD_MANAGER = "rljob-trainer"
 
 # apiVersion/kind → plural, for every kind the operator touches (no discovery round-trips).

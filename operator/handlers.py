@@ -38,6 +38,7 @@ from rljob.api.spec import API_GROUP, API_VERSION, KIND
 from rljob.common.kube import RLJOB_PLURAL, load_api_client
 from rljob.operator.builders.meta import LABEL_JOB, LABEL_ROLE, MANAGER, ROLE_INFERENCE, ROLE_TRAINER
 from rljob.common.autotune.prometheus import PrometheusPool
+from rljob.operator.alerts.checker import check_job
 from rljob.operator.apply_retry import ApplyRetries, Backoff
 from rljob.operator.autotune.timer import AUTOTUNE_CONCURRENCY, TICK_S, autotune_job
 from rljob.operator.cache import RLJOB_API_VERSION, CachedKube
@@ -180,7 +181,7 @@ for (_group, _version, _plural), (_api_version, _kind) in CHILD_KINDS.items():
 
 @kopf.on.startup()
 async def start_resync(memo: kopf.Memo, **_: Any) -> None:
-    """Start the resync loops (lifecycle status, autotuner): timers without kopf's finalizer."""
+    """Start the resync loops (lifecycle status, autotuner, alert actions): timers without kopf's finalizer."""
     kube: CachedKube = memo.kube
     # One pooled Prometheus HTTP client per operator, in kopf's event loop (closed at cleanup).
     pool = memo.prometheus_pool = PrometheusPool()
@@ -210,6 +211,9 @@ async def start_resync(memo: kopf.Memo, **_: Any) -> None:
     async def autotune_pass(namespace: str, name: str) -> None:
         await autotune_job(kube, pool, namespace, name)
 
+    async def alert_pass(namespace: str, name: str) -> None:
+        await check_job(kube, pool, namespace, name)
+
     def resync_due(listed: list[tuple[str, str]]) -> list[tuple[str, str]]:
         return queue.due(listed, RESYNC_SECONDS)
 
@@ -220,6 +224,8 @@ async def start_resync(memo: kopf.Memo, **_: Any) -> None:
         ResyncLoop("apply-retry", APPLY_RETRY_CHECK_SECONDS, retries.take_due, retry_apply, concurrency=HANDLER_WORKERS),
         # Concurrent: one job's unreachable Prometheus (up to its 60 s timeout) must not delay the others.
         ResyncLoop("autotune", TICK_S, jobs, autotune_pass, concurrency=AUTOTUNE_CONCURRENCY),
+        # Alert actions (operator/alerts/): the job's alert conditions, read from the same Prometheus.
+        ResyncLoop("alert-actions", TICK_S, jobs, alert_pass, concurrency=AUTOTUNE_CONCURRENCY),
     ]
     memo["resync_loops"] = loops
     memo["resync_tasks"] = [asyncio.create_task(loop.run_forever(), name=loop.step) for loop in loops]

@@ -21,6 +21,11 @@ before markers existed: those are ignored (with a warning naming them), because 
 whole pre-marker checkpoint from one a crash tore (its files were never fsynced; a torn DCP shard can
 read back as zeros and load without an error). If the newest marked checkpoint fails to load, the one
 before it is loaded: `load` says which folders it skipped and why (LoadedCheckpoint.skipped).
+`spec.checkpoint.rollbackTo: {step, id}` (the operator's RollbackToCheckpoint alert action) moves every
+folder newer than the newest complete checkpoint at or before `step` into `rolled-back-<id>/` (deletes
+it from a store) before the resume, once: the marker `rollbacks/<id>` records that it was applied. The
+checkpoint a trainer writes when it is stopped (SIGTERM) prunes nothing, so the stop before a rollback
+never removes its target.
 In a multi-rank job the directory must be one shared filesystem (a ReadWriteMany volume on a cluster).
 
 With an object store (`checkpoint.uri: s3://bucket/prefix`) the directory is a local staging folder:
@@ -56,6 +61,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _PREFIX = "step-"
+# Applied rollbacks (spec.checkpoint.rollbackTo), one empty marker per id, in the directory or the store.
+ROLLBACKS = "rollbacks"
 _TMP = ".tmp-"
 LEADER_STATE = "state.pt"
 TRAINER_DIR = "trainer"
@@ -125,6 +132,37 @@ def plan_resume(listing: Iterable[tuple[Path, bool]]) -> ResumePlan:
     unmarked = [SkippedCheckpoint(path, UNMARKED) for step, path, marked in steps
                 if not marked and (newest is None or step > newest)]
     return ResumePlan(candidates, unmarked)
+
+
+def plan_rollback(listing: Iterable[tuple[Path, bool]], step: int) -> tuple[int | None, list[Path]]:
+    """From (folder, has marker) pairs: the newest complete checkpoint at or before `step`, and the step
+    folders newer than it (complete or torn), which a rollback to it sets aside, oldest first.
+    (None, []) when no complete checkpoint at or before `step` is left (pruned, or never written)."""
+    steps = [(found, path, marked) for path, marked in listing if (found := step_of(path)) is not None]
+    kept = [found for found, _, marked in steps if marked and found <= step]
+    if not kept:
+        return None, []
+    target = max(kept)
+    return target, [path for found, path, _ in sorted(steps, key=lambda t: t[0]) if found > target]
+
+
+@dataclass(frozen=True)
+class RollbackResult:
+    """What `CheckpointManager.roll_back` did."""
+
+    applied_before: bool  # its marker was there: an earlier start applied it, nothing was done now
+    target: int | None  # the checkpoint the resume will load (None: none at or before the step is left)
+    set_aside: list[str] = field(default_factory=list)  # folders moved aside (deleted from a store)
+
+    def describe(self, step: int) -> str:
+        """What the resume will do, in words."""
+        if self.applied_before:
+            return f"the rollback to step {step} was applied by an earlier start; resuming from the newest checkpoint"
+        if self.target is None:
+            return (f"no complete checkpoint at or before step {step} is left (pruned: raise checkpoint.keep); "
+                    "resuming from the newest instead")
+        return (f"resuming from the checkpoint of step {self.target} (at or before {step}); set aside: "
+                f"{', '.join(self.set_aside) or 'nothing'}")
 
 
 def plan_prune(listing: Iterable[tuple[Path, bool]], keep: int, newest: int) -> list[Path]:
@@ -251,6 +289,35 @@ class CheckpointManager:
         _fsync(self.directory)
         return aside
 
+    def roll_back(self, step: int, rollback_id: str) -> RollbackResult:
+        """Rank 0, before `load`: apply spec.checkpoint.rollbackTo once. Every step folder newer than the
+        newest complete checkpoint at or before `step` moves to `rolled-back-<id>/` (from a store: is
+        deleted), so the resume loads that checkpoint and later resumes and pruning never see the
+        abandoned steps again. The marker `rollbacks/<id>`, written last, makes a later start (a crash
+        after the new run's own checkpoints) leave them alone. With no checkpoint at or before `step`
+        left, nothing is set aside (the resume takes the newest, as without a rollback) and the marker
+        is written too: the rollback is not possible, and retrying it would not make it so."""
+        marker = f"{ROLLBACKS}/{rollback_id}"
+        local_marker = self.directory / marker
+        if local_marker.is_file() or (self.store is not None and self.store.exists(marker)):
+            return RollbackResult(applied_before=True, target=None)
+        listing = self._store_listing(self.store) if self.store is not None else self._local_listing()
+        target, newer = plan_rollback(listing, step)
+        aside = self.directory / f"rolled-back-{rollback_id}"
+        for path in newer:
+            if self.store is not None:
+                self.store.delete_folder(path.name)
+            if path.is_dir():
+                aside.mkdir(parents=True, exist_ok=True)
+                path.rename(aside / path.name)
+        local_marker.parent.mkdir(parents=True, exist_ok=True)
+        local_marker.write_text(f"rollback to step {step}: resumed from {target}\n")
+        _fsync(local_marker)
+        _fsync(self.directory)
+        if self.store is not None:
+            self.store.put_file(local_marker, marker)
+        return RollbackResult(applied_before=False, target=target, set_aside=[p.name for p in newer])
+
     def checkpoints(self) -> list[Path]:
         """Complete (marked) checkpoints, oldest first."""
         return self.plan().candidates[::-1]
@@ -261,9 +328,12 @@ class CheckpointManager:
         return found[0] if found else None
 
     def save(
-        self, step: int, trainer_state: dict[str, Any], rng: dict[str, Any], leader_state: dict[str, Any] | None = None
+        self, step: int, trainer_state: dict[str, Any], rng: dict[str, Any], leader_state: dict[str, Any] | None = None,
+        prune: bool = True,
     ) -> Path:
-        """Write the checkpoint of `step` (collective) and prune old ones; returns its directory.
+        """Write the checkpoint of `step` (collective) and, unless `prune` is False, prune old ones; returns
+        its directory. (The checkpoint a stopping trainer writes does not prune: the next start may be a
+        rollback to one of the older checkpoints; the next regular save prunes.)
 
         `trainer_state` is this rank's Trainer.checkpoint_state(), `rng` its RNG states; rank 0
         passes `leader_state` (everything else a restart needs)."""
@@ -301,7 +371,8 @@ class CheckpointManager:
             _fsync(self.directory)  # the rename itself
             if self.store is not None:
                 self.store.upload_folder(final, final.name, last=MARKER)
-            self._prune(step)
+            if prune:
+                self._prune(step)
             log.info("checkpoint written: %s", self.location(final))
         self._barrier()  # nobody reads or prunes while rank 0 renames
         return final

@@ -6,7 +6,7 @@ the trainer pod of the operator (engine `sglang`). In a multi-rank job it is ran
 ranks in step with the orders of ranks.py; each step's measurements go into a `StepRecord`
 (step_record.py).
 
-Why about 430 lines: the step is read top to bottom in one place (start and resume, the step, the
+Why about 440 lines: the step is read top to bottom in one place (start and resume, the step, the
 weight push with its SIGTERM grace, the step-boundary vote, checkpoints); the parts it calls hold the logic.
 """
 
@@ -174,6 +174,10 @@ class JobRunner:
         resume = self.settings.resume
         self.orders.send(Order("resume", path=str(self.checkpoints.directory) if resume else None))
         if resume:
+            rollback = self.job.spec.checkpoint.rollback_to
+            if rollback is not None:  # the operator's RollbackToCheckpoint alert action: once per id
+                result = self.checkpoints.roll_back(rollback.step, rollback.id)
+                log.warning("spec.checkpoint.rollbackTo %s: %s", rollback.id, result.describe(rollback.step))
             on_status("looking for a checkpoint to resume from")
             template = self.trainer.checkpoint_state()
             loaded = self.checkpoints.load(template)
@@ -334,7 +338,9 @@ class JobRunner:
         """Write a checkpoint of the current step (every rank writes its part) and tell the RLJob status about it."""
         self.orders.send(Order("checkpoint", step=self.step))
         rng = {**rng_state(), "engines": [e.sampling_state() for e in self.engines]}
-        path = self.checkpoints.save(self.step, self.trainer.checkpoint_state(), rng, self.leader_state())
+        # A stopping trainer keeps the older checkpoints: its successor may be a rollback to one of them.
+        path = self.checkpoints.save(self.step, self.trainer.checkpoint_state(), rng, self.leader_state(),
+                                     prune=not self.stop_requested)
         if self.progress_reporter is not None:
             self.progress_reporter.report_checkpoint(self.step, self.checkpoints.location(path))
         return path

@@ -2,6 +2,8 @@
 
 - files/crds/rljob.io_rljobs.yaml: byte-for-byte copy of crds/rljob.io_rljobs.yaml (generated from the
   API models by `python -m rljob.operator.crdgen`); templates/crds.yaml renders it.
+- operator/alerts/rljob-alerts.rules.yaml: byte-for-byte copy of files/rljob-alerts.rules.yaml, the alert rules
+  the operator's alert actions evaluate for one job (package data of the operator image, which has no chart).
 - README.md: the values table between the `values-table` markers, generated from the `# --` comments
   of values.yaml and the types of values.schema.json.
 
@@ -26,6 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "rljob-operator"
 CRD_SOURCE = REPO / "crds" / "rljob.io_rljobs.yaml"
 CRD_COPY = CHART / "files" / "crds" / "rljob.io_rljobs.yaml"
+RULES_SOURCE = CHART / "files" / "rljob-alerts.rules.yaml"
+RULES_COPY = REPO / "operator" / "alerts" / "rljob-alerts.rules.yaml"
 VALUES = CHART / "values.yaml"
 SCHEMA = CHART / "values.schema.json"
 README = CHART / "README.md"
@@ -154,7 +158,7 @@ def expected_files() -> dict[Path, bytes]:
     values_text = VALUES.read_text()
     schema = json.loads(SCHEMA.read_text())
     readme = readme_with_table(README.read_text(), values_table(values_text, schema))
-    return {CRD_COPY: CRD_SOURCE.read_bytes(), README: readme.encode()}
+    return {CRD_COPY: CRD_SOURCE.read_bytes(), RULES_COPY: RULES_SOURCE.read_bytes(), README: readme.encode()}
 
 
 def stale_files() -> list[Path]:

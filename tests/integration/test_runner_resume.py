@@ -142,6 +142,40 @@ async def test_a_torn_newest_checkpoint_resumes_from_the_one_before(tmp_path: Pa
     await third.close()
 
 
+async def test_a_rollback_resumes_from_the_chosen_older_checkpoint_once(tmp_path: Path, model_dir: Path):
+    """spec.checkpoint.rollbackTo (the operator's RollbackToCheckpoint alert action): the next start resumes
+    from the newest checkpoint at or before the step, with the spec's (lowered) learning rate, and sets the
+    newer steps aside; a later start with the same rollback resumes from the new run's own checkpoints."""
+    doc = job_doc(model_dir, tmp_path / "ckpt", steps=6, every=1)
+    doc["spec"]["checkpoint"]["keep"] = 3
+    first = JobRunner(parse_rljob(doc), RunOptions(output_dir=tmp_path / "out"))
+    await first.setup()
+    for _ in range(4):
+        await first.run_step()
+    await first.close()
+    ckpt = tmp_path / "ckpt"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000002", "step-00000003", "step-00000004"]
+
+    doc["spec"]["checkpoint"]["rollbackTo"] = {"step": 2, "id": "entropycollapse-1"}
+    doc["spec"]["algorithm"]["learningRate"] = 1e-4
+    rolled = parse_rljob(doc)
+    second = JobRunner(rolled, RunOptions(output_dir=tmp_path / "out"))
+    await second.setup()
+    assert second.step == 2 and second.resumed_from and second.resumed_from.endswith("step-00000002")
+    aside = ckpt / "rolled-back-entropycollapse-1"
+    assert sorted(p.name for p in aside.iterdir()) == ["step-00000003", "step-00000004"]
+    record = await second.run_step()
+    # The optimizer state came from the checkpoint (learning rate 1e-3); the step trains with the spec's.
+    assert record.step == 3 and [g["lr"] for g in second.trainer.optimizer.param_groups] == pytest.approx([1e-4])
+    await second.close()
+
+    third = JobRunner(rolled, RunOptions(output_dir=tmp_path / "out"))  # e.g. a crash after the rollback
+    await third.setup()
+    assert third.step == 3 and third.resumed_from and third.resumed_from.endswith("step-00000003")
+    assert sorted(p.name for p in aside.iterdir()) == ["step-00000003", "step-00000004"]
+    await third.close()
+
+
 async def test_metrics_jsonl_and_prometheus(tmp_path: Path, model_dir: Path):
     import httpx
 

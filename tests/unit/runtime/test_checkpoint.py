@@ -18,6 +18,7 @@ from rljob.runtime.checkpoint import (
     CheckpointManager,
     ResumePlan,
     plan_resume,
+    plan_rollback,
     rng_state,
 )
 from rljob.runtime.trainer import Trainer
@@ -202,3 +203,48 @@ def test_checkpoints_load_with_weights_only_and_a_planted_object_is_refused(tmp_
     restored.load_state_dict(loaded.leader_state["scheduler"]["buffer"])
     assert restored.state_dict() == buffer.state_dict()
     assert loaded.rng is not None and isinstance(loaded.rng["torch"], torch.Tensor)
+
+
+@pytest.mark.parametrize(("listing", "step", "target", "aside"), [
+    # The newest complete checkpoint at or before the step; everything newer goes, torn folders too.
+    ([(2, True), (4, True), (6, True)], 4, 4, [6]),
+    ([(2, True), (4, True), (5, False), (6, True)], 5, 4, [5, 6]),
+    ([(2, True), (4, False), (6, True)], 4, 2, [4, 6]),
+    # The step itself was pruned: an older checkpoint is still from before the condition.
+    ([(4, True), (6, True)], 5, 4, [6]),
+    # Nothing at or before the step is left: nothing is set aside.
+    ([(6, True), (8, True)], 4, None, []),
+    ([], 4, None, []),
+])
+def test_plan_rollback(listing: list[tuple[int, bool]], step: int, target: int | None, aside: list[int]) -> None:
+    paths = [(Path(f"/c/step-{n:08d}"), marked) for n, marked in listing] + [(Path("/c/rollbacks"), False)]
+    found, newer = plan_rollback(paths, step)
+    assert found == target and newer == [Path(f"/c/step-{n:08d}") for n in aside]
+
+
+def test_roll_back_applies_once_and_keeps_nothing_it_cannot_replace(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path, keep=5)
+    for step in (1, 2, 3):
+        manager.save(step, _trainer(0).checkpoint_state(), rng_state(), {"step": step})
+    first = manager.roll_back(1, "r1")
+    assert (first.applied_before, first.target, first.set_aside) == (False, 1, ["step-00000002", "step-00000003"])
+    assert [p.name for p in manager.checkpoints()] == ["step-00000001"]
+    assert sorted(p.name for p in (tmp_path / "rolled-back-r1").iterdir()) == ["step-00000002", "step-00000003"]
+    manager.save(2, _trainer(0).checkpoint_state(), rng_state(), {"step": 2})  # the new run's own step 2
+    again = manager.roll_back(1, "r1")
+    assert again.applied_before and [p.name for p in manager.checkpoints()] == ["step-00000001", "step-00000002"]
+    impossible = manager.roll_back(0, "r2")  # no checkpoint at or before step 0: nothing moves
+    assert impossible.target is None and not impossible.applied_before and len(manager.checkpoints()) == 2
+    assert "raise checkpoint.keep" in impossible.describe(0)
+    assert manager.roll_back(0, "r2").applied_before
+
+
+def test_a_save_without_pruning_keeps_the_older_checkpoints_until_the_next_regular_save(tmp_path: Path) -> None:
+    """The checkpoint a stopping trainer writes (prune=False) leaves a rollback's target in place."""
+    manager = CheckpointManager(tmp_path, keep=2)
+    for step in (1, 2):
+        manager.save(step, _trainer(0).checkpoint_state(), rng_state(), {"step": step})
+    manager.save(3, _trainer(0).checkpoint_state(), rng_state(), {"step": 3}, prune=False)
+    assert [p.name for p in manager.checkpoints()] == ["step-00000001", "step-00000002", "step-00000003"]
+    manager.save(4, _trainer(0).checkpoint_state(), rng_state(), {"step": 4})
+    assert [p.name for p in manager.checkpoints()] == ["step-00000003", "step-00000004"]

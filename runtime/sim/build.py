@@ -19,6 +19,7 @@ from rljob.runtime.sim.records import SimStepRecord
 from rljob.runtime.sim.reward_model import RewardModel
 from rljob.runtime.sim.scenario import (
     AprilSpec,
+    AsyncSpec,
     BoundedStalenessSpec,
     DraftReuseSpec,
     EngineConstants,
@@ -36,6 +37,21 @@ def engine_ceiling(c: EngineConstants, in_flight_context: float) -> float:
     b_star = min(c.max_running_requests, c.kv_capacity_tokens / in_flight_context)
     c_bar = c.per_seq_step_s + c.kv_read_s_per_token * in_flight_context
     return b_star / (c.fixed_step_s + b_star * c_bar)
+
+
+def trainer_share(scenario: Scenario, spec: StrategySpec) -> float | None:
+    """The trainer's share of the GPUs when it has GPUs of its own, None when it trains on the rollout GPUs.
+
+    A strategy that overlaps generation with training (bounded staleness, async) needs its own trainer
+    GPUs: its own share if it sets one, else the scenario's. In a disaggregated scenario
+    (`colocated: false`, the layout of rljob on a cluster) every strategy gets the scenario's split.
+    """
+    own = spec.trainer_gpu_share if isinstance(spec, BoundedStalenessSpec | AsyncSpec) else None
+    if own is not None:
+        return own
+    if not scenario.colocated or isinstance(spec, AsyncSpec):
+        return scenario.trainer_gpu_share
+    return None
 
 
 @dataclass
@@ -83,8 +99,8 @@ def build_run(scenario: Scenario, spec: StrategySpec) -> SimRun:
                             draft_accept=spec.accepted_prefix if isinstance(spec, DraftReuseSpec) else 0.0)
     k = scenario.tensor_parallel
     rollout_gpus, train_gpus = scenario.gpus, scenario.gpus
-    if isinstance(spec, BoundedStalenessSpec):
-        train_gpus = max(k, round(scenario.gpus * spec.trainer_gpu_share / k) * k)
+    if (share := trainer_share(scenario, spec)) is not None:
+        train_gpus = max(k, round(scenario.gpus * share / k) * k)
         rollout_gpus = scenario.gpus - train_gpus
         if rollout_gpus < k:
             raise ValueError(f"{spec.name}: trainer_gpu_share leaves no GPU for rollout at {scenario.gpus} GPUs")
@@ -92,7 +108,8 @@ def build_run(scenario: Scenario, spec: StrategySpec) -> SimRun:
     ceiling = engine_ceiling(consts, ctx_ss)
     engines = [SimEngine(f"sim{i}", consts, oracle, ceiling=ceiling) for i in range(n_engines)]
 
-    samples, batch, repeat, dataset_size = scenario.samples_per_prompt, scenario.groups_per_engine * n_engines, 1, None
+    batch = scenario.rollout_batch_size or scenario.groups_per_engine * n_engines
+    samples, repeat, dataset_size = scenario.samples_per_prompt, 1, None
     if isinstance(spec, LargeGroupSpec):  # N samples of one prompt, split into sub-groups of G
         repeat = max(1, spec.samples_per_prompt // samples)
         prompts = max(1, round(spec.samples_per_round_factor * batch / repeat))
@@ -101,7 +118,7 @@ def build_run(scenario: Scenario, spec: StrategySpec) -> SimRun:
         dataset_size = max(batch, round(scenario.steps * batch / spec.epochs_in_run))
     source = SimPromptSource(prompt_units=prompt_units, dataset_size=dataset_size, repeat=repeat)
     truncation = None
-    if isinstance(spec, AprilSpec) and spec.truncation.mode != "none":
+    if isinstance(spec, AprilSpec | AsyncSpec) and spec.truncation.mode != "none":
         t = spec.truncation
         truncation = TruncationPolicy(mode=t.mode, k=t.k,
                                       max_tokens=None if t.max_tokens is None else max(1, t.max_tokens // q))

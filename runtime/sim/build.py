@@ -28,6 +28,7 @@ from rljob.runtime.sim.scenario import (
     StrategySpec,
     engine_constants,
     load_calibration,
+    train_seconds,
 )
 from rljob.runtime.sim.strategies import build_sim_strategy
 
@@ -78,6 +79,14 @@ class SimRun:
         """Prompt and response tokens of a trained batch (what training time scales with)."""
         return sum(len(s.prompt_ids) + s.response_length for g in groups for s in g.samples) * self.q
 
+    def train_seconds(self, groups: list[Group]) -> float:
+        """Trainer time for one step over `groups` on this run's trainer GPUs: the strategy's own measured
+        GPU-seconds per step if it has them (async), else the scenario's (scenario.train_seconds)."""
+        own = self.spec.train_gpu_seconds_per_step if isinstance(self.spec, AsyncSpec) else None
+        if own is not None:
+            return own / self.train_gpus
+        return train_seconds(self.scenario, self.batch_tokens(groups), self.train_gpus)
+
     async def sync_weights(self, version: int) -> float:
         """Push `version` to every engine at once; the virtual seconds it took."""
         loop = asyncio.get_running_loop()
@@ -90,6 +99,8 @@ def build_run(scenario: Scenario, spec: StrategySpec) -> SimRun:
     """A fresh run of `spec` on `scenario`: its engines, scheduler, prompts and (with dynamic sampling) rewards."""
     cal = load_calibration()
     law = cal.datasets[scenario.dataset]
+    if scenario.median_tokens is not None:
+        law = law.model_copy(update={"median_tokens": scenario.median_tokens})
     q = scenario.token_quantum
     consts = engine_constants(scenario)
     lengths = LengthModel(law=law, cap=scenario.max_response_length, seed=scenario.seed)

@@ -37,7 +37,6 @@ from rljob.runtime.sim.scenario import (
     Scenario,
     StrategySpec,
     TailBatchingSpec,
-    train_seconds,
 )
 from rljob.runtime.sim.strategies import TailBatchingStrategy
 from rljob.runtime.sim.virtual_loop import run_virtual
@@ -95,7 +94,7 @@ def _record(sim: SimRun, step: int, kind: str, result: RoundResult, trainer_vers
 
 
 async def _train_and_sync(sim: SimRun, groups: list[Group], version: int) -> tuple[float, float]:
-    train_s = train_seconds(sim.scenario, sim.batch_tokens(groups), sim.train_gpus)
+    train_s = sim.train_seconds(groups)
     await asyncio.sleep(train_s)
     return train_s, await sim.sync_weights(version + 1)
 
@@ -107,7 +106,7 @@ async def _rounds_loop(sim: SimRun) -> None:
     loop = asyncio.get_running_loop()
     for step in range(sim.scenario.steps):
         result, drafts, tail, spread = await _run_round(sim, step)
-        train_s = train_seconds(sim.scenario, sim.batch_tokens(result.groups), sim.train_gpus)
+        train_s = sim.train_seconds(result.groups)
         t0 = loop.time()
         await sim.scheduler.generate_during(asyncio.sleep(train_s))
         train_wall = loop.time() - t0  # train_s, plus the abort and drain of an async overlap

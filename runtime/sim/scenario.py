@@ -167,6 +167,9 @@ class AsyncSpec(_Strict):
     over_sampling: float = Field(default=2.0, ge=1.0)
     truncation: SimTruncationSpec = SimTruncationSpec()
     trainer_gpu_share: float | None = Field(None, gt=0.0, lt=1.0)
+    train_gpu_seconds_per_step: float | None = Field(None, gt=0.0, description="this strategy's own trainer time × "
+                                                     "trainer GPUs per step (a disaggregated trainer need not be as "
+                                                     "efficient as a colocated one); None: the scenario's")
 
 
 class LargeGroupSpec(_Strict):
@@ -226,6 +229,10 @@ class Scenario(_Strict):
     dynamic_sampling: bool = Field(False, description="DAPO filter: drop groups whose rewards all agree "
                                    "(needs the dataset in calibration.yaml `rewards`)")
     token_quantum: int = Field(16, ge=1, description="tokens per simulated token id (KV page size)")
+    median_tokens: float | None = Field(None, gt=0.0, description="response-length median, replacing the "
+                                        "dataset's (a law fitted to a published setup); None: the dataset's")
+    train_gpu_seconds_per_step: float | None = Field(None, gt=0.0, description="trainer time × trainer GPUs per "
+                                                     "step, measured or published; None: the FLOP model")
     seed: int = 0
     strategies: list[StrategySpec] = Field(default_factory=_sync_and_april)
 
@@ -340,7 +347,10 @@ def engine_constants(scenario: Scenario) -> EngineConstants:
 
 
 def train_seconds(scenario: Scenario, tokens: int, gpus: int) -> float:
-    """Trainer time for one optimizer step over `tokens` (prompt + response) on `gpus` GPUs."""
+    """Trainer time for one optimizer step over `tokens` (prompt + response) on `gpus` GPUs: the scenario's
+    measured GPU-seconds per step spread over `gpus` when it gives them, else the FLOP model."""
+    if scenario.train_gpu_seconds_per_step is not None:
+        return scenario.train_gpu_seconds_per_step / gpus
     cal = load_calibration()
     flops = cal.training.flops_per_token_factor * cal.models[scenario.model].params_b * 1e9 * tokens
     return flops / (gpus * cal.gpus[scenario.gpu].train_tflops * 1e12 * cal.training.mfu)

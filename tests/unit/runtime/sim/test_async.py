@@ -83,3 +83,22 @@ def test_async_in_a_colocated_scenario_needs_a_trainer_share():
         scenario(strategies=[{"kind": "async"}])
     assert scenario(strategies=[{"kind": "async", "trainer_gpu_share": 0.25}]).strategies[0].kind == "async"
     assert scenario(colocated=False, strategies=[{"kind": "async"}]).strategies[0].kind == "async"
+
+
+def test_measured_trainer_time_is_spread_over_the_trainer_gpus_of_each_strategy():
+    """A published or measured trainer time (GPU-seconds per step) replaces the FLOP model; the async arm
+    may carry its own (a disaggregated trainer need not be as efficient as a colocated one)."""
+    sync = run(SyncSpec(kind="sync"), train_gpu_seconds_per_step=100.0)
+    assert all(r.train_s == pytest.approx(25.0) for r in sync.records)  # colocated: all 4 GPUs train
+    own = run(AsyncSpec(kind="async", trainer_gpu_share=0.5, train_gpu_seconds_per_step=60.0),
+              train_gpu_seconds_per_step=100.0)
+    assert all(r.train_s == pytest.approx(30.0) for r in own.records)  # its own, on its 2 trainer GPUs
+    shared = run(ASYNC, train_gpu_seconds_per_step=100.0)
+    assert all(r.train_s == pytest.approx(50.0) for r in shared.records)
+
+
+def test_a_fitted_median_replaces_the_datasets():
+    short, long = (run(SyncSpec(kind="sync"), median_tokens=m) for m in (1000.0, 4000.0))
+    per_sample = [sum(r.trained_tokens for r in res.records) / sum(r.trained_groups * 4 for r in res.records)
+                  for res in (short, long)]
+    assert per_sample[1] > 2.5 * per_sample[0]

@@ -10,13 +10,12 @@ import pytest
 from rljob.runtime.sim.records import SimStrategyResult
 from rljob.runtime.sim.runner import simulate_strategy
 from rljob.runtime.sim.scenario import AsyncSpec, Scenario, StrategySpec, SyncSpec
+from tests.helpers.sim_scenarios import small_scenario
 
 
 def scenario(**update: object) -> Scenario:
-    base = dict(name="small-async", model="qwen3-4b", gpu="h100", gpus=4, tensor_parallel=1, mem_fraction=0.85,
-                dataset="deepscaler", max_response_length=8192, samples_per_prompt=4, rollout_batch_size=4,
-                steps=6, warmup_steps=1)
-    return Scenario.model_validate({**base, **update})
+    """The small scenario with N fixed at 4 groups, whatever the split gives the rollout."""
+    return small_scenario(**{"rollout_batch_size": 4, **update})
 
 
 def run(spec: StrategySpec, **update: object) -> SimStrategyResult:

@@ -87,7 +87,7 @@ PUBLISHED = (
               "verl-one-step-off-h20-16", 1.24,
               "total time, FSDP2: 19h18m vs 15h34m (the doc says +23 %); Megatron 18h21m vs 13h06m = 1.40x",
               f"{VERL_ONE_STEP_OFF}, table 'Experimental Results'", 749.0, 321.0, 520.0),
-    Published("not found (the paper's setups: 1.5B to 32B models on up to 512 GPUs, as recalled)", "AReaL",
+    Published("not found: the model, GPU count and lengths behind the headline figure", "AReaL",
               None, 2.77, "'up to 2.77x training speedup compared to synchronous systems with the same number "
               "of GPUs'; which model and GPU count gives 2.77x was not found in the sources searched, so no "
               "setup is simulated for it", AREAL),
@@ -257,7 +257,10 @@ def print_tables(result: dict[str, Any]) -> None:
               f"{m['async']['wall_over_sync']:.2f} ({', '.join(f'{x:.2f}' for x in m['async']['wall_over_sync_per_seed'])})",
               idle(m, "engine_idle_share"), idle(m, "trainer_idle_share"))
     for name, p in cpu["predicted"].items():
-        t.add_row(f"predicted, {name.replace('_', ' ')} (train {p['train_seconds']:.2f} s)",
+        train = f"train {p['train_seconds']:.2f} s"
+        if name.endswith("contention"):
+            train += f", async's {p['train_seconds'] * cpu['async_trainer_contention_measured']:.2f} s"
+        t.add_row(f"predicted, {name.replace('_', ' ')} ({train})",
                   f"{p['april']['wall_over_sync']:.2f}", f"{p['async']['wall_over_sync']:.2f}",
                   idle(p, "engine_idle_share"), idle(p, "trainer_idle_share"))
     console.print(t)

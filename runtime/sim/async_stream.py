@@ -27,7 +27,7 @@ from rljob.runtime.rollout.staleness import over_bound
 from rljob.runtime.rollout.workflow import Segment, SegmentEnd, SingleTurnWorkflow
 from rljob.runtime.sim.build import SimRun
 from rljob.runtime.sim.records import SimStepRecord
-from rljob.runtime.sim.scenario import BoundedStalenessSpec, train_seconds
+from rljob.runtime.sim.scenario import BoundedStalenessSpec
 
 
 @dataclass
@@ -136,7 +136,7 @@ class _Stream:
         """Take a batch, train, sync the weights, record the step; returns when it ended."""
         sim, q, version = self.sim, self.sim.q, self.version
         batch = await self.take_batch(version)
-        train_s = train_seconds(sim.scenario, sim.batch_tokens(batch), sim.train_gpus)
+        train_s = sim.train_seconds(batch)
         await asyncio.sleep(train_s)
         sync_s = await sim.sync_weights(version + 1)
         async with self.cond:

@@ -13,7 +13,7 @@ class SimStepRecord:
 
     step: int
     round_kind: str
-    rollout_s: float
+    rollout_s: float  # seconds the engines had work: collection, plus the overlap with training (async)
     train_s: float
     sync_s: float
     step_s: float
@@ -32,6 +32,9 @@ class SimStepRecord:
     tail_share: float = 0.0  # share of the round's time after 90 % of its finished requests were done
     longest_over_median: float = 0.0  # longest ÷ median length of the requests finished in the round
     max_staleness: int = 0  # largest version gap of a trained sample
+    buffer_tokens: int = 0  # response tokens in the partial buffer after the step (the round's ledger)
+    overlap_tokens: int = 0  # of tokens_generated, those generated while the trainer trained (async)
+    multi_version_samples: int = 0  # trained samples whose tokens come from more than one policy version
 
     @property
     def tokens_per_s(self) -> float:
@@ -147,4 +150,6 @@ class SimStrategyResult:
             "longest_over_median": round(self.longest_over_median, 2),
             "max_staleness": max((r.max_staleness for r in self.measured), default=0),
             "resumed_requests": self.resumed_requests,
+            "overlap_token_share": round(self._sum("overlap_tokens") / max(1.0, self._sum("tokens_generated")), 4),
+            "multi_version_samples": int(self._sum("multi_version_samples")),
         }

@@ -2,8 +2,9 @@
 engines; training and weight sync are timed by the calibration.
 
 Three loop shapes:
-- rounds (sync, APRIL, large-N, draft reuse): `RolloutScheduler.run_round` → train → sync
-  weights, colocated;
+- rounds (sync, APRIL, async, large-N, draft reuse): `RolloutScheduler.run_round` → train → sync
+  weights, as the runtime's JobRunner does; under `async` (the runtime's AsyncStrategy) the engines
+  keep generating while the trainer trains (`generate_during`) on GPUs of its own;
 - tail batching: as rounds, but a short round's aborted groups become prompts of a later long round;
 - bounded staleness (AReaL): no rounds; async_stream.py streams groups on the rollout GPUs while a
   trainer on its own GPUs trains, weight updates interrupt requests that resume at once, and η
@@ -36,7 +37,6 @@ from rljob.runtime.sim.scenario import (
     Scenario,
     StrategySpec,
     TailBatchingSpec,
-    train_seconds,
 )
 from rljob.runtime.sim.strategies import TailBatchingStrategy
 from rljob.runtime.sim.virtual_loop import run_virtual
@@ -78,7 +78,7 @@ def _record(sim: SimRun, step: int, kind: str, result: RoundResult, trainer_vers
     # Accepted draft tokens came back as output tokens but were verified, not generated.
     generated = st.tokens_generated - drafts
     return SimStepRecord(
-        step=step, round_kind=kind, rollout_s=st.rollout_seconds, train_s=train_s, sync_s=sync_s, step_s=step_s,
+        step=step, round_kind=kind, rollout_s=st.generating_seconds, train_s=train_s, sync_s=sync_s, step_s=step_s,
         tokens_generated=generated * q, trained_tokens=trained * q, off_policy_tokens=off * q,
         fork_off_policy_ratio=st.fork_off_policy_ratio, resumed_prefix_tokens=st.resumed_prefix_tokens * q,
         wasted_tokens=(st.filtered_tokens + st.regenerated_tokens + st.discarded_tokens + wasted) * q,
@@ -87,20 +87,31 @@ def _record(sim: SimRun, step: int, kind: str, result: RoundResult, trainer_vers
         distinct_prompts=len({g.prompt_index for g in result.groups}), tail_share=tail[0],
         longest_over_median=tail[1],
         max_staleness=max((s.staleness(trainer_version) for g in result.groups for s in g.samples), default=0),
+        buffer_tokens=st.buffer_tokens_after * q, overlap_tokens=st.overlap_tokens * q,
+        multi_version_samples=sum(1 for g in result.groups for s in g.samples if s.versions and
+                                  s.versions[0] != s.versions[-1]),
     )
 
 
 async def _train_and_sync(sim: SimRun, groups: list[Group], version: int) -> tuple[float, float]:
-    train_s = train_seconds(sim.scenario, sim.batch_tokens(groups), sim.train_gpus)
+    train_s = sim.train_seconds(groups)
     await asyncio.sleep(train_s)
     return train_s, await sim.sync_weights(version + 1)
 
 
 async def _rounds_loop(sim: SimRun) -> None:
+    """Round, train, sync, as the runtime's JobRunner steps: under a strategy that overlaps training
+    (async) `generate_during` keeps the engines generating while the trainer trains and interrupts
+    them when it is done, so the weight sync lands on idle engines (runtime/runner.py)."""
+    loop = asyncio.get_running_loop()
     for step in range(sim.scenario.steps):
         result, drafts, tail, spread = await _run_round(sim, step)
-        train_s, sync_s = await _train_and_sync(sim, result.groups, step)
-        step_s = result.stats.rollout_seconds + train_s + sync_s
+        train_s = sim.train_seconds(result.groups)
+        t0 = loop.time()
+        await sim.scheduler.generate_during(asyncio.sleep(train_s))
+        train_wall = loop.time() - t0  # train_s, plus the abort and drain of an async overlap
+        sync_s = await sim.sync_weights(step + 1)
+        step_s = result.stats.rollout_seconds + train_wall + sync_s
         sim.records.append(_record(sim, step, "round", result, step, train_s, sync_s, step_s,
                                    drafts=drafts, tail=(tail, spread)))
 

@@ -154,6 +154,24 @@ class BoundedStalenessSpec(_Strict):
     over_sampling: float = Field(1.5, ge=1.0)
 
 
+class AsyncSpec(_Strict):
+    """The runtime's `async` strategy (rollout/strategy.py AsyncStrategy): APRIL's round, then the
+    engines keep generating while the trainer trains on GPUs of its own; the weight sync interrupts
+    them and the next round resumes every response under the new weights. `max_staleness` of the
+    scenario bounds the trained samples (enforced when a group leaves the buffer and at acceptance).
+    `trainer_gpu_share`: the trainer's share of the GPUs; None takes the scenario's (which must then
+    be disaggregated, `colocated: false`)."""
+
+    kind: Literal["async"]
+    name: str = "async"
+    over_sampling: float = Field(default=2.0, ge=1.0)
+    truncation: SimTruncationSpec = SimTruncationSpec()
+    trainer_gpu_share: float | None = Field(None, gt=0.0, lt=1.0)
+    train_gpu_seconds_per_step: float | None = Field(None, gt=0.0, description="this strategy's own trainer time × "
+                                                     "trainer GPUs per step (a disaggregated trainer need not be as "
+                                                     "efficient as a colocated one); None: the scenario's")
+
+
 class LargeGroupSpec(_Strict):
     """BroRL-style: many samples per prompt (up to 512), synchronous."""
 
@@ -174,7 +192,7 @@ class DraftReuseSpec(_Strict):
 
 
 StrategySpec = Annotated[
-    SyncSpec | AprilSpec | TailBatchingSpec | BoundedStalenessSpec | LargeGroupSpec | DraftReuseSpec,
+    SyncSpec | AprilSpec | AsyncSpec | TailBatchingSpec | BoundedStalenessSpec | LargeGroupSpec | DraftReuseSpec,
     Field(discriminator="kind"),
 ]
 
@@ -198,13 +216,23 @@ class Scenario(_Strict):
     max_response_length: int = Field(16384, ge=16)
     samples_per_prompt: int = Field(8, ge=1)
     groups_per_engine: int = Field(8, ge=1, description="rollout batch N = this × engines")
+    rollout_batch_size: int | None = Field(None, ge=1, description="rollout batch N in groups, the same for every "
+                                           "strategy whatever its GPU split; None: groups_per_engine × engines")
     steps: int = Field(12, ge=1)
     warmup_steps: int = Field(2, ge=0, description="first steps left out of the averages (buffer warm-up)")
     max_staleness: int = 2
-    colocated: bool = True
+    colocated: bool = Field(True, description="every strategy trains on the rollout GPUs, in turn; false: the "
+                            "trainer has `trainer_gpu_share` of the GPUs to itself for every strategy")
+    trainer_gpu_share: float = Field(0.5, gt=0.0, lt=1.0, description="the trainer's GPUs when not colocated")
+    max_running_requests: int | None = Field(None, ge=1, description="per engine; None: calibration.yaml's "
+                                             "(an engine with a fixed batch size, e.g. the embedded one, sets it)")
     dynamic_sampling: bool = Field(False, description="DAPO filter: drop groups whose rewards all agree "
                                    "(needs the dataset in calibration.yaml `rewards`)")
     token_quantum: int = Field(16, ge=1, description="tokens per simulated token id (KV page size)")
+    median_tokens: float | None = Field(None, gt=0.0, description="response-length median, replacing the "
+                                        "dataset's (a law fitted to a published setup); None: the dataset's")
+    train_gpu_seconds_per_step: float | None = Field(None, gt=0.0, description="trainer time × trainer GPUs per "
+                                                     "step, measured or published; None: the FLOP model")
     seed: int = 0
     strategies: list[StrategySpec] = Field(default_factory=_sync_and_april)
 
@@ -217,6 +245,10 @@ class Scenario(_Strict):
         if self.dynamic_sampling and self.dataset not in load_calibration().rewards:
             raise ValueError(f"dynamic_sampling needs a reward model: dataset {self.dataset!r} is not in "
                              f"calibration.yaml `rewards`")
+        for spec in self.strategies:
+            if isinstance(spec, AsyncSpec) and spec.trainer_gpu_share is None and self.colocated:
+                raise ValueError(f"strategy {spec.name!r}: async needs GPUs of its own for the trainer: set its "
+                                 "trainer_gpu_share, or colocated: false")
         names = [s.name for s in self.strategies]
         if len(set(names)) != len(names):
             raise ValueError(f"strategy names must be unique, got {names}")
@@ -228,7 +260,7 @@ class Scenario(_Strict):
 
     @property
     def batch_size(self) -> int:
-        return self.groups_per_engine * self.engines
+        return self.rollout_batch_size or self.groups_per_engine * self.engines
 
 
 @lru_cache(maxsize=4)
@@ -308,14 +340,17 @@ def engine_constants(scenario: Scenario) -> EngineConstants:
         prefill_s_per_token=2 * model.params_b * 1e9 / (k * gpu.prefill_tflops * 1e12),
         kv_capacity_tokens=math.floor(kv_bytes / model.kv_bytes_per_token),
         admit_fraction=eng.admit_fraction,
-        max_running_requests=eng.max_running_requests,
+        max_running_requests=scenario.max_running_requests or eng.max_running_requests,
         abort_latency_s=eng.abort_latency_s,
         weight_sync_s=model.weight_sync_s,
     )
 
 
 def train_seconds(scenario: Scenario, tokens: int, gpus: int) -> float:
-    """Trainer time for one optimizer step over `tokens` (prompt + response) on `gpus` GPUs."""
+    """Trainer time for one optimizer step over `tokens` (prompt + response) on `gpus` GPUs: the scenario's
+    measured GPU-seconds per step spread over `gpus` when it gives them, else the FLOP model."""
+    if scenario.train_gpu_seconds_per_step is not None:
+        return scenario.train_gpu_seconds_per_step / gpus
     cal = load_calibration()
     flops = cal.training.flops_per_token_factor * cal.models[scenario.model].params_b * 1e9 * tokens
     return flops / (gpus * cal.gpus[scenario.gpu].train_tflops * 1e12 * cal.training.mfu)

@@ -1,6 +1,6 @@
 """The simulator's extra strategies, as runtime Strategy subclasses, and the spec → strategy map.
 
-`sync` and `april` are the runtime's own classes, unchanged. The others answer the same
+`sync`, `april` and `async` are the runtime's own classes, unchanged. The others answer the same
 questions (how many groups to launch, whether the segment cap applies); what they change beyond
 that lives outside the scheduler, in the sim loop that drives it (runner.py):
 
@@ -16,9 +16,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rljob.runtime.rollout.strategy import AprilStrategy, Strategy
+from rljob.runtime.rollout.strategy import AprilStrategy, AsyncStrategy, Strategy
 from rljob.runtime.sim.scenario import (
     AprilSpec,
+    AsyncSpec,
     BoundedStalenessSpec,
     DraftReuseSpec,
     LargeGroupSpec,
@@ -63,6 +64,8 @@ def build_sim_strategy(spec: StrategySpec, batch_size: int) -> Strategy:
     if isinstance(spec, AprilSpec):
         return AprilStrategy(name=spec.name, over_sampling=spec.over_sampling,
                              refill_granularity=_refill(spec, batch_size))
+    if isinstance(spec, AsyncSpec):  # the runtime's own: the sim loop runs it as the runner does
+        return AsyncStrategy(name=spec.name, over_sampling=spec.over_sampling)
     if isinstance(spec, SyncSpec):
         return Strategy(name=spec.name, refill_granularity=_refill(spec, batch_size))
     if isinstance(spec, TailBatchingSpec):

@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from rljob.runtime.rollout.sample import Group, Sample, SampleStatus
+from rljob.runtime.rollout.sample import Sample, SampleStatus
 from rljob.runtime.sim.length_model import LengthModel
 from rljob.runtime.sim.reward_model import RewardModel
 from rljob.runtime.sim.records import SimStrategyResult
@@ -22,22 +22,15 @@ from rljob.runtime.sim.scenario import (
     LargeGroupSpec,
     LengthLaw,
     RewardLaw,
-    Scenario,
     StrategySpec,
     SyncSpec,
     TailBatchingSpec,
 )
-
-
-def scenario(**update: object) -> Scenario:
-    base = dict(name="small", model="qwen3-4b", gpu="h100", gpus=4, tensor_parallel=1, mem_fraction=0.85,
-                dataset="deepscaler", max_response_length=8192, samples_per_prompt=4, groups_per_engine=2,
-                steps=6, warmup_steps=1)
-    return Scenario.model_validate({**base, **update})
+from tests.helpers.sim_scenarios import small_scenario
 
 
 def run(spec: StrategySpec, **update: object) -> SimStrategyResult:
-    return simulate_strategy(scenario(**update), spec)
+    return simulate_strategy(small_scenario(**update), spec)
 
 
 def test_tail_batching_defers_aborted_prompts_to_long_rounds_and_stays_on_policy():

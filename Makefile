@@ -57,7 +57,7 @@ lint: install
 	MYPYPATH=.mypy_cache/pkgroot $(BIN)/mypy $(foreach top,$(LINT_PACKAGES),-p rljob.$(top))
 
 test: install lint cluster-build cluster-images
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25
 
 benchmark: install
 	$(BIN)/python benchmarks/rollout_throughput.py

@@ -78,6 +78,10 @@ class TrainerJobObs:
     suspended: bool = False
     complete: bool = False
     failed_message: str | None = None  # the Job's Failed condition message, when it failed
+    # It failed while suspended: the suspend's deletions stopped its ranks, which exit non-zero after a
+    # SIGTERM, and the Job controller applies podFailurePolicy (FailJob) to pods that were deleted once
+    # they are terminal. Whether that happens is a race with the pods' removal (1 run in 3 on the real node).
+    failed_while_suspended: bool = False
 
     @property
     def live(self) -> bool:
@@ -278,6 +282,11 @@ def trainer_job_observation(job: dict[str, Any]) -> TrainerJobObs:
     conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
     suspended = bool(spec.get("suspend"))
     failed = conditions.get("Failed")
+    # The Job controller no longer syncs a finished Job, so a Job that failed while suspended keeps its
+    # Suspended=True condition after the operator resumes it; one resumed by the controller first has
+    # Suspended=False, and a later failure is the resumed run's own. (RFC 3339 times compare as strings.)
+    suspended_since = (conditions.get("Suspended") or {}).get("lastTransitionTime")
+    failed_at = (failed or {}).get("lastTransitionTime")
     return TrainerJobObs(
         uid=job["metadata"]["uid"],
         replicas=0 if suspended else int(spec.get("parallelism") or 0),
@@ -286,6 +295,7 @@ def trainer_job_observation(job: dict[str, Any]) -> TrainerJobObs:
         suspended=suspended,
         complete="Complete" in conditions or "SuccessCriteriaMet" in conditions,
         failed_message=None if failed is None else (failed.get("message") or failed.get("reason") or "Job failed"),
+        failed_while_suspended=bool(suspended_since and failed_at and failed_at >= suspended_since),
     )
 
 
@@ -381,7 +391,8 @@ def _trainer_troubles(obs: Observed, handled: list[str]) -> list[_RankTrouble]:
     if job is None or not job.live:
         return []
     job_key = failure_key(ROLE_TRAINER, job.uid, "job")
-    if job_key in handled:
+    if job_key in handled or job.failed_while_suspended:
+        # (A Job that failed while suspended: every rank was stopped by the suspend, see compute_status.)
         # This Job was already restarted: a read that still shows it live (its deletion not yet seen)
         # must not count a rank's failure again, also when that rank's own key was pruned meanwhile
         # (the pod gone from one read, back in the next as a pod the watch reported).
@@ -442,6 +453,16 @@ def compute_status(
             events.append(EventRecord("Normal", "Completed", f"trainer {who} finished: job complete"))
 
     troubles = _trainer_troubles(obs, restarts.handled_failures) if outcome is None and was_active else []
+    stale = obs.trainer if outcome is None and was_active and obs.trainer is not None else None
+    if stale is not None and stale.failed_while_suspended and not stale.deleting and \
+            failure_key(ROLE_TRAINER, stale.uid, "job") not in restarts.handled_failures:
+        # The resumed job's trainer Job failed while it was suspended, by the suspend's own deletions:
+        # recreate it (from the checkpoint the stopping ranks wrote), counted neither as a failure nor as
+        # an interruption.
+        restart_job = stale.uid
+        events.append(EventRecord("Normal", "TrainerRecreated",
+                                  "the trainer Job failed while suspended (the suspend stopped its ranks); "
+                                  "recreating it from the last checkpoint, not counted against backoffLimit"))
     if troubles and obs.trainer is not None:
         restarts.handled_failures = _remember(restarts.handled_failures, [t.key for t in troubles])
         failures = [t for t in troubles if not t.interrupted]

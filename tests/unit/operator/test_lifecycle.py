@@ -235,6 +235,45 @@ def test_pods_stopped_on_purpose_are_not_failures() -> None:
     assert not _run(_spec(), status, _obs(trainer_pods=[failed], job=suspended)).restart_trainer
 
 
+def _trainer_job(*conditions: tuple[str, str, str], suspend: bool = False) -> dict[str, Any]:
+    """A batch/v1 Job as the API server returns it, with (type, status, lastTransitionTime) conditions."""
+    return {"metadata": {"uid": "job-1"}, "spec": {"parallelism": 2, "suspend": suspend},
+            "status": {"conditions": [{"type": t, "status": st, "lastTransitionTime": at,
+                                       "reason": "PodFailurePolicy", "message": "matching FailJob rule"}
+                                      for t, st, at in conditions]}}
+
+
+def test_a_trainer_job_failed_by_its_suspend_is_recreated_on_resume_without_counting() -> None:
+    """The suspend deletes the ranks; they exit non-zero after SIGTERM, and the Job controller may apply
+    podFailurePolicy's FailJob to them once terminal (a race: 1 run in 3 on the real node). On resume
+    that Job is recreated, neither a failure nor an interruption, and only once."""
+    running = _run(_spec(), RLJobStatus(), _obs()).status
+    suspended = _run(_spec(suspend=True), running, _obs(job=trainer_job_observation(_trainer_job(
+        ("Suspended", "True", "2026-01-01T00:00:10Z"), suspend=True)))).status
+    assert suspended.phase == "Suspended"
+    failed_in_suspend = trainer_job_observation(_trainer_job(
+        ("Suspended", "True", "2026-01-01T00:00:10Z"), ("Failed", "True", "2026-01-01T00:00:12Z")))
+    assert failed_in_suspend.failed_while_suspended and failed_in_suspend.live
+    d = _run(_spec(), suspended, _obs(job=failed_in_suspend, trainer=0), gen=2)
+    assert d.restart_trainer_job == "job-1"
+    assert d.status.restarts.trainer == 0 and d.status.restarts.interrupted == 0, d.status.restarts
+    assert "TrainerRecreated" in [e.reason for e in d.events]
+    again = _run(_spec(), d.status, _obs(job=failed_in_suspend, trainer=0), gen=2)  # a stale read of it
+    assert not again.restart_trainer and again.status.restarts.trainer == 0
+
+
+def test_a_trainer_job_that_fails_after_the_controller_resumed_it_is_a_failure() -> None:
+    """Suspended=False (the Job controller resumed it) before Failed: the resumed run's own failure."""
+    running = _run(_spec(), RLJobStatus(), _obs()).status
+    job = trainer_job_observation(_trainer_job(
+        ("Suspended", "False", "2026-01-01T00:00:20Z"), ("Failed", "True", "2026-01-01T00:00:30Z")))
+    assert not job.failed_while_suspended
+    d = _run(_spec(), running, _obs(job=job, trainer=0))
+    assert d.restart_trainer_job == "job-1" and d.status.restarts.trainer == 1
+    # Failed before a suspend was asked for: the controller never marks a finished Job Suspended.
+    assert not trainer_job_observation(_trainer_job(("Failed", "True", "2026-01-01T00:00:30Z"))).failed_while_suspended
+
+
 def test_sigterm_before_the_last_step_is_an_interruption_never_success() -> None:
     status = _run(_spec(), RLJobStatus(), _obs()).status
     # torchrun exits 1 when its worker stopped on SIGTERM; the worker's termination message says why.

@@ -368,6 +368,10 @@ class EmbeddedEngine(Engine):
         """Tokens held in the KV cache by running sequences (for token-usage metrics)."""
         return sum(len(s.request.input_ids) + len(s.output_ids) for s in self._running if s.finish_reason is None)
 
+    def batch_capacity(self) -> int | None:
+        """The KV slots: ``max_batch_size`` sequences decode together."""
+        return self.max_batch_size
+
     def ceiling_tokens_per_s(self) -> float | None:
         """Bubble-free ceiling estimate: a full batch per (near-full) decode step time."""
         step = self.stats.full_step_seconds

@@ -35,6 +35,7 @@ from rljob.runtime.rollout.decisions import (
     ahead_launches,
     chunk_launches,
     classify,
+    fill_launches,
     next_launch,
 )
 from rljob.runtime.rollout.engine_pool import EnginePool, EngineWaitTimeout, Recover, StaleEnginesError
@@ -208,6 +209,7 @@ class RolloutScheduler:
         try:
             while not future.done():
                 self._launch_ahead(state)
+                self._fill(state, capped=False)
                 self._update_progress(state)
                 harvest = asyncio.ensure_future(state.finished.get())
                 await asyncio.wait({future, harvest}, return_when=asyncio.FIRST_COMPLETED)
@@ -261,6 +263,7 @@ class RolloutScheduler:
         """Launch and harvest groups until the batch is full."""
         batch_size = self.config.batch_size
         await self._top_up(state)
+        self._fill(state)
         while len(state.accepted) < batch_size:
             self._update_progress(state)
             done = [await state.finished.get()]
@@ -270,6 +273,7 @@ class RolloutScheduler:
                 self._harvest(state, task)
             if len(state.accepted) < batch_size:
                 await self._top_up(state)
+                self._fill(state)
 
     @staticmethod
     async def _cancel_in_flight(state: RoundState) -> None:
@@ -278,6 +282,19 @@ class RolloutScheduler:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _fill(self, state: RoundState, capped: bool = True) -> None:
+        """With `fill_engines`, under a strategy that keeps partials: launch buffered groups, else fresh
+        prompts, onto every engine whose free batch slots hold a whole group (decisions.fill_launches);
+        `capped` as in _launch (not while the trainer trains, as _launch_ahead)."""
+        cfg = self.config
+        if not (cfg.fill_engines and self.strategy.keeps_partials):
+            return
+        for idx, engine in enumerate(self.engines):
+            if idx in self.pool.unhealthy or idx in self.pool.lagging:
+                continue
+            for _ in range(fill_launches(engine.batch_capacity(), self.pool.requests[idx], cfg.samples_per_prompt)):
+                self._launch(state, self._next_group(state), idx, capped=capped)
 
     async def _top_up(self, state: RoundState) -> None:
         """Launch what the launch decisions ask for (decisions.next_launch / chunk_launches)."""
@@ -303,6 +320,7 @@ class RolloutScheduler:
         task.add_done_callback(state.finished.put_nowait)
         state.tasks[task] = (group, engine_idx)
         self.pool.assigned[engine_idx] += 1
+        self.pool.requests[engine_idx] += sum(1 for s in group.samples if not s.status.finished)
         self.progress.launched_groups += 1
 
     def _harvest(self, state: RoundState, task: asyncio.Task[bool]) -> None:
@@ -434,9 +452,16 @@ class RolloutScheduler:
 
     async def _run_sample(self, state: RoundState, sample: Sample, engine_idx: int, cap: int | None) -> bool:
         """Generate one segment of a sample with the workflow; returns True if the engine failed."""
-        cfg, stats = self.config, state.stats
         if sample.status.finished:
             return False
+        try:
+            return await self._generate_segment(state, sample, engine_idx, cap)
+        finally:
+            self.pool.requests[engine_idx] -= 1  # counted at launch (_launch): the slot is free again
+
+    async def _generate_segment(self, state: RoundState, sample: Sample, engine_idx: int, cap: int | None) -> bool:
+        """One segment of an unfinished sample (_run_sample)."""
+        cfg, stats = self.config, state.stats
         budget = cfg.max_response_length - sample.response_length
         if budget <= 0:  # resumed exactly at the cap: finished without a request, still rewarded
             sample.status = SampleStatus.TRUNCATED

@@ -5,9 +5,11 @@ the strategies are interleaved so machine noise hits both alike. The ceiling is 
 steady full-batch decode rate. Prints a table, writes docs/benchmarks/rollout_throughput.json and
 a plot. Run: `python benchmarks/rollout_throughput.py` (or `make benchmark`).
 
-`--engine-variants` compares the embedded engine's options instead, each on its own and together, for
-`april` and `async` side by side in one run (rounds interleaved): baseline, +chunked prefill (one
-budget per `--chunked-prefill-tokens`), and writes docs/benchmarks/engine_prefill.json.
+`--engine-variants` compares the options of issue 29 item 4 instead, each on its own and together, for
+`april` and `async` side by side in one run (rounds interleaved): baseline, +chunked prefill (the
+embedded engine's `chunked_prefill_tokens`, one budget per `--chunked-prefill-tokens`), +fill (the
+scheduler's `fill_engines`: the batch kept full to the end of a round), both; writes
+docs/benchmarks/engine_prefill.json.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -104,9 +107,14 @@ async def run(args: argparse.Namespace) -> dict:
 
 
 def engine_variants(budgets: list[int]) -> tuple[Variant, ...]:
-    """Each engine option on its own beside the plain `april` and `async` rows (which are the baselines)."""
-    return tuple(Variant(f"{strategy}+chunked{n}", strategy, chunked_prefill_tokens=n)
-                 for n in budgets for strategy in ("april", "async"))
+    """Each option on its own beside the plain `april` and `async` rows (which are the baselines), then
+    both together (with the first budget)."""
+    strategies = ("april", "async")
+    chunked = [Variant(f"{s}+chunked{n}", s, chunked_prefill_tokens=n) for n in budgets for s in strategies]
+    full = [Variant(f"{s}+fill", s, fill_engines=True) for s in strategies]
+    both = [Variant(f"{s}+chunked{budgets[0]}+fill", s, chunked_prefill_tokens=budgets[0], fill_engines=True)
+            for s in strategies]
+    return (*chunked, *full, *both)
 
 
 def step_profile(stats: list[dict]) -> dict[str, float]:
@@ -122,6 +130,7 @@ def step_profile(stats: list[dict]) -> dict[str, float]:
         "decode_steps": steps,
         "generated_tokens": sum(s["generated_tokens"] for s in stats),
         "busy_ms_per_decode_step": 1000 * busy / steps if steps else 0.0,
+        "busy_ms_per_generated_token": 1000 * busy / max(1, sum(s["generated_tokens"] for s in stats)),
         "full_decode_step_ms": 1000 * max((s["full_step_seconds"] for s in stats), default=0.0),
     }
 
@@ -149,8 +158,9 @@ async def run_variants(args: argparse.Namespace) -> dict:
     return {
         "benchmark": "engine_prefill",
         "job": _display_path(Path(args.job)),
-        "what": "embedded-engine options for APRIL and async, each on its own, rounds interleaved in one run; "
-                "the plain april/async rows are the baselines",
+        "what": "chunked prefill (engine option chunked_prefill_tokens) and a full batch to the end of the round "
+                "(scheduler option fill_engines) for APRIL and async, each on its own and both, rounds "
+                "interleaved in one run; the plain april/async rows are the baselines",
         "rollout_batch_size": job.spec.rollout.rollout_batch_size,
         "samples_per_prompt": job.spec.rollout.samples_per_prompt,
         "max_batch_size": job.spec.rollout.embedded.max_batch_size,
@@ -162,6 +172,14 @@ async def run_variants(args: argparse.Namespace) -> dict:
         "over_ceiling": {name: r["over_ceiling"] for name, r in rows.items()},
         "tokens_per_s": {name: r["tokens_per_s"] for name, r in rows.items()},
         "trained_tokens_per_s": {name: r["trained_tokens_per_s"] for name, r in rows.items()},
+        # Round by round against the baseline of the same strategy (rounds interleaved, same prompt seeds):
+        # the median of the per-round ratios is less sensitive to a load spike than the totals.
+        "median_round_ratio_vs_baseline": {
+            name: statistics.median(v / b for v, b in zip(result["round_tokens_per_s"],
+                                                          comparison["results"][name.split("+")[0]]["round_tokens_per_s"],
+                                                          strict=True) if b > 0)
+            for name, result in comparison["results"].items() if "+" in name
+        },
         "engine_profile": {name: step_profile(stats) for name, stats in comparison["engine_stats"].items()},
         "rows": comparison["rows"],
         "machine": machine(),
@@ -189,9 +207,9 @@ def main() -> None:
     parser.add_argument("--output", default=str(ROOT / "docs/benchmarks"), help="folder for JSON and plot")
     parser.add_argument("--train-seconds", type=float, default=None, help="the async strategy's overlap per "
                         "round (default: the quickstart's train step measured in time_to_reward.json)")
-    parser.add_argument("--engine-variants", action="store_true", help="compare the embedded engine's options "
-                        "(chunked prefill) for april and async instead; writes engine_prefill.json")
-    parser.add_argument("--chunked-prefill-tokens", type=int, nargs="+", default=[256],
+    parser.add_argument("--engine-variants", action="store_true", help="compare chunked prefill and "
+                        "fill_engines for april and async instead; writes engine_prefill.json")
+    parser.add_argument("--chunked-prefill-tokens", type=int, nargs="+", default=[512, 4096],
                         help="chunked prefill budgets (prompt tokens per step) compared with --engine-variants")
     args = parser.parse_args()
     args.train_seconds, args.train_seconds_source = train_seconds(args.train_seconds, Path(args.output))

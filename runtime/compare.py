@@ -19,7 +19,7 @@ import torch
 
 from rljob.runtime.batch_stats import summarize_batch
 from rljob.runtime.engines.base import Engine, GenerateRequest, WeightUpdate
-from rljob.runtime.engines.embedded import EngineStats
+from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.rollout.scheduler import RolloutScheduler, RoundResult
 
 if TYPE_CHECKING:
@@ -222,7 +222,7 @@ async def compare_strategies(
     finally:
         await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)
     rows = comparison_table(results, ceiling)
-    engine_stats = {name: [asdict(e.stats) for e in scheduler.engines if isinstance(getattr(e, "stats", None), EngineStats)]
+    engine_stats = {name: [asdict(e.stats) for e in scheduler.engines if isinstance(e, EmbeddedEngine)]
                     for name, scheduler in schedulers.items()}
     return {
         "engine_stats": engine_stats,  # embedded engines' counters, warm-up rounds included

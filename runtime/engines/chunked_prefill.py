@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -38,6 +38,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from rljob.runtime.engines.slot_cache import SlotKVCache
 
 MIXED_ATTENTION = "rljob_mixed"  # the attention implementation name registered with transformers
+K = TypeVar("K", bound=Hashable)  # what identifies a prompt (the engine's group key)
 
 
 @dataclass
@@ -54,15 +55,15 @@ class PartialPrefill:
 
 
 @dataclass(frozen=True)
-class Planned:
-    """One prompt's piece in a step: tokens ``[start, end)`` of ``ids``."""
+class Planned(Generic[K]):
+    """One prompt's piece in a step: its tokens ``[start, end)``."""
 
-    key: Hashable
+    key: K
     start: int
     end: int
 
 
-def plan_pieces(pending: Sequence[tuple[Hashable, int, int]], budget: int) -> list[Planned]:
+def plan_pieces(pending: Sequence[tuple[K, int, int]], budget: int) -> list[Planned[K]]:
     """The prompt tokens a step prefills: ``pending`` is (key, prompt length, tokens already prefilled)
     in arrival order; each prompt gets its next tokens, oldest first, until ``budget`` tokens are planned.
 
@@ -71,7 +72,7 @@ def plan_pieces(pending: Sequence[tuple[Hashable, int, int]], budget: int) -> li
     """
     if budget < 1:
         raise ValueError(f"budget must be at least 1 token, got {budget}")
-    planned: list[Planned] = []
+    planned: list[Planned[K]] = []
     left = budget
     for key, length, done in pending:
         if left == 0:

@@ -4,7 +4,9 @@ One background asyncio task runs the decode loop. Each iteration (one "step") fr
 finished sequences, prefills the requests admitted from the waiting queue (a few forwards over prompts
 of similar length, each distinct prompt at most once: requests with the same token ids, a GRPO group's
 samples, share one prefill through the prefix cache, prefix_cache.py) into free slots of the
-preallocated KV cache (slot_cache.py), and decodes one token for every running sequence in one forward. The torch work of a step runs
+preallocated KV cache (slot_cache.py), and decodes one token for every running sequence in one forward.
+With ``chunked_prefill_tokens`` the prompts ride in the decode forward instead, at most that many
+tokens a step (chunked_prefill.py). The torch work of a step runs
 in a worker thread (``asyncio.to_thread``), so the event loop stays free to accept requests and aborts
 while a step computes; weight updates take the same lock as a step, so they land between steps.
 
@@ -12,9 +14,11 @@ Abort follows SGLang: a waiting request finishes at once with no tokens; a runni
 the step in flight, with every token generated so far (log-probs included). Log-probs follow the
 convention of ``sampling.py``: log_softmax(logits / temperature) of the chosen token, before top-k/top-p.
 
-Why one module of about 650 lines: the decode loop, admission, aborts and the weight install share
-one lock and one table of running sequences; the KV cache (slot_cache.py), the prefix cache
-(prefix_cache.py), sampling (sampling.py) and the HTTP face (server.py) already live apart.
+Why one module of about 800 lines: the decode loop, admission, aborts, the weight install and both
+kinds of step (prefill then decode, or chunks mixed into the decode) share one lock and one table of
+running sequences; the KV cache (slot_cache.py), the prefix cache (prefix_cache.py), the mixed forward
+and its chunk plan (chunked_prefill.py), sampling (sampling.py) and the HTTP face (server.py) already
+live apart.
 """
 
 from __future__ import annotations

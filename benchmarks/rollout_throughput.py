@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rljob.api import load_rljob
+from rljob.api import RLJob, load_rljob
 from rljob.runtime.cli.views import comparison_view
 from rljob.runtime.report import comparison_plot
 from rljob.runtime.compare import Variant, compare_strategies
@@ -45,7 +45,9 @@ def _display_path(path: Path) -> str:
     return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
 
 
-async def run(args: argparse.Namespace) -> dict:
+async def compare(args: argparse.Namespace, strategies: tuple[str, ...],
+                  variants: tuple[Variant, ...] = ()) -> tuple[RLJob, dict]:
+    """The job of `--job` and its strategies' (and variants') comparison, rounds interleaved."""
     job = load_rljob(args.job)
     with tempfile.TemporaryDirectory() as tmp:
         job.spec.checkpoint.dir = str(Path(tmp) / "ckpt")
@@ -53,15 +55,19 @@ async def run(args: argparse.Namespace) -> dict:
         await runner.setup()
         await runner.close()
 
-        def progress(strategy: str, i: int, result) -> None:  # type: ignore[no-untyped-def]
+        def progress(name: str, i: int, result) -> None:  # type: ignore[no-untyped-def]
             s = result.stats
             tag = "warm-up" if i < args.warmup else "round"
-            console.log(f"{strategy:5s} {tag} {i + 1}: {s.tokens_generated} tokens in {s.rollout_seconds:.2f}s "
+            console.log(f"{name:5s} {tag} {i + 1}: {s.tokens_generated} tokens in {s.rollout_seconds:.2f}s "
                         f"({s.tokens_per_second:.0f} tok/s), truncation {s.truncation_rate:.2f}")
 
-        comparison = await compare_strategies(runner, args.rounds, strategies=("sync", "april", "async"),
-                                              warmup_rounds=args.warmup, on_round=progress,
-                                              train_seconds=args.train_seconds)
+        comparison = await compare_strategies(runner, args.rounds, strategies=strategies, warmup_rounds=args.warmup,
+                                              on_round=progress, train_seconds=args.train_seconds, variants=variants)
+    return job, comparison
+
+
+async def run(args: argparse.Namespace) -> dict:
+    job, comparison = await compare(args, ("sync", "april", "async"))
     rows = {r["strategy"]: r for r in comparison["rows"]}
     sync, april, asynch = rows["sync"], rows["april"], rows["async"]
     r = job.spec.rollout
@@ -137,23 +143,7 @@ def step_profile(stats: list[dict]) -> dict[str, float]:
 
 async def run_variants(args: argparse.Namespace) -> dict:
     """The engine options side by side (see the module docstring)."""
-    job = load_rljob(args.job)
-    with tempfile.TemporaryDirectory() as tmp:
-        job.spec.checkpoint.dir = str(Path(tmp) / "ckpt")
-        runner = JobRunner(job, RunOptions(output_dir=Path(tmp), resume=False))
-        await runner.setup()
-        await runner.close()
-
-        def progress(name: str, i: int, result) -> None:  # type: ignore[no-untyped-def]
-            s = result.stats
-            tag = "warm-up" if i < args.warmup else "round"
-            console.log(f"{name:18s} {tag} {i + 1}: {s.tokens_generated} tokens in {s.rollout_seconds:.2f}s "
-                        f"({s.tokens_per_second:.0f} tok/s)")
-
-        comparison = await compare_strategies(runner, args.rounds, strategies=("april", "async"),
-                                              warmup_rounds=args.warmup, on_round=progress,
-                                              train_seconds=args.train_seconds,
-                                              variants=engine_variants(args.chunked_prefill_tokens))
+    job, comparison = await compare(args, ("april", "async"), engine_variants(args.chunked_prefill_tokens))
     rows = {r["strategy"]: r for r in comparison["rows"]}
     return {
         "benchmark": "engine_prefill",

@@ -13,6 +13,7 @@ import torch
 from rljob.runtime.engines.base import EngineError, GenerateRequest, GenerateResult, WeightUpdate
 from rljob.runtime.engines.chunked_prefill import Planned, plan_pieces
 from rljob.runtime.engines.embedded import EmbeddedEngine
+from tests.helpers.engine_runs import run_all
 from tests.helpers.tiny_model import build_tiny_model
 from tests.helpers.waiting import wait_until
 
@@ -38,14 +39,6 @@ def float64_engine(max_batch_size: int, chunked: int, **kw: object) -> EmbeddedE
 
 def greedy(rid: str, prompt: list[int], max_new_tokens: int) -> GenerateRequest:
     return GenerateRequest(rid=rid, input_ids=prompt, max_new_tokens=max_new_tokens, temperature=0.0)
-
-
-async def run_all(eng: EmbeddedEngine, requests: list[GenerateRequest]) -> list[GenerateResult]:
-    try:
-        await eng.start()
-        return list(await asyncio.gather(*(eng.generate(r) for r in requests)))
-    finally:
-        await eng.close()
 
 
 def assert_same(got: list[GenerateResult], expected: list[GenerateResult]) -> None:

@@ -199,7 +199,7 @@ def main() -> None:
                         "round (default: the quickstart's train step measured in time_to_reward.json)")
     parser.add_argument("--engine-variants", action="store_true", help="compare chunked prefill and "
                         "fill_engines for april and async instead; writes engine_prefill.json")
-    parser.add_argument("--chunked-prefill-tokens", type=int, nargs="+", default=[512, 4096],
+    parser.add_argument("--chunked-prefill-tokens", type=int, nargs="+", default=[512],
                         help="chunked prefill budgets (prompt tokens per step) compared with --engine-variants")
     args = parser.parse_args()
     args.train_seconds, args.train_seconds_source = train_seconds(args.train_seconds, Path(args.output))

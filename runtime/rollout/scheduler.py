@@ -209,7 +209,6 @@ class RolloutScheduler:
         try:
             while not future.done():
                 self._launch_ahead(state)
-                self._fill(state, capped=False)
                 self._update_progress(state)
                 harvest = asyncio.ensure_future(state.finished.get())
                 await asyncio.wait({future, harvest}, return_when=asyncio.FIRST_COMPLETED)
@@ -283,10 +282,13 @@ class RolloutScheduler:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _fill(self, state: RoundState, capped: bool = True) -> None:
+    def _fill(self, state: RoundState) -> None:
         """With `fill_engines`, under a strategy that keeps partials: launch buffered groups, else fresh
-        prompts, onto every engine whose free batch slots hold a whole group (decisions.fill_launches);
-        `capped` as in _launch (not while the trainer trains, as _launch_ahead)."""
+        prompts, onto every engine whose free batch slots hold a whole group (decisions.fill_launches).
+
+        Only while the round collects: while the trainer trains, `_launch_ahead` bounds the work done
+        ahead (groups finished ahead wait for the next step and age), and filling past that bound only
+        generated groups that went stale (measured: twice the tokens, no more trained per second)."""
         cfg = self.config
         if not (cfg.fill_engines and self.strategy.keeps_partials):
             return
@@ -294,7 +296,7 @@ class RolloutScheduler:
             if idx in self.pool.unhealthy or idx in self.pool.lagging:
                 continue
             for _ in range(fill_launches(engine.batch_capacity(), self.pool.requests[idx], cfg.samples_per_prompt)):
-                self._launch(state, self._next_group(state), idx, capped=capped)
+                self._launch(state, self._next_group(state), idx)
 
     async def _top_up(self, state: RoundState) -> None:
         """Launch what the launch decisions ask for (decisions.next_launch / chunk_launches)."""

@@ -19,6 +19,7 @@ import torch
 
 from rljob.runtime.batch_stats import summarize_batch
 from rljob.runtime.engines.base import Engine, GenerateRequest, WeightUpdate
+from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.rollout.scheduler import RolloutScheduler, RoundResult
 
 if TYPE_CHECKING:
@@ -27,6 +28,16 @@ if TYPE_CHECKING:
     from rljob.runtime.runner import JobRunner
 
 EngineFactory = Callable[[], Engine]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compared configuration: a strategy on engines with these options (named `name` in the rows)."""
+
+    name: str
+    strategy: str
+    chunked_prefill_tokens: int = 0  # the embedded engines' chunked prefill budget (0: off)
+    fill_engines: bool = False  # keep the engines' batches full to the end of a round (RolloutConfig)
 
 
 @dataclass
@@ -170,21 +181,25 @@ async def compare_strategies(
     warmup_rounds: int = 1,
     on_round: Callable[[str, int, RoundResult], None] = lambda _s, _i, _r: None,
     train_seconds: float = 0.0,
+    variants: tuple[Variant, ...] = (),
 ) -> dict[str, Any]:
     """Rollout-only comparison of strategies on the runner's current policy, each on engines of its own
-    (`train_seconds`: see compare_rollouts)."""
+    (`train_seconds`: see compare_rollouts). `variants` adds configurations (engine options) beside the
+    strategies, interleaved with them round by round."""
     from rljob.runtime import job_parts as parts
 
     job = runner.job
     model = cast("PreTrainedModel", runner.trainer.model)  # the policy, as loaded from Hugging Face
     engines: list[Engine] = []
     schedulers = {}
-    for name in strategies:
-        engine_set = parts.build_engines(job, model, detokenize=runner.tokenizer.decode, seeded=True)
+    for v in (*(Variant(name, name) for name in strategies), *variants):
+        engine_set = parts.build_engines(job, model, detokenize=runner.tokenizer.decode, seeded=True,
+                                         chunked_prefill_tokens=v.chunked_prefill_tokens)
         engines += engine_set
-        schedulers[name] = parts.build_scheduler(
+        schedulers[v.name] = parts.build_scheduler(
             job, engine_set, parts.build_prompts(job, runner.tokenizer), runner.policy.stop_token_ids,
-            runner.scheduler.scoring.scorer, runner.scheduler.scoring.keep, strategy=name,
+            runner.scheduler.scoring.scorer, runner.scheduler.scoring.keep, strategy=v.strategy,
+            fill_engines=v.fill_engines,
         )
     ceiling_engine = parts.build_engines(job, model, seeded=True)[0]
     engines.append(ceiling_engine)
@@ -207,7 +222,10 @@ async def compare_strategies(
     finally:
         await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)
     rows = comparison_table(results, ceiling)
+    engine_stats = {name: [asdict(e.stats) for e in scheduler.engines if isinstance(e, EmbeddedEngine)]
+                    for name, scheduler in schedulers.items()}
     return {
+        "engine_stats": engine_stats,  # embedded engines' counters, warm-up rounds included
         "rounds": rounds,
         "warmup_rounds": warmup_rounds,
         "train_seconds": train_seconds,

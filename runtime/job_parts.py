@@ -123,13 +123,15 @@ def open_policy_for_training(job: RLJob) -> Any:
 
 
 def build_engines(job: RLJob, model: PreTrainedModel, detokenize: Callable[[list[int]], str] | None = None,
-                  seeded: bool = False) -> list[Engine]:
+                  seeded: bool = False, chunked_prefill_tokens: int = 0) -> list[Engine]:
     """The job's rollout engines over `model` (embedded engines copy it; SGLang pools are found).
-    `seeded`: sample with the trainer's seed (a strategy comparison gives every strategy the same)."""
+    `seeded`: sample with the trainer's seed (a strategy comparison gives every strategy the same);
+    `chunked_prefill_tokens`: the embedded engines' chunked prefill budget (0: off)."""
     from rljob.runtime.engines.factory import build_engines as engines_for
 
     seed = job.spec.trainer.seed if seeded else 0
-    return engines_for(job.spec.rollout, model, seed=seed, detokenize=detokenize)
+    return engines_for(job.spec.rollout, model, seed=seed, detokenize=detokenize,
+                       chunked_prefill_tokens=chunked_prefill_tokens)
 
 
 def build_transport(job: RLJob, engines: Sequence[Engine], output_dir: Path,
@@ -204,11 +206,15 @@ def build_scheduler(
     group_filter: Callable[[Group], bool] | None,
     strategy: str | None = None,
     recover: Callable[[], Any] | None = None,
+    fill_engines: bool = False,
 ) -> RolloutScheduler:
-    """The job's rollout scheduler over `engines`: strategy (or the `strategy` override), truncation."""
+    """The job's rollout scheduler over `engines`: strategy (or the `strategy` override), truncation;
+    `fill_engines` keeps the engines' batches full to the end of a round (RolloutConfig.fill_engines)."""
+    config = rollout_config(job, stop_token_ids)
+    config.fill_engines = fill_engines
     return RolloutScheduler(
         engines,
-        rollout_config(job, stop_token_ids),
+        config,
         build_rollout_strategy(job, strategy),
         # (PromptRecord is frozen, while the rollout's Prompt protocol declares its attributes writable)
         prompts,  # type: ignore[arg-type]

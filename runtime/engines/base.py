@@ -120,6 +120,11 @@ class Engine(abc.ABC):
     async def health(self) -> bool:
         """True when the engine can generate."""
 
+    def batch_capacity(self) -> int | None:
+        """Requests the engine runs at once (its decode batch); None when it cannot tell. The scheduler's
+        `fill_engines` option launches extra groups while fewer requests than this are in flight."""
+        return None
+
     def served_version(self) -> int | None:
         """The weight version new requests are served at, as the engine itself reports it; None
         when the engine cannot tell (or no part of it serves at the moment)."""

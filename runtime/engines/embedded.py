@@ -4,7 +4,9 @@ One background asyncio task runs the decode loop. Each iteration (one "step") fr
 finished sequences, prefills the requests admitted from the waiting queue (a few forwards over prompts
 of similar length, each distinct prompt at most once: requests with the same token ids, a GRPO group's
 samples, share one prefill through the prefix cache, prefix_cache.py) into free slots of the
-preallocated KV cache (slot_cache.py), and decodes one token for every running sequence in one forward. The torch work of a step runs
+preallocated KV cache (slot_cache.py), and decodes one token for every running sequence in one forward.
+With ``chunked_prefill_tokens`` the prompts ride in the decode forward instead, at most that many
+tokens a step (chunked_prefill.py). The torch work of a step runs
 in a worker thread (``asyncio.to_thread``), so the event loop stays free to accept requests and aborts
 while a step computes; weight updates take the same lock as a step, so they land between steps.
 
@@ -12,9 +14,11 @@ Abort follows SGLang: a waiting request finishes at once with no tokens; a runni
 the step in flight, with every token generated so far (log-probs included). Log-probs follow the
 convention of ``sampling.py``: log_softmax(logits / temperature) of the chosen token, before top-k/top-p.
 
-Why one module of about 650 lines: the decode loop, admission, aborts and the weight install share
-one lock and one table of running sequences; the KV cache (slot_cache.py), the prefix cache
-(prefix_cache.py), sampling (sampling.py) and the HTTP face (server.py) already live apart.
+Why one module of about 800 lines: the decode loop, admission, aborts, the weight install and both
+kinds of step (prefill then decode, or chunks mixed into the decode) share one lock and one table of
+running sequences; the KV cache (slot_cache.py), the prefix cache (prefix_cache.py), the mixed forward
+and its chunk plan (chunked_prefill.py), sampling (sampling.py) and the HTTP face (server.py) already
+live apart.
 """
 
 from __future__ import annotations
@@ -41,6 +45,13 @@ from rljob.runtime.engines.base import (
     InvalidRequestError,
     WeightUpdate,
 )
+from rljob.runtime.engines.chunked_prefill import (
+    MixedBatch,
+    PartialPrefill,
+    Piece,
+    enable_mixed_attention,
+    plan_pieces,
+)
 from rljob.runtime.engines.prefix_cache import Prefill, PrefillCache
 from rljob.runtime.engines.sampling import SamplingParams, sample_tokens
 from rljob.runtime.engines.slot_cache import SlotKVCache
@@ -60,7 +71,8 @@ class EngineStats:
     generated_tokens: int = 0
     prefill_tokens: int = 0  # prompt tokens run through the model
     cached_prefill_tokens: int = 0  # prompt tokens taken from a shared prefill instead (prefix_cache.py)
-    prefill_steps: int = 0
+    prefill_steps: int = 0  # forwards that ran prompt tokens (with chunked prefill: steps carrying a chunk)
+    mixed_steps: int = 0  # of those, forwards that also decoded running sequences (chunked prefill only)
     decode_steps: int = 0
     busy_seconds: float = 0.0  # wall time spent inside steps
     finished: Counter[str] = field(default_factory=Counter)  # finish reason -> requests
@@ -164,6 +176,9 @@ class EmbeddedEngine(Engine):
     ``seed`` seeds the sampling generator. ``torch_threads`` sets torch's intra-op threads when given.
     ``prefix_cache_tokens`` bounds the prefix cache (prefix_cache.py) that lets requests with the same
     token ids share one prefill; 0 turns sharing off (every request prefills its own prompt).
+    ``chunked_prefill_tokens`` N > 0 mixes prefill into decode steps (chunked_prefill.py): each step's one
+    forward carries every decode row and at most N prompt tokens, a longer prompt going on over the next
+    steps; 0 (the default) prefills each admitted prompt whole, in forwards of its own before the step's decode.
     """
 
     name = "embedded"
@@ -181,11 +196,16 @@ class EmbeddedEngine(Engine):
         max_context_len: int | None = None,
         detokenize: Detokenize | None = None,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+        chunked_prefill_tokens: int = 0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         if prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be >= 0 (0 turns prefix sharing off), got {prefix_cache_tokens}")
+        if chunked_prefill_tokens < 0:
+            raise ValueError(
+                f"chunked_prefill_tokens must be >= 0 (0 turns chunked prefill off), got {chunked_prefill_tokens}"
+            )
         self._source = model
         self.max_batch_size = max_batch_size
         self.weight_version = weight_version
@@ -202,6 +222,8 @@ class EmbeddedEngine(Engine):
         self._running: list[_Sequence] = []
         self._cache: SlotKVCache | None = None  # allocated on the first prefill
         self._prefixes = PrefillCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        self.chunked_prefill_tokens = chunked_prefill_tokens
+        self._partials: dict[_GroupKey, PartialPrefill] = {}  # prompts part-way through a chunked prefill
         self._wake = asyncio.Event()
         self._step_lock = asyncio.Lock()
         self._paused = False
@@ -234,7 +256,13 @@ class EmbeddedEngine(Engine):
             return
         if self._torch_threads:
             torch.set_num_threads(self._torch_threads)
-        self._model = await asyncio.to_thread(_load_model, self._source, self._device, self._dtype)
+        model = await asyncio.to_thread(_load_model, self._source, self._device, self._dtype)
+        if self.chunked_prefill_tokens:
+            try:
+                enable_mixed_attention(model)
+            except ValueError as exc:
+                raise EngineError(f"embedded engine: {exc} (or set chunked_prefill_tokens 0)") from None
+        self._model = model
         self._generator = torch.Generator(device=self._device).manual_seed(self._seed)
         self._loop_task = asyncio.create_task(self._decode_loop(), name="embedded-engine-decode-loop")
 
@@ -255,6 +283,7 @@ class EmbeddedEngine(Engine):
         for seq in self._running:
             self._finish(seq, seq.finish_reason or "abort")
         self._running, self._cache = [], None
+        self._partials.clear()
         self.flush_prefix_cache()
 
     @property
@@ -343,6 +372,10 @@ class EmbeddedEngine(Engine):
         """Tokens held in the KV cache by running sequences (for token-usage metrics)."""
         return sum(len(s.request.input_ids) + len(s.output_ids) for s in self._running if s.finish_reason is None)
 
+    def batch_capacity(self) -> int | None:
+        """The KV slots: ``max_batch_size`` sequences decode together."""
+        return self.max_batch_size
+
     def ceiling_tokens_per_s(self) -> float | None:
         """Bubble-free ceiling estimate: a full batch per (near-full) decode step time."""
         step = self.stats.full_step_seconds
@@ -411,6 +444,7 @@ class EmbeddedEngine(Engine):
         # Cached prefills were computed under the old weights: a first token sampled from them would be
         # stamped with the new version (SGLang flushes its radix cache on every weight update too).
         self.flush_prefix_cache()
+        self._partials.clear()  # part-way prefills too: those prompts start over under the new weights
         tied = {"lm_head.weight", "model.embed_tokens.weight"} if whole else set()
         given = {n for n, _ in tensors}
         unknown = sorted(given - set(targets) - tied)
@@ -459,6 +493,7 @@ class EmbeddedEngine(Engine):
                 admitted = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
                 self._running.extend(admitted)
                 started = time.perf_counter()
+                prefills_before = self.stats.prefill_steps
                 try:
                     produced = await asyncio.to_thread(self._step, admitted)
                 except Exception as exc:  # a broken step must not kill the loop or strand callers
@@ -469,7 +504,7 @@ class EmbeddedEngine(Engine):
             self.stats.busy_seconds += elapsed
             self.stats.generated_tokens += produced
             self.stats.last_step_tokens_per_s = produced / elapsed if elapsed > 0 else 0.0
-            if not admitted and produced * 2 >= self.max_batch_size:
+            if not admitted and self.stats.prefill_steps == prefills_before and produced * 2 >= self.max_batch_size:
                 # Decode-only steps near full batch estimate the bubble-free step time.
                 avg = self.stats.full_step_seconds
                 self.stats.full_step_seconds = elapsed if avg == 0 else 0.9 * avg + 0.1 * elapsed
@@ -510,6 +545,7 @@ class EmbeddedEngine(Engine):
             if not seq.future.done():
                 seq.future.set_exception(error)
         self._running, self._cache = [], None
+        self._partials.clear()
 
     # ----------------------------------------------------------------- torch work (worker thread)
 
@@ -517,6 +553,8 @@ class EmbeddedEngine(Engine):
         """Free finished rows, prefill ``admitted``, decode one token for all; returns tokens produced."""
         with torch.inference_mode():
             self._compact()
+            if self.chunked_prefill_tokens:
+                return self._chunked_step(admitted)
             produced = 0
             if admitted:
                 produced += self._prefill(admitted)
@@ -581,16 +619,21 @@ class EmbeddedEngine(Engine):
                 seq.take(int(tok), float(lp), self._detokenize)
             first = dict(zip(map(id, sampled), tokens.unbind(), strict=True))
         for key, members in groups.items():
-            for seq in members:
-                if seq.request.max_new_tokens <= 0:
-                    seq.finish_reason = "length"  # prefill-only: done once its prompt is in the cache
-            live = [s for s in members if s.request.max_new_tokens > 0]
-            if live:
-                slots = [kv.allocate() for _ in live]
-                for seq, slot in zip(live, slots, strict=True):
-                    seq.slot = slot
-                kv.admit(slots, prefills[key].keys, prefills[key].values, torch.stack([first[id(s)] for s in live]))
+            self._admit(members, prefills[key], first, kv)
         return len(sampled)
+
+    def _admit(self, members: list[_Sequence], prefill: Prefill, first: dict[int, torch.Tensor], kv: SlotKVCache) -> None:
+        """Copy a finished prefill into a fresh KV slot per member that generates (``first``: id(sequence) ->
+        its first token, already taken); prefill-only members are done."""
+        for seq in members:
+            if seq.request.max_new_tokens <= 0:
+                seq.finish_reason = "length"  # prefill-only: done once its prompt is in the cache
+        live = [s for s in members if s.request.max_new_tokens > 0]
+        if live:
+            slots = [kv.allocate() for _ in live]
+            for seq, slot in zip(live, slots, strict=True):
+                seq.slot = slot
+            kv.admit(slots, prefill.keys, prefill.values, torch.stack([first[id(s)] for s in live]))
 
     def _prefills_of(self, groups: dict[_GroupKey, list[_Sequence]]) -> dict[_GroupKey, Prefill]:
         """Each group's prefill: from the prefix cache, else from one forward over the groups missing.
@@ -608,10 +651,14 @@ class EmbeddedEngine(Engine):
             prefills.update(zip(missing, computed, strict=True))
         fresh = set(missing)
         for key, members in groups.items():
-            for seq in members[1:] if key in fresh else members:
-                seq.cached_tokens = len(seq.request.input_ids)
-                self.stats.cached_prefill_tokens += seq.cached_tokens
+            self._count_shared(members[1:] if key in fresh else members)
         return prefills
+
+    def _count_shared(self, seqs: list[_Sequence]) -> None:
+        """These sequences took their whole prompt from a prefill they did not compute."""
+        for seq in seqs:
+            seq.cached_tokens = len(seq.request.input_ids)
+            self.stats.cached_prefill_tokens += seq.cached_tokens
 
     def _group_key(self, seq: _Sequence) -> _GroupKey:
         """Sequences that share a prefill: the same token ids with a prefix cache, else each on its own."""
@@ -663,3 +710,101 @@ class EmbeddedEngine(Engine):
             seq.take(int(tok), float(lp), self._detokenize)
         self.stats.decode_steps += 1
         return len(live)
+
+    # ----------------------------------------------------------------- chunked prefill (chunked_prefill.py)
+
+    def _chunked_step(self, admitted: list[_Sequence]) -> int:
+        """One step with prefill mixed into the decode forward; returns the tokens produced.
+
+        Prompts already in the prefix cache are admitted first, with no forward (they decode in this step,
+        as after an unchunked prefill). Then one forward runs every decode row and the next chunks of the
+        other waiting prompts, oldest first, at most ``chunked_prefill_tokens`` prompt tokens; a prompt
+        finished by it samples its first token there and decodes from the next step on.
+        """
+        kv = self._kv()
+        if admitted:
+            kv.reserve(max(len(s.request.input_ids) + s.request.max_new_tokens for s in admitted))
+        groups: dict[_GroupKey, list[_Sequence]] = {}
+        for seq in self._running:
+            if seq.slot is None and seq.finish_reason is None and not seq.abort_requested:
+                groups.setdefault(self._group_key(seq), []).append(seq)
+        # A prompt nobody waits for any more (its requests aborted) drops its partial prefill. (Without a
+        # prefix cache the key is id(sequence): dropped here in the step its sequence left, before any
+        # later sequence could reuse the id.)
+        self._partials = {key: partial for key, partial in self._partials.items() if key in groups}
+        produced = 0
+        cached = [key for key in groups
+                  if self._prefixes is not None and self._prefixes.get(groups[key][0].request.input_ids) is not None]
+        if cached:
+            produced += self._prefill_chunk([seq for key in cached for seq in groups[key]], kv)
+        todo = [(key, len(members[0].request.input_ids), self._partial_tokens(key))
+                for key, members in groups.items() if key not in cached]
+        plan = plan_pieces(todo, self.chunked_prefill_tokens) if todo else []
+        if plan:
+            pieces = {p.key: Piece(groups[p.key][0].request.input_ids, p.start, p.end, self._partials.get(p.key))
+                      for p in plan}
+            produced += self._mixed_forward(pieces, groups, kv)
+        elif any(s.finish_reason is None and s.slot is not None for s in self._running):
+            produced += self._decode()
+        return produced
+
+    def _partial_tokens(self, key: _GroupKey) -> int:
+        partial = self._partials.get(key)
+        return partial.tokens if partial is not None else 0
+
+    def _mixed_forward(self, pieces: dict[_GroupKey, Piece], groups: dict[_GroupKey, list[_Sequence]],
+                       kv: SlotKVCache) -> int:
+        """One forward over the decode rows and ``pieces``; samples the decodes' next tokens and the first
+        token of every prompt a piece finishes (one sampling call), then admits those prompts to KV slots."""
+        decoding = [s for s in self._running if s.finish_reason is None and s.slot is not None]
+        ids = positions = mask = None
+        if decoding:
+            ids, positions, mask = kv.decode_inputs()
+        rows = int(ids.shape[0]) if ids is not None else 0
+        batch = MixedBatch(kv if rows else None, rows, mask, list(pieces.values()))
+        input_ids, position_ids = batch.inputs(ids, positions, self._device)
+        done = [key for key, piece in pieces.items() if piece.completes]
+        span_of = dict(zip(pieces, batch.spans, strict=True))
+        keep = torch.tensor([s.slot for s in decoding if s.slot is not None] + [span_of[k][1] - 1 for k in done],
+                            dtype=torch.long, device=self._device)
+        out = self.model(
+            input_ids=input_ids,
+            # Used as given (a 4D mask): the decode rows' mask; mixed_attention builds the pieces' own.
+            attention_mask=mask if mask is not None else torch.ones((1, 1, 1, 1), dtype=torch.bool, device=self._device),
+            position_ids=position_ids,
+            cache=batch,
+            use_cache=True,
+            logits_to_keep=keep,
+            mixed_batch=batch,
+        )
+        logits = out.logits[0]
+        self.stats.prefill_steps += 1
+        self.stats.prefill_tokens += sum(p.end - p.start for p in pieces.values())
+        # (logits cloned: a view would keep every kept row alive with a cached prefill)
+        finished = {key: Prefill(pieces[key].keys, pieces[key].values, logits[len(decoding) + i].clone())
+                    for i, key in enumerate(done)}
+        for key, piece in pieces.items():
+            if not piece.completes:
+                self._partials[key] = piece.after()
+        # One sampling call: the decodes first, then each finished prompt's members.
+        firsts = [s for key in done for s in groups[key] if s.request.max_new_tokens > 0]
+        rows_logits = [logits[: len(decoding)]] + [finished[k].logits.expand(
+            sum(1 for s in groups[k] if s.request.max_new_tokens > 0), -1) for k in done]
+        params = [s.sampling for s in decoding] + [s.sampling for s in firsts]
+        first: dict[int, torch.Tensor] = {}
+        if params:
+            tokens, logprobs = sample_tokens(torch.cat(rows_logits), params, self._generator)
+            if decoding:
+                kv.advance([s.slot for s in decoding if s.slot is not None], tokens[: len(decoding)])
+                self.stats.decode_steps += 1
+                self.stats.mixed_steps += 1
+            for seq, tok, lp in zip(decoding + firsts, tokens.tolist(), logprobs.tolist(), strict=True):
+                seq.take(int(tok), float(lp), self._detokenize)
+            first = dict(zip(map(id, firsts), tokens[len(decoding) :].unbind(), strict=True))
+        for key in done:
+            self._partials.pop(key, None)
+            if self._prefixes is not None:
+                self._prefixes.put(groups[key][0].request.input_ids, finished[key])
+            self._count_shared(groups[key][1:])
+            self._admit(groups[key], finished[key], first, kv)
+        return len(params)

@@ -12,11 +12,12 @@ from rljob.runtime.engines.base import Engine
 
 
 def build_engines(
-    spec: RolloutSpec, model: PreTrainedModel, seed: int = 0, detokenize: Callable[[list[int]], str] | None = None
+    spec: RolloutSpec, model: PreTrainedModel, seed: int = 0, detokenize: Callable[[list[int]], str] | None = None,
+    chunked_prefill_tokens: int = 0,
 ) -> list[Engine]:
     """Embedded engines get their own copy of the policy (a weight sync must really copy weights);
     `sglang` gives one client for the router and workers of the spec. `detokenize` lets embedded
-    engines honour stop strings."""
+    engines honour stop strings; `chunked_prefill_tokens` is their chunked prefill budget (0: off)."""
     if spec.engine == "embedded":
         from rljob.runtime.engines.embedded import EmbeddedEngine
 
@@ -27,7 +28,7 @@ def build_engines(
         return [
             EmbeddedEngine(
                 copy.deepcopy(model).to(dtype), max_batch_size=e.max_batch_size, seed=seed + i, device=e.device,
-                dtype=dtype, detokenize=detokenize,
+                dtype=dtype, detokenize=detokenize, chunked_prefill_tokens=chunked_prefill_tokens,
             )
             for i in range(e.num_engines)
         ]

@@ -76,6 +76,21 @@ def ahead_launches(in_flight: int, done_ahead: int, target: int) -> int:
     return max(0, target - in_flight - done_ahead)
 
 
+def fill_launches(capacity: int | None, requests: int, samples_per_prompt: int) -> int:
+    """Extra groups to launch on an engine with `capacity` batch slots and `requests` samples in flight
+    (the `fill_engines` option): as many whole groups as its free slots hold, none when it cannot tell.
+
+    Without it the batch empties at the end of an APRIL round: the launch target is spent, the engine's
+    queue runs dry, and every slot a finished sample frees idles until the batch is collected. The extra
+    groups are aborted at collection and buffered like any partial, and the next round launches from the
+    buffer first, so the buffer stays bounded: a round that finds more than its launch target buffered
+    launches only from it and shrinks it by the batch it returns.
+    """
+    if capacity is None:
+        return 0
+    return max(0, capacity - requests) // max(1, samples_per_prompt)
+
+
 class Outcome(enum.Enum):
     """Where a harvested group goes."""
 

@@ -41,6 +41,7 @@ class EnginePool:
         self.engines = list(engines)
         self.recover = recover
         self.assigned = [0] * len(self.engines)  # groups in flight per engine
+        self.requests = [0] * len(self.engines)  # samples in flight per engine (launched, not yet returned)
         self.unhealthy: set[int] = set()
         self.lagging: set[int] = set()  # engines that served over-stale weights this round
 

@@ -31,6 +31,9 @@ class RolloutConfig:
     engine_retry_max_s: float = 8.0
     engine_wait_timeout_s: float = 300.0  # then EngineWaitTimeout (rollout.engineWaitTimeoutSeconds)
     max_consecutive_rejections: int = 256  # then RewardCollapse (algorithm.maxConsecutiveRejections)
+    # Strategies that keep partials: launch extra groups whenever an engine has a group's worth of free
+    # batch slots (decisions.fill_launches), so the batch stays full to the end of the round.
+    fill_engines: bool = False
 
     def sampling(self) -> Sampling:
         """The sampling settings every segment of the round uses."""

@@ -35,6 +35,7 @@ from rljob.runtime.rollout.decisions import (
     ahead_launches,
     chunk_launches,
     classify,
+    fill_launches,
     next_launch,
 )
 from rljob.runtime.rollout.engine_pool import EnginePool, EngineWaitTimeout, Recover, StaleEnginesError
@@ -261,6 +262,7 @@ class RolloutScheduler:
         """Launch and harvest groups until the batch is full."""
         batch_size = self.config.batch_size
         await self._top_up(state)
+        self._fill(state)
         while len(state.accepted) < batch_size:
             self._update_progress(state)
             done = [await state.finished.get()]
@@ -270,6 +272,7 @@ class RolloutScheduler:
                 self._harvest(state, task)
             if len(state.accepted) < batch_size:
                 await self._top_up(state)
+                self._fill(state)
 
     @staticmethod
     async def _cancel_in_flight(state: RoundState) -> None:
@@ -278,6 +281,22 @@ class RolloutScheduler:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _fill(self, state: RoundState) -> None:
+        """With `fill_engines`, under a strategy that keeps partials: launch buffered groups, else fresh
+        prompts, onto every engine whose free batch slots hold a whole group (decisions.fill_launches).
+
+        Only while the round collects: while the trainer trains, `_launch_ahead` bounds the work done
+        ahead (groups finished ahead wait for the next step and age), and filling past that bound only
+        generated groups that went stale (measured: twice the tokens, no more trained per second)."""
+        cfg = self.config
+        if not (cfg.fill_engines and self.strategy.keeps_partials):
+            return
+        for idx, engine in enumerate(self.engines):
+            if idx in self.pool.unhealthy or idx in self.pool.lagging:
+                continue
+            for _ in range(fill_launches(engine.batch_capacity(), self.pool.requests[idx], cfg.samples_per_prompt)):
+                self._launch(state, self._next_group(state), idx)
 
     async def _top_up(self, state: RoundState) -> None:
         """Launch what the launch decisions ask for (decisions.next_launch / chunk_launches)."""
@@ -303,6 +322,7 @@ class RolloutScheduler:
         task.add_done_callback(state.finished.put_nowait)
         state.tasks[task] = (group, engine_idx)
         self.pool.assigned[engine_idx] += 1
+        self.pool.requests[engine_idx] += sum(1 for s in group.samples if not s.status.finished)
         self.progress.launched_groups += 1
 
     def _harvest(self, state: RoundState, task: asyncio.Task[bool]) -> None:
@@ -434,9 +454,16 @@ class RolloutScheduler:
 
     async def _run_sample(self, state: RoundState, sample: Sample, engine_idx: int, cap: int | None) -> bool:
         """Generate one segment of a sample with the workflow; returns True if the engine failed."""
-        cfg, stats = self.config, state.stats
         if sample.status.finished:
             return False
+        try:
+            return await self._generate_segment(state, sample, engine_idx, cap)
+        finally:
+            self.pool.requests[engine_idx] -= 1  # counted at launch (_launch): the slot is free again
+
+    async def _generate_segment(self, state: RoundState, sample: Sample, engine_idx: int, cap: int | None) -> bool:
+        """One segment of an unfinished sample (_run_sample)."""
+        cfg, stats = self.config, state.stats
         budget = cfg.max_response_length - sample.response_length
         if budget <= 0:  # resumed exactly at the cap: finished without a request, still rewarded
             sample.status = SampleStatus.TRUNCATED

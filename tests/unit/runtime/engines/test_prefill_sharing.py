@@ -12,9 +12,10 @@ import asyncio
 import pytest
 import torch
 
-from rljob.runtime.engines.base import GenerateRequest, GenerateResult, WeightUpdate
+from rljob.runtime.engines.base import GenerateRequest, WeightUpdate
 from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.engines.prefix_cache import Prefill, PrefillCache
+from tests.helpers.engine_runs import run_all
 from tests.helpers.tiny_model import build_tiny_model
 from tests.helpers.waiting import wait_until
 
@@ -32,14 +33,6 @@ def engine(max_batch_size: int, prefix_cache_tokens: int, seed: int = 0) -> Embe
 
 def sample(rid: str, prompt: list[int], max_new_tokens: int = 12) -> GenerateRequest:
     return GenerateRequest(rid=rid, input_ids=prompt, max_new_tokens=max_new_tokens, temperature=1.0)
-
-
-async def run_all(eng: EmbeddedEngine, requests: list[GenerateRequest]) -> list[GenerateResult]:
-    try:
-        await eng.start()
-        return list(await asyncio.gather(*(eng.generate(r) for r in requests)))
-    finally:
-        await eng.close()
 
 
 async def test_a_group_prefills_its_prompt_once_and_samples_as_if_each_prefilled_alone() -> None:

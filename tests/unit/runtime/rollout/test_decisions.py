@@ -11,6 +11,7 @@ from rljob.runtime.rollout.decisions import (
     RoundCounts,
     chunk_launches,
     classify,
+    fill_launches,
     next_launch,
 )
 
@@ -97,3 +98,18 @@ def test_chunk_launches(counts: RoundCounts, chunk: int, expected: int) -> None:
 )
 def test_classify(harvest: Harvest, accepted: int, expected: Outcome) -> None:
     assert classify(harvest, accepted, N) is expected
+
+
+@pytest.mark.parametrize(
+    ("capacity", "requests", "samples_per_prompt", "expected"),
+    [
+        (128, 128, 8, 0),  # full
+        (128, 121, 8, 0),  # 7 free slots: no whole group fits
+        (128, 120, 8, 1),
+        (128, 0, 8, 16),
+        (128, 140, 8, 0),  # more in flight than slots (over-sampling queues them): nothing more
+        (None, 0, 8, 0),  # an engine that cannot tell its capacity is never filled
+    ],
+)
+def test_fill_launches(capacity: int | None, requests: int, samples_per_prompt: int, expected: int) -> None:
+    assert fill_launches(capacity, requests, samples_per_prompt) == expected

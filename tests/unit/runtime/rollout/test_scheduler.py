@@ -47,9 +47,11 @@ class RecordingEngine(EmbeddedEngine):
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.requests: list[GenerateRequest] = []
+        self.peak_load = 0  # most requests running or waiting at once
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         self.requests.append(request)
+        self.peak_load = max(self.peak_load, self.current_load().total + 1)
         return await super().generate(request)
 
 
@@ -73,11 +75,12 @@ class Ledger:
 
 
 def make_scheduler(
-    strategy: Strategy, engines: list[EmbeddedEngine], batch: int = 4, staleness: int = 2, truncation=None
+    strategy: Strategy, engines: list[EmbeddedEngine], batch: int = 4, staleness: int = 2, truncation=None,
+    fill_engines: bool = False,
 ) -> RolloutScheduler:
     config = RolloutConfig(
         batch_size=batch, samples_per_prompt=3, max_response_length=CAP, temperature=1.0,
-        max_staleness=staleness, stop_token_ids=STOP,
+        max_staleness=staleness, stop_token_ids=STOP, fill_engines=fill_engines,
     )
     return RolloutScheduler(engines, config, strategy, Prompts(), score=lambda s: float(len(s.response_ids) % 2),
                             truncation=truncation)
@@ -140,6 +143,23 @@ async def test_april_buffers_partials_and_loses_nothing(engine):
     assert first.stats.truncation_rate == 0.0 and not first.stats.cut_keys
     assert (await engine.load()).total == 0, "engine not drained after stop-upon-collection"
     await run_rounds(scheduler, [1, 2, 3], ledger)
+    assert_conserved(scheduler, ledger)
+
+
+async def test_fill_engines_keeps_the_batch_full_and_loses_nothing(engine):
+    """APRIL's launch target (8 groups of 3 = 24 samples) leaves 8 of the engine's 32 slots idle; with
+    `fill_engines` the scheduler launches whole groups into the free slots whenever it harvests, never
+    more than the batch holds, and the extra groups are buffered like any partial: nothing is lost."""
+    scheduler = make_scheduler(AprilStrategy(over_sampling=2.0), [engine], fill_engines=True)
+    ledger = Ledger()
+    first = await scheduler.run_round(0)
+    ledger.trained += first.groups
+    ledger.generated_tokens += first.stats.tokens_generated
+    assert first.stats.launched_samples > 8 * 3, "no group beyond the launch target: the batch was not filled"
+    assert engine.peak_load <= engine.max_batch_size
+    assert scheduler.pool.requests == [0] and (await engine.load()).total == 0
+    await run_rounds(scheduler, [1, 2, 3], ledger)
+    assert scheduler.pool.requests == [0]
     assert_conserved(scheduler, ledger)
 
 

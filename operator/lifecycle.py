@@ -285,8 +285,10 @@ def trainer_job_observation(job: dict[str, Any]) -> TrainerJobObs:
     # The Job controller no longer syncs a finished Job, so a Job that failed while suspended keeps its
     # Suspended=True condition after the operator resumes it; one resumed by the controller first has
     # Suspended=False, and a later failure is the resumed run's own. (RFC 3339 times compare as strings.)
+    # The controller marks FailureTarget first and Failed once the pods are gone (seen on the real node:
+    # FailureTarget 5 min after Suspended, when the stopped ranks' grace period ran out).
     suspended_since = (conditions.get("Suspended") or {}).get("lastTransitionTime")
-    failed_at = (failed or {}).get("lastTransitionTime")
+    failed_at = (conditions.get("FailureTarget") or failed or {}).get("lastTransitionTime")
     return TrainerJobObs(
         uid=job["metadata"]["uid"],
         replicas=0 if suspended else int(spec.get("parallelism") or 0),

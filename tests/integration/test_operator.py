@@ -420,11 +420,16 @@ def test_lost_inference_pod_degrades_then_recovers(
     wait_for(lambda: "Degraded" in seen and seen[-1] == "Running", "the watch saw Degraded, then Running", 120)
     stop.set()
     assert seen.index("Degraded") < len(seen) - 1
-    job = wait_for(
-        lambda: (j := get(api, namespace, "flaky"))["status"]["restarts"]["rollout"] == 1 and j,
-        "the loss counted once",
-        120,
-    )
+    try:
+        job = wait_for(lambda: (j := get(api, namespace, "flaky"))["status"]["restarts"]["rollout"] >= 1 and j,
+                       "the loss counted", 120)
+    except AssertionError:
+        # Seen once in a clean-clone run under load (restarts.rollout stayed unset, the Degraded pass had no
+        # InferenceReplicaLost Event): keep what tells why (startTime against the pod's deletion time).
+        status = get(api, namespace, "flaky")["status"]
+        print("status when the loss was not counted:", {k: status.get(k) for k in ("startTime", "restarts", "phase")})
+        raise
+    assert job["status"]["restarts"]["rollout"] == 1, job["status"]["restarts"]  # once, not once per event
     assert job["status"]["phase"] == "Running"
     assert condition(job, "Degraded")["status"] == "False"
     wait_events(kube_cluster, namespace, "flaky", "InferenceReplicaLost", "Degraded", "Recovered")

@@ -121,8 +121,11 @@ def test_a_deleted_trainer_pod_loses_and_repeats_no_step(real_cluster: RealClust
             sys.stdout.flush()
 
 
-@pytest.mark.skip(reason="issue 26, open: in 1 of 3 runs on the real node the resume after a suspend counted one "
-                  "trainer failure (restarts.trainer 1) although every step ran exactly once; cause not found yet")
+@pytest.mark.skip(reason="issue 26, open: the suspend scales the engines down with the trainer, so a step in flight "
+                  "cannot finish and the ranks run out their grace period (5 min, no checkpoint of that step); the "
+                  "Job controller then marks the suspended Job FailureTarget (podFailurePolicy), which the operator "
+                  "now recreates on resume without counting (TrainerRecreated), but the engines must stay up until "
+                  "the trainer pods are gone")
 def test_a_suspend_loses_and_repeats_no_step(real_cluster: RealCluster, real_namespace: str, tmp_path: Path) -> None:
     """`spec.suspend: true` once a step is done: the Job controller deletes both pods (SIGTERM to both
     torchruns); the gang checkpoints the step in flight; resumed, it goes on from there to Complete."""
@@ -141,7 +144,12 @@ def test_a_suspend_loses_and_repeats_no_step(real_cluster: RealCluster, real_nam
             _set_suspend(job, False)
             job.assert_completes(900)
             status = job.status()
+            # Which way the race with the Job controller went: a trainer Job failed by the suspend
+            # (podFailurePolicy on the stopped ranks) is recreated on resume, not counted (TrainerRecreated).
+            print("events:", rc.cluster.kubectl("get", "events", "-n", job.namespace, "--field-selector",
+                                                "reason=TrainerRecreated", "-o", "name", check=False).stdout.strip())
             assert status["trainer"]["step"] == SUSPEND_STEPS and status["restarts"]["trainer"] == 0, status
+            assert status["restarts"]["interrupted"] == 0, status  # a suspend is neither
             _records_hold_every_step_once(job, SUSPEND_STEPS)
         except BaseException:
             _diagnose(rc, job)

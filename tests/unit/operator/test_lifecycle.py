@@ -254,6 +254,9 @@ def test_a_trainer_job_failed_by_its_suspend_is_recreated_on_resume_without_coun
     failed_in_suspend = trainer_job_observation(_trainer_job(
         ("Suspended", "True", "2026-01-01T00:00:10Z"), ("Failed", "True", "2026-01-01T00:00:12Z")))
     assert failed_in_suspend.failed_while_suspended and failed_in_suspend.live
+    marked = trainer_job_observation(_trainer_job(  # before Failed, the controller sets FailureTarget
+        ("Suspended", "True", "2026-01-01T00:00:10Z"), ("FailureTarget", "True", "2026-01-01T00:05:10Z")))
+    assert marked.failed_while_suspended
     d = _run(_spec(), suspended, _obs(job=failed_in_suspend, trainer=0), gen=2)
     assert d.restart_trainer_job == "job-1"
     assert d.status.restarts.trainer == 0 and d.status.restarts.interrupted == 0, d.status.restarts

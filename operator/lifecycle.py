@@ -360,13 +360,25 @@ def _remember(handled: list[str], keys: list[str]) -> list[str]:
     return handled + [k for k in keys if k not in handled]
 
 
+# Keys of lost inference pods kept after the pods are gone from every list (the newest ones).
+LOST_INFERENCE_KEYS_KEPT = 32
+
+
 def _prune(handled: list[str], obs: Observed, lost: list[PodObs]) -> list[str]:
     """Keep the keys of failures that can still be seen: trainer pods of the current Job (and the Job's own
-    key), inference pods that exist or were just reported lost. Nothing else can come back, so no cap."""
+    key), inference pods that exist or were just reported lost, and the newest lost inference pods.
+
+    A lost inference pod's deletion can be reported again after the pass that counted it, by a sync that
+    runs after another pass had already pruned its key (two `lost (DELETED)` reports of one pod 33 ms
+    apart counted `restarts.rollout` 2 in a clean-clone run), so the newest LOST_INFERENCE_KEYS_KEPT of
+    those keys stay, a bound instead of a clock."""
     keep = {p.uid for p in obs.trainer_pods} | obs.inference_pod_uids | {p.uid for p in lost}
     if obs.trainer is not None:
         keep.add(obs.trainer.uid)
-    return [k for k in handled if k.split("/")[1:2] and k.split("/")[1] in keep]
+    seen = {k for k in handled if k.split("/")[1:2] and k.split("/")[1] in keep}
+    gone_inference = [k for k in handled if k not in seen and k.startswith(f"{ROLE_INFERENCE}/")]
+    recent = set(gone_inference[-LOST_INFERENCE_KEYS_KEPT:])
+    return [k for k in handled if k in seen or k in recent]
 
 
 @dataclass(frozen=True)

@@ -167,6 +167,27 @@ def test_pods_deleted_by_a_suspend_are_no_loss_after_the_resume() -> None:
     assert "InferenceReplicaLost" not in {e.reason for e in d.events}
 
 
+def test_a_lost_inference_pod_reported_again_after_its_key_was_pruned_counts_once() -> None:
+    """The watch may report one pod's deletion twice, the second report reaching a sync after another
+    pass (without it) ran: counted once (a clean-clone run counted restarts.rollout 2)."""
+    status = _run(_spec(), RLJobStatus(), _obs()).status
+    lost = pod_observation(_pod(uid="inf-1", role="inference", ordinal=1))
+    first = _run(_spec(), status, _obs(nv=1, lost_inference_pods=[lost]))
+    assert first.status.restarts.rollout == 1
+    between = _run(_spec(), first.status, _obs(nv=1))  # a pass that no longer sees the pod anywhere
+    again = _run(_spec(), between.status, _obs(nv=1, lost_inference_pods=[lost]))
+    assert again.status.restarts.rollout == 1, again.status.restarts
+    assert "InferenceReplicaLost" not in {e.reason for e in again.events}
+    # Bounded: many later losses push the oldest key out.
+    handled = again.status.restarts.handled_failures
+    for n in range(40):
+        other = pod_observation(_pod(uid=f"inf-x{n}", role="inference", ordinal=1))
+        d = _run(_spec(), again.status.model_copy(update={"restarts": again.status.restarts.model_copy(
+            update={"handled_failures": handled})}), _obs(nv=1, lost_inference_pods=[other]))
+        handled = d.status.restarts.handled_failures
+    assert len(handled) <= 33 and "inference/inf-1/0" not in handled
+
+
 def test_trainer_failure_restarts_group_until_backoff_limit() -> None:
     status = _run(_spec(), RLJobStatus(), _obs()).status
     for n in (1, 2):
@@ -346,8 +367,10 @@ def test_handled_failures_have_no_shared_cap() -> None:
     assert "trainer/t1/0" in status.restarts.handled_failures
     again = _run(_spec(), status, _obs(trainer_pods=[failed]))
     assert not again.restart_trainer and again.status.restarts.trainer == 1
-    # Keys of pods that can no longer be seen are dropped (no unbounded growth).
-    assert _run(_spec(), again.status, _obs(job=TrainerJobObs(uid="job-2", replicas=1, ready=1))).status.restarts.handled_failures == []
+    # Keys of pods that can no longer be seen are dropped, but for the newest lost inference pods (whose
+    # deletion may be reported again): bounded, no unbounded growth.
+    left = _run(_spec(), again.status, _obs(job=TrainerJobObs(uid="job-2", replicas=1, ready=1))).status.restarts.handled_failures
+    assert left == [f"inference/inf-{i}/0" for i in range(8, 40)]
 
 
 def test_rank0_exit_zero_completes_and_scales_down() -> None:

@@ -48,22 +48,30 @@ WHOLE_RUN = "[1h]"
 ENGINE_PORT = 30000  # the pools' SGLang HTTP port (rollout.sglang.discovery.port's default)
 # Run inside the inference pod (its own Python, no network from the host needed): wait until the server
 # holds requests (a round's: evaluation runs only before step 1 and after the last), pause generation at
-# once so the round cannot end, and print how many requests it holds then.
+# once so the round cannot end, and print how many requests it holds then. The requests seen before the
+# pause may all finish before it lands (a tiny model's are short): then generation continues and the wait
+# starts again, so the kill always falls on a round the paused pod holds (CI run on a8f622b held 0).
 HOLD_A_ROUND = f"""
 import json, os, sys, time, urllib.request as u
 base = "http://127.0.0.1:{ENGINE_PORT}"
 # The engine refuses callers without the job's key (as SGLang's --api-key does); the container holds it.
 auth = {{"Authorization": "Bearer " + os.environ["{ENGINE_API_KEY_ENV}"]}}
+def post(path, body):
+    req = u.Request(base + path, data=body, headers={{"Content-Type": "application/json", **auth}})
+    u.urlopen(req, timeout=10).read()
 def held():
     load = json.load(u.urlopen(u.Request(base + "/v1/loads", headers=auth), timeout=5))["loads"][0]
     return load["num_running_reqs"] + load["num_waiting_reqs"]
 deadline = time.monotonic() + 300
-while not held():
-    if time.monotonic() > deadline:
-        sys.exit("no request reached the inference server in 300 s")
-    time.sleep(0.01)
-u.urlopen(u.Request(base + "/pause_generation", data=b'{{"mode": "in_place"}}',
-                    headers={{"Content-Type": "application/json", **auth}}), timeout=10).read()
+while True:
+    while not held():
+        if time.monotonic() > deadline:
+            sys.exit("no request held by the paused inference server in 300 s")
+        time.sleep(0.01)
+    post("/pause_generation", b'{{"mode": "in_place"}}')
+    if held():
+        break
+    post("/continue_generation", b"{{}}")
 print(held())
 """
 

@@ -37,11 +37,16 @@ def greedy(rid: str, max_new_tokens: int, prompt: list[int] = PROMPT) -> Generat
 
 
 def fast_client(*urls: str, router: str | None = None) -> SGLangEngine:
-    """A client with short backoff/drain settings so failure paths finish quickly in tests."""
+    """A client with short backoff/drain settings so failure paths finish quickly in tests.
+
+    Its probes wait 5 s: one unanswered probe takes a worker out of the rotation (and the router's list),
+    and a worker decoding a full batch on a loaded 2-core machine can take over 1 s to answer. With 1 s,
+    the likely cause of run 11's fan-out failure: a busy worker ejected, every request of the next batch
+    sent to the other one. A killed worker refuses connections at once, so the kill tests stay quick."""
     return SGLangEngine(
         SGLangClientConfig(
             worker_urls=list(urls), router_url=router, retries=2, backoff_s=0.05, backoff_max_s=0.2,
-            reabort_interval_s=0.3, drain_timeout_s=30, health_timeout_s=120, probe_timeout_s=1.0,
+            reabort_interval_s=0.3, drain_timeout_s=30, health_timeout_s=120, probe_timeout_s=5.0,
         )
     )
 

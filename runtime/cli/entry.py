@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import logging
 import sys
 
@@ -35,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rljob` console script."""
+    # A rank that dies on a fatal signal (SIGABRT from a C++ std::terminate in a collective library,
+    # SIGSEGV) prints every thread's Python stack to stderr, so its pod log says where it was. Left as it
+    # is where a host already enabled it (pytest) or stderr has no file descriptor (captured in-process).
+    if not faulthandler.is_enabled():
+        with contextlib.suppress(OSError, ValueError):
+            faulthandler.enable(all_threads=True)
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what --nproc hands to torchrun

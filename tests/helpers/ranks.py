@@ -7,6 +7,7 @@ importable (defined at module level) and reports its results through files.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ def _entry(rank: int, fn: Callable[..., None], world_size: int, port: int, args:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
                       LOCAL_WORLD_SIZE=str(local_world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    faulthandler.enable(all_threads=True)  # a rank killed by SIGABRT (a C++ terminate) shows where it was
     try:
         fn(rank, *args)
     finally:

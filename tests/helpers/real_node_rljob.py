@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -130,14 +131,12 @@ class RealNodeJob:
         return phase if phase in ("Complete", "Failed") else None
 
     def assert_completes(self, timeout: float = 1500) -> None:
-        """Wait for the job to end; print the diagnostics and fail unless it ended Complete."""
+        """Wait for the job to end; fail unless it ended Complete (`real_node_job` prints the diagnostics)."""
         try:
             final = wait_until(self.final_phase, timeout, f"RLJob {NAME} Complete or Failed", interval=5)
         except TimeoutError:
             final = None
-        if final != "Complete":
-            self.print_diagnostics()
-        assert final == "Complete"
+        assert final == "Complete", f"RLJob {NAME} ended {final or 'nowhere'} within {timeout:.0f} s"
 
     def delete(self) -> None:
         """Delete the RLJob (its children go with it, by owner references)."""
@@ -150,23 +149,43 @@ class RealNodeJob:
             "-l", f"rljob.io/job-name={NAME}", "-o", "name", check=False).stdout.split()
 
     def print_diagnostics(self) -> None:
-        """Pods, their logs, the status and the operator's log, for a failed test's output."""
+        """Pods, their containers' last states and logs (the crashed run's too, for a container that
+        restarted), the job's Events, its status and the operator's log: a failed test's output.
+        Everything is read back here, because the real node's pod logs are wiped with the node."""
         kubectl = self.rc.cluster.kubectl
         print(kubectl("get", "pods,jobs,pvc,rljob", "-n", self.namespace, "-o", "wide", check=False).stdout)
         for pod in self.rc.cluster.core().list_namespaced_pod(self.namespace).items:
-            print(pod.metadata.name, kubectl("logs", "-n", self.namespace, pod.metadata.name, "--all-containers",
-                                             "--tail=40", check=False).stdout)
-        print(json.dumps(self.status(), indent=1)[-4000:])
+            name = pod.metadata.name
+            for container in pod.status.container_statuses or []:
+                if container.restart_count:
+                    print(name, container.name, f"restarted {container.restart_count} times; last state:",
+                          container.last_state.terminated)
+                    print(kubectl("logs", "-n", self.namespace, name, "-c", container.name, "--previous",
+                                  "--tail=60", check=False).stdout)
+            print(name, kubectl("logs", "-n", self.namespace, name, "--all-containers", "--tail=40", check=False).stdout)
+        print(kubectl("get", "events", "-n", self.namespace, "--sort-by=.lastTimestamp", check=False).stdout[-6000:])
+        try:
+            print(json.dumps(self.status(), indent=1)[-4000:])
+        except k8s.ApiException as exc:  # not created yet, or already deleted
+            print(f"RLJob {NAME}: {exc.status} {exc.reason}")
         print(self.operator.log_tail())
 
 
 @contextmanager
 def real_node_job(rc: RealCluster, namespace: str, tmp_path: Path,
                   monitoring_namespace: str | None = None) -> Iterator[RealNodeJob]:
-    """A RealNodeJob with its operator started; the operator is stopped afterwards."""
+    """A RealNodeJob with its operator started; the operator is stopped afterwards. When the body
+    fails (an assertion, a timeout), the job's diagnostics are printed first, while its pods exist."""
     job = RealNodeJob(rc, namespace, tmp_path, monitoring_namespace)
     job.operator.start()
     try:
         yield job
+    except BaseException:
+        try:
+            job.print_diagnostics()
+        except Exception as exc:  # the test's own failure is the one to report
+            print(f"diagnostics unavailable: {exc!r}")
+        raise
     finally:
+        sys.stdout.flush()
         job.operator.stop()

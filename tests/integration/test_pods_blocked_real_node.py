@@ -53,15 +53,11 @@ def test_missing_image_is_reported_with_the_pod(real_cluster: RealCluster, real_
         manifest = rljob_manifest(job.runtime, job.router, steps=2)
         manifest["spec"]["trainer"]["image"] = MISSING_IMAGE
         _create(job, manifest)
-        try:
-            cond = wait_until(lambda: _blocked(job, "ImagePullBackOff"), 300, "PodsBlocked=True/ImagePullBackOff")
-            assert f"pod {NAME}-trainer" in cond["message"] and MISSING_IMAGE in cond["message"], cond
-            event = wait_until(lambda: _event(job, "ImagePullBackOff"), 60, "a Warning Event ImagePullBackOff")
-            assert f"pod {NAME}-trainer" in event.message, event.message
-            assert job.status()["phase"] == "Starting"
-        except BaseException:
-            job.print_diagnostics()
-            raise
+        cond = wait_until(lambda: _blocked(job, "ImagePullBackOff"), 300, "PodsBlocked=True/ImagePullBackOff")
+        assert f"pod {NAME}-trainer" in cond["message"] and MISSING_IMAGE in cond["message"], cond
+        event = wait_until(lambda: _event(job, "ImagePullBackOff"), 60, "a Warning Event ImagePullBackOff")
+        assert f"pod {NAME}-trainer" in event.message, event.message
+        assert job.status()["phase"] == "Starting"
 
 
 def test_claim_that_never_binds_is_reported_with_the_pod(real_cluster: RealCluster, real_namespace: str,
@@ -75,11 +71,7 @@ def test_claim_that_never_binds_is_reported_with_the_pod(real_cluster: RealClust
         manifest = rljob_manifest(job.runtime, job.router, steps=2)
         manifest["spec"]["evaluation"]["jsonl"] = f"pvc://{NEVER_BOUND}/test.jsonl"
         _create(job, manifest)
-        try:
-            cond = wait_until(lambda: _blocked(job, "UnboundClaim"), 300, "PodsBlocked=True/UnboundClaim")
-            assert f"pod {NAME}-trainer" in cond["message"], cond
-            event = wait_until(lambda: _event(job, "UnboundClaim"), 60, "a Warning Event UnboundClaim")
-            assert f"pod {NAME}-trainer" in event.message, event.message
-        except BaseException:
-            job.print_diagnostics()
-            raise
+        cond = wait_until(lambda: _blocked(job, "UnboundClaim"), 300, "PodsBlocked=True/UnboundClaim")
+        assert f"pod {NAME}-trainer" in cond["message"], cond
+        event = wait_until(lambda: _event(job, "UnboundClaim"), 60, "a Warning Event UnboundClaim")
+        assert f"pod {NAME}-trainer" in event.message, event.message

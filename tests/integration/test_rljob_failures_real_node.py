@@ -20,7 +20,6 @@ One RLJob run (the job of test_rljob_real_node.py, more steps), reconciled by th
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -204,28 +203,22 @@ def test_failures_degrade_or_restart_and_prometheus_scrapes_the_pods(real_cluste
     prom = PrometheusPod(rc, ns, rljob_services(JobRef(NAME, ns, ""), {"cpu": "cpu"}))
     # The Prometheus pod runs in the job's namespace: the NetworkPolicies let that namespace scrape.
     with real_node_job(rc, ns, tmp_path, monitoring_namespace=ns) as job:
-        try:
-            prom.start()
-            job.create(STEPS, rollout={"strategy": "sync"})  # every round needs the engine: see the docstring
-            _kill_engine_and_recover(rc, job)
-            checkpointed, old_leaders = _kill_trainer_rank(rc, job, index=1)
-            restarted = wait_until(lambda: _not_failed(job)["restarts"]["trainer"] == 1 or None, 120,
-                                   "the operator restarts the trainer gang", interval=1)
-            assert restarted
-            resumed_at = _resumed_at(rc, job, old_leaders)
-            final = wait_until(job.final_phase, 900, "RLJob e2e Complete or Failed", interval=2)
-            status = job.status()
-            assert final == "Complete", status.get("conditions")
-            assert status["trainer"]["step"] == STEPS and status["restarts"]["trainer"] == 1, status
-            assert status["restarts"]["rollout"] == 1, status["restarts"]
-            _check_resumed(job, checkpointed, resumed_at)
-            # The last steps ran with the replacement engine in the rotation; every step's sample ledger closes.
-            records = read_jsonl(job.checkpoints / "metrics.jsonl")
-            assert records[-1]["engines_in_rotation"] == 1, records[-1]
-            assert all(ledger_imbalance(r) == (0, 0) for r in records), records
-            _check_scraped(prom, ns)
-        except BaseException:
-            job.print_diagnostics()
-            raise
-        finally:
-            sys.stdout.flush()
+        prom.start()
+        job.create(STEPS, rollout={"strategy": "sync"})  # every round needs the engine: see the docstring
+        _kill_engine_and_recover(rc, job)
+        checkpointed, old_leaders = _kill_trainer_rank(rc, job, index=1)
+        restarted = wait_until(lambda: _not_failed(job)["restarts"]["trainer"] == 1 or None, 120,
+                               "the operator restarts the trainer gang", interval=1)
+        assert restarted
+        resumed_at = _resumed_at(rc, job, old_leaders)
+        final = wait_until(job.final_phase, 900, "RLJob e2e Complete or Failed", interval=2)
+        status = job.status()
+        assert final == "Complete", status.get("conditions")
+        assert status["trainer"]["step"] == STEPS and status["restarts"]["trainer"] == 1, status
+        assert status["restarts"]["rollout"] == 1, status["restarts"]
+        _check_resumed(job, checkpointed, resumed_at)
+        # The last steps ran with the replacement engine in the rotation; every step's sample ledger closes.
+        records = read_jsonl(job.checkpoints / "metrics.jsonl")
+        assert records[-1]["engines_in_rotation"] == 1, records[-1]
+        assert all(ledger_imbalance(r) == (0, 0) for r in records), records
+        _check_scraped(prom, ns)

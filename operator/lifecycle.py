@@ -57,6 +57,9 @@ from rljob.operator.node_loss import NodeObs, TerminatingPod, stuck_pods
 from rljob.operator.pod_waits import PodWait, waits_message
 
 TRAINER_CONTAINER = "trainer"
+# How long after its grace period a deleting pod still counts as running (the kubelet's own margin to
+# report the kill); past it the pod is lost with its node, and nothing waits on it.
+PAST_GRACE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,16 @@ class PodObs:
     # When the pod's deletion was asked for (the API server's deletionTimestamp less the grace period; to
     # the second): None while nobody deletes it, and for a pod force-deleted without one.
     deletion_requested: datetime | None = None
+    # The pod's phase, and when its grace period ends (the API server's deletionTimestamp).
+    phase: str = ""
+    deletion_deadline: datetime | None = None
+
+    def running(self, now: datetime) -> bool:
+        """Whether the pod's containers may still run: not terminal, and not past its grace period by more
+        than PAST_GRACE_S (a pod left Terminating on an unreachable node runs nothing any more)."""
+        if self.phase in ("Succeeded", "Failed"):
+            return False
+        return self.deletion_deadline is None or now < self.deletion_deadline + timedelta(seconds=PAST_GRACE_S)
 
     def failures(self) -> list[PodExit]:
         """Terminations with a non-zero exit code (or a Failed pod phase)."""
@@ -253,15 +266,23 @@ def pod_observation(pod: dict[str, Any]) -> PodObs:
         disrupted=disrupted,
         restart_count=restart_count,
         deletion_requested=_deletion_requested(meta),
+        phase=status.get("phase") or "",
+        deletion_deadline=_timestamp(meta.get("deletionTimestamp")),
     )
+
+
+def _timestamp(stamp: Any) -> datetime | None:
+    """A Kubernetes timestamp (RFC 3339 string, or a datetime from a typed client) as a datetime."""
+    if not stamp:
+        return None
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")) if isinstance(stamp, str) else stamp
 
 
 def _deletion_requested(meta: dict[str, Any]) -> datetime | None:
     """When the pod's deletion was asked for: its deletionTimestamp is that moment plus the grace period."""
-    stamp = meta.get("deletionTimestamp")
-    if not stamp:
+    at = _timestamp(meta.get("deletionTimestamp"))
+    if at is None:
         return None
-    at = datetime.fromisoformat(stamp.replace("Z", "+00:00")) if isinstance(stamp, str) else stamp
     return at - timedelta(seconds=int(meta.get("deletionGracePeriodSeconds") or 0))
 
 
@@ -430,6 +451,14 @@ def _trainer_troubles(obs: Observed, handled: list[str]) -> list[_RankTrouble]:
         # The Job failed but none of its ranks shows why (a pod deleted outright): a failure.
         troubles.append(_RankTrouble(job_key, f"trainer Job failed: {job.failed_message}", False))
     return troubles
+
+
+def engines_serve(active: bool, trainer_pods: list[PodObs], now: datetime) -> bool:
+    """Whether the inference pools and the router keep their replicas: while the job is active, and after
+    it stops (suspend, completion, failure) for as long as a trainer pod still runs. A rank stopped by a
+    suspend or a preemption finishes its step and checkpoints it before it exits (docs/distributed.md,
+    "Preemption"); that step's rollouts need the engines, so they go only once the ranks are gone."""
+    return active or any(pod.running(now) for pod in trainer_pods)
 
 
 def compute_status(

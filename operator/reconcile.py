@@ -39,8 +39,10 @@ from rljob.operator.lifecycle import (
     ApplyResult,
     LifecycleDecision,
     Observed,
+    PodObs,
     WorkloadObs,
     compute_status,
+    engines_serve,
     operator_apply,
     pod_observation,
     trainer_job_observation,
@@ -185,9 +187,12 @@ def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bo
     all configured): a new job costs one Event, not thirteen. Returns the children still waiting (the
     trainer Job being recreated); raises ChildApplyError naming the first object the API server refused.
     `hold_trainer`: a missing trainer Job is not created (the backoff after an interruption still runs).
+    An inactive job's engines and router keep their replicas while a trainer pod still runs
+    (lifecycle.engines_serve): the trainer pods are listed to decide it.
     """
     job = JobRef.from_body(body)
-    children = build_children(job, spec, active=active, network=NETWORK_POLICY, images=IMAGES)
+    serving = active or engines_serve(active, _trainer_pods(kube, job), utcnow())
+    children = build_children(job, spec, active=active, network=NETWORK_POLICY, images=IMAGES, serving=serving)
     if hold_trainer and kube.get("batch/v1", "Job", job.namespace, trainer_name(job)) is None:
         children = [c for c in children if c["kind"] != "Job"]
     waves = [[c for c in children if c["kind"] not in _WORKLOAD_KINDS], [c for c in children if c["kind"] in _WORKLOAD_KINDS]]
@@ -210,6 +215,11 @@ def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bo
     policies = {c["metadata"]["name"] for c in children if (c["apiVersion"], c["kind"]) == _NETWORK_POLICY}
     _prune(kube, body, _NETWORK_POLICY, selector_string({LABEL_JOB: job.name}), policies, "network policies turned off")
     return changed.get("waiting", [])
+
+
+def _trainer_pods(kube: Kube, job: JobRef) -> list[PodObs]:
+    selector = selector_string({LABEL_JOB: job.name, LABEL_ROLE: ROLE_TRAINER})
+    return [pod_observation(p) for p in kube.list("v1", "Pod", job.namespace, selector)]
 
 
 def _prune(kube: Kube, body: dict[str, Any], kind: tuple[str, str], selector: str, wanted: set[str], why: str) -> None:
@@ -443,9 +453,10 @@ def current_generation_applied(prev: RLJobStatus, generation: int) -> bool:
     return applied is not None and applied.reason == "Recreating" and applied.observed_generation == generation
 
 
-def needs_apply(obs: Observed, active: bool, generation_applied: bool, held: bool = False) -> bool:
-    """Whether a status sync must apply the children itself: the trainer Job is missing, or its suspension
-    disagrees with the decision (finished, suspended, resumed).
+def needs_apply(obs: Observed, active: bool, generation_applied: bool, held: bool = False, serving: bool = True) -> bool:
+    """Whether a status sync must apply the children itself: the trainer Job is missing, its suspension
+    disagrees with the decision (finished, suspended, resumed), or the engines of an inactive job are still
+    scaled up though they no longer serve (`serving`: lifecycle.engines_serve; its trainer pods are gone).
 
     `held`: the backoff after an interruption still runs (trainer_start_held), so a missing trainer Job
     is not created yet; a later resync creates it once the hold is over.
@@ -459,7 +470,15 @@ def needs_apply(obs: Observed, active: bool, generation_applied: bool, held: boo
         return False
     if obs.trainer is None:
         return not (held and active)
-    return not obs.trainer.deleting and obs.trainer.suspended == active
+    if obs.trainer.deleting:
+        return False
+    return obs.trainer.suspended == active or (not serving and _scaled_up(obs))
+
+
+def _scaled_up(obs: Observed) -> bool:
+    """Whether any inference pool or the router has replicas."""
+    workloads = [*obs.pools.values(), obs.router]
+    return any(w is not None and w.replicas > 0 for w in workloads)
 
 
 def _sync_once(
@@ -477,6 +496,7 @@ def _sync_once(
     generation = int(body["metadata"].get("generation") or 0)
     prev = _status(body)
     obs = observe(kube, job, spec)
+    listed_trainer_pods = list(obs.trainer_pods)  # the pods that exist now (the seen ones below may be gone)
     seen = {p.uid for p in obs.trainer_pods}
     obs.trainer_pods += [p for p in seen_under(extra_trainer, generation) if p.uid not in seen]
     obs.lost_inference_pods = seen_under(lost, generation)
@@ -501,6 +521,7 @@ def _sync_once(
     elif needs_apply(
         obs, decision.active, current_generation_applied(prev, generation),
         held=trainer_start_held(decision.status.restarts, utcnow()),
+        serving=engines_serve(decision.active, listed_trainer_pods, utcnow()),
     ):
         decision = decide(apply_result(kube, body, spec, decision.active))
     status = operator_apply(decision.status)

@@ -35,15 +35,17 @@ _DEFAULT_NETWORK = NetworkPolicySettings()  # frozen: one shared default is safe
 
 def build_children(
     job: JobRef, spec: RLJobSpec, *, active: bool, network: NetworkPolicySettings = _DEFAULT_NETWORK,
-    images: ImageDefaults | None = None,
+    images: ImageDefaults | None = None, serving: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Every child object of one RLJob, in apply order (dependencies first).
 
     `active=False` (suspended or finished) keeps every object but scales all workloads to zero,
     so GPUs are released while the checkpoint PVC and the config survive. The NetworkPolicies come
     first, so no pod of the job ever runs unguarded. `images`: the operator's configured default images
-    (None: the built-in ones).
+    (None: the built-in ones). `serving`: whether the engines and the router keep their replicas (default:
+    `active`); an inactive job keeps them while its trainer pods finish their step (lifecycle.engines_serve).
     """
+    serving = active if serving is None else serving
     children: list[dict[str, Any]] = network_policies(job, spec, network)
     children += [config_map(job, spec), service_account(job), role(job), role_binding(job)]
     pvc = checkpoint_pvc(job, spec)
@@ -54,8 +56,8 @@ def build_children(
         children += [
             pool_service(job, pool),
             pool_disruption_budget(job, pool),
-            pool_statefulset(job, spec, pool, counts[pool.name], active),
+            pool_statefulset(job, spec, pool, counts[pool.name], serving),
         ]
-    children += [router_service(job), router_deployment(job, spec, active)]
+    children += [router_service(job), router_deployment(job, spec, serving)]
     children += [trainer_service(job, spec), trainer_job(job, spec, active)]
     return apply_image_defaults(fall_back_to_logs(children), images or ImageDefaults())

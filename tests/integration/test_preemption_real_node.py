@@ -61,7 +61,14 @@ def _checkpoints(job: RealNodeJob) -> list[int]:
 
 
 def _trainer_pods(rc: RealCluster, job: RealNodeJob, index: int | None = None) -> list[Any]:
-    selector = TRAINER_LABELS if index is None else f"{TRAINER_LABELS},{INDEX_LABEL}={index}"
+    if index is None:
+        return _pods(rc, job, "trainer")
+    selector = f"{TRAINER_LABELS},{INDEX_LABEL}={index}"
+    return list(rc.cluster.core().list_namespaced_pod(job.namespace, label_selector=selector).items)
+
+
+def _pods(rc: RealCluster, job: RealNodeJob, role: str) -> list[Any]:
+    selector = f"rljob.io/job-name={NAME},rljob.io/role={role}"
     return list(rc.cluster.core().list_namespaced_pod(job.namespace, label_selector=selector).items)
 
 
@@ -108,20 +115,17 @@ def test_a_deleted_trainer_pod_loses_and_repeats_no_step(real_cluster: RealClust
         print(f"deleted rank 1 after step {before}: checkpoint {first}")
 
 
-@pytest.mark.skip(reason="issue 26, open: the suspend scales the engines down with the trainer, so a step in flight "
-                  "cannot finish and the ranks run out their grace period (5 min, no checkpoint of that step); the "
-                  "Job controller then marks the suspended Job FailureTarget (podFailurePolicy), which the operator "
-                  "now recreates on resume without counting (TrainerRecreated), but the engines must stay up until "
-                  "the trainer pods are gone")
 def test_a_suspend_loses_and_repeats_no_step(real_cluster: RealCluster, real_namespace: str, tmp_path: Path) -> None:
     """`spec.suspend: true` once a step is done: the Job controller deletes both pods (SIGTERM to both
-    torchruns); the gang checkpoints the step in flight; resumed, it goes on from there to Complete."""
+    torchruns); the engines stay up until they are gone, so the gang finishes and checkpoints the step in
+    flight; the engines then scale to zero; resumed, the job goes on from there to Complete."""
     rc = real_cluster
     with real_node_job(rc, real_namespace, tmp_path) as job:
         before = _start(job, SUSPEND_STEPS)
         _set_suspend(job, True)
         wait_until(lambda: job.status().get("phase") == "Suspended" and not _trainer_pods(rc, job), 600,
                    "RLJob Suspended, its trainer pods gone", interval=1)
+        wait_until(lambda: not _pods(rc, job, "inference"), 300, "the engines scaled to zero after the ranks", interval=1)
         stopped = _checkpoints(job)
         # What the suspended Job says of its stopped pods (the resume below must not count them as a failure).
         print("trainer Job while suspended:", rc.cluster.kubectl(

@@ -293,6 +293,17 @@ def test_inactive_job_scales_every_workload_to_zero_and_keeps_the_pvc() -> None:
     assert _by(children, "PersistentVolumeClaim", "demo-checkpoints")
 
 
+def test_a_suspended_job_keeps_its_engines_while_they_still_serve_its_stopping_ranks() -> None:
+    """`serving=True` (a trainer pod still finishes its step): the trainer Job is suspended, the engines
+    and the router keep their replicas; `serving` changes no pod template, so nothing restarts."""
+    serving = build_children(JOB, _spec(), active=False, serving=True)
+    active = build_children(JOB, _spec(), active=True)
+    assert _by(serving, "Job", "demo-trainer")["spec"]["suspend"] is True
+    for kind in ("StatefulSet", "Deployment"):
+        kept, up = [c for c in serving if c["kind"] == kind], [c for c in active if c["kind"] == kind]
+        assert kept == up and all(c["spec"]["replicas"] > 0 for c in kept)
+
+
 def test_checkpoint_uri_variants() -> None:
     spec = _spec()
     spec.checkpoint.uri = "pvc://shared-ckpt"

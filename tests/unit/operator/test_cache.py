@@ -258,7 +258,7 @@ def test_a_status_sync_applies_only_what_the_current_generation_already_applied(
     recreate it."""
     from rljob.api.status import RLJobStatus
     from rljob.operator.reconcile import current_generation_applied, needs_apply
-    from rljob.operator.lifecycle import Observed, TrainerJobObs
+    from rljob.operator.lifecycle import Observed, TrainerJobObs, WorkloadObs
 
     recreating = {"type": "ChildrenApplied", "status": "False", "reason": "Recreating", "observedGeneration": 2,
                   "lastTransitionTime": "2026-01-01T00:00:00Z"}
@@ -277,3 +277,8 @@ def test_a_status_sync_applies_only_what_the_current_generation_already_applied(
     assert not needs_apply(running, active=True, generation_applied=True)
     assert needs_apply(running, active=False, generation_applied=True)  # finished: suspend it
     assert needs_apply(suspended, active=True, generation_applied=True)  # resumed
+    # Suspended with the engines still up: kept while a trainer pod finishes its step, scaled down after.
+    engines_up = Observed(pools={"nv": WorkloadObs(2, 2)}, router=WorkloadObs(1, 1), trainer=suspended.trainer)
+    assert not needs_apply(engines_up, active=False, generation_applied=True, serving=True)
+    assert needs_apply(engines_up, active=False, generation_applied=True, serving=False)
+    assert not needs_apply(suspended, active=False, generation_applied=True, serving=False)  # already down

@@ -584,3 +584,23 @@ def test_failure_policy_is_validated_naming_the_field() -> None:
         _spec(failurePolicy={"maxInterruptions": -1})
     assert _spec().failure_policy.interruption_delay(40) == 600, "default cap, no overflow"
     assert _spec(failurePolicy={"interruptionBackoffSeconds": 0}).failure_policy.interruption_delay(3) == 0
+
+
+def test_engines_serve_while_a_stopped_jobs_trainer_pod_still_runs() -> None:
+    """A suspended (or finished) job keeps its engines while a rank still runs: a rank stopping on SIGTERM
+    finishes its step, whose rollouts need the engines. A terminal pod, or one left Terminating past its
+    grace period plus PAST_GRACE_S (a lost node), serves nothing."""
+    from rljob.operator.lifecycle import PAST_GRACE_S, engines_serve
+
+    deleting = _pod()
+    deleting["metadata"] |= {"deletionTimestamp": "2026-01-01T00:05:00Z", "deletionGracePeriodSeconds": 300}
+    running, stopping = pod_observation(_pod()), pod_observation(deleting)
+    done, failed = pod_observation(_pod("Succeeded")), pod_observation(_pod("Failed"))
+    assert engines_serve(True, [], T0)  # active: always
+    assert not engines_serve(False, [], T0)  # suspended, ranks gone
+    assert engines_serve(False, [running], T0)  # suspend applied, the Job controller has not deleted them yet
+    assert engines_serve(False, [done, stopping], T0 + timedelta(minutes=4))  # in its grace period
+    past = T0 + timedelta(minutes=5, seconds=PAST_GRACE_S)
+    assert engines_serve(False, [stopping], past - timedelta(seconds=1))
+    assert not engines_serve(False, [stopping], past)  # stuck on a lost node: nothing to wait for
+    assert not engines_serve(False, [done, failed], T0)  # completed or failed job

@@ -30,6 +30,7 @@ from rljob.api.status import EffectiveKnobs
 from rljob.common.autotune.controller import (
     ControllerConfig,
     cap_at_floor,
+    goodput_noise,
     Knobs,
     Observation,
     TunerState,
@@ -233,6 +234,7 @@ class LocalAutotuner:
             truncation_rate=sum(r.round.truncation_rate for r in window) / n,
             # Tokens over seconds of the whole window: one slow step weighs as its seconds, not as 1/n.
             goodput=sum(r.round.trained_tokens for r in window) / seconds if seconds > 0 else None,
+            goodput_noise=goodput_noise([r.round.trained_tokens for r in window], [r.end_to_end_seconds for r in window]),
             partial_rate=sum(r.round.partial_rate for r in window) / n,
             aborted_token_share=sum(r.aborted_token_share for r in window) / n,
             length_mean=sum(r.batch.length_mean for r in window) / n,

@@ -8,9 +8,12 @@ two loops, one knob each, at most one change per decision:
   the threshold cut) inside a band [low, high]: the plant is monotone (a higher threshold cuts fewer);
   a change starts once r is outside the band by the hysteresis margin and continues until it is back;
 - over-sampling climbs goodput (trained tokens per wall second): a bounded search that moves one step,
-  lets the job settle, keeps going while goodput rises by more than a tolerance, steps back when it
-  falls, and stops when the difference is within the tolerance (ties go to less over-sampling); it
-  probes again after a while or when goodput drops. It is bounded by the off-policy share, the entropy
+  lets the job settle, keeps going while goodput rises by more than a margin, steps back when it falls
+  by more, and treats a smaller difference as a tie, which keeps the higher over-sampling (a raise that
+  cost nothing measurable goes on; a cut that gained nothing measurable goes back); it probes again
+  after a while or when goodput drops. The margin is the tolerance or, when larger, twice the standard
+  error of a difference of two window goodputs (`goodput_margin`), so step-to-step noise never reads as
+  a gradient. It is bounded by the off-policy share, the entropy
   floor and the staleness budget (the share of generated tokens thrown away), which lower it when crossed;
 - every change is bounded (maxStep, clamped to [min, max]) and separated by a cooldown and a number
   of settled rounds, and the truncation loop goes first (its band is the health constraint).
@@ -19,7 +22,7 @@ two loops, one knob each, at most one change per decision:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -103,6 +106,7 @@ class Observation:
 
     truncation_rate: float  # cut by the length threshold / launched
     goodput: float | None = None  # trained response tokens per second of wall time
+    goodput_noise: float | None = None  # relative standard error of `goodput` over the window (goodput_noise)
     partial_rate: float | None = None  # still running at stop / launched (shown, not controlled)
     aborted_token_share: float | None = None  # generated, then thrown away (stale, filtered, discarded)
     length_mean: float | None = None
@@ -276,6 +280,31 @@ def _truncation_summary(obs: Observation, current: Knobs, cfg: ControllerConfig)
     return f"truncation rate {r:.3f} {side} band {band} by less than {cfg.hysteresis:g}"
 
 
+def goodput_noise(tokens: Sequence[float], seconds: Sequence[float]) -> float | None:
+    """Relative standard error of a window's goodput Σtokens / Σseconds, from its steps' figures.
+
+    The ratio estimator's linearised variance: with R = Σt/Σs over n steps and residuals e = t - R·s,
+    Var(R) ≈ Σe² / ((n - 1)·n·s̄²). Steps differ a lot on a long-tailed task (one round several times
+    another), so a window of a few steps measures goodput to ±20 % or worse: this says how much.
+    None with fewer than 2 steps or no time.
+    """
+    n = len(tokens)
+    total_t, total_s = sum(tokens), sum(seconds)
+    if n < 2 or total_s <= 0 or total_t <= 0:
+        return None
+    ratio, mean_s = total_t / total_s, total_s / n
+    residual = sum((t - ratio * s) ** 2 for t, s in zip(tokens, seconds, strict=True))
+    return math.sqrt(residual / ((n - 1) * n)) / mean_s / ratio
+
+
+def goodput_margin(cfg: ControllerConfig, noise: float | None) -> float:
+    """The relative goodput difference that counts as real: the tolerance or, if larger, twice the standard
+    error of the difference of two window goodputs, each as noisy as the current one (√2 · `noise`)."""
+    if noise is None or not math.isfinite(noise):
+        return cfg.goodput_tolerance
+    return max(cfg.goodput_tolerance, 2.0 * math.sqrt(2.0) * noise)
+
+
 def _over_sampling_limit(obs: Observation, cfg: ControllerConfig) -> tuple[str, str] | None:
     """The safety bound over-sampling crosses now (reason, message), if any."""
     spread = obs.length_spread
@@ -316,7 +345,8 @@ def _over_sampling_step(obs: Observation, current: Knobs, cfg: ControllerConfig,
     g = obs.goodput
     if g is None or math.isnan(g) or g <= 0:  # 0: no step trained anything in the window
         return hold("NoGoodput", f"goodput {g!r} not measured: over-sampling {os_now:g} kept")
-    tol = cfg.goodput_tolerance
+    margin = goodput_margin(cfg, obs.goodput_noise)
+    noise = f" (margin {margin:.0%})" if margin > cfg.goodput_tolerance else ""
 
     def probe(why: str) -> _Step:
         for direction in (state.next_probe, -state.next_probe):
@@ -329,8 +359,8 @@ def _over_sampling_step(obs: Observation, current: Knobs, cfg: ControllerConfig,
         ref = state.goodput_ref
         if ref is None:
             return probe("no goodput reference")
-        if g < ref * (1 - 2 * tol):
-            return probe(f"goodput fell from {ref:.1f}")
+        if g < ref * (1 - 2 * margin):
+            return probe(f"goodput fell from {ref:.1f}{noise}")
         if state.settled_decisions + 1 >= cfg.reprobe_decisions:
             return probe(f"{cfg.reprobe_decisions} decisions since the search settled")
         return hold("GoodputSettled", f"goodput {g:.1f} tokens/s at over-sampling {os_now:g} (searched)",
@@ -339,24 +369,26 @@ def _over_sampling_step(obs: Observation, current: Knobs, cfg: ControllerConfig,
     ref = state.goodput_ref if state.goodput_ref is not None else 0.0
     gain = (g - ref) / ref if ref > 0 else (math.inf if g > 0 else 0.0)
     d = state.search
-    change = f"goodput {ref:.1f} -> {g:.1f} tokens/s ({gain:+.1%})"
-    if gain > tol:
+    change = f"goodput {ref:.1f} -> {g:.1f} tokens/s ({gain:+.1%}){noise}"
+    settle = replace(state, search=0, next_probe=-d, settled_decisions=0)
+    if gain > margin:
         if (d == 1 and can_raise) or (d == -1 and can_lower):
             return move(d, "GoodputRising", change, replace(state, goodput_ref=g))
-        return hold("GoodputAtBound", f"{change}, over-sampling at its bound",
-                    replace(state, search=0, goodput_ref=g, next_probe=-d, settled_decisions=0))
-    if gain < -tol:
+        return hold("GoodputAtBound", f"{change}, over-sampling at its bound", replace(settle, goodput_ref=g))
+    if gain < -margin:
         # Worse: go back to where goodput was higher; the next probe tries the other way.
-        return move(-d, "GoodputFalling", change,
-                    replace(state, search=0, goodput_ref=ref, next_probe=-d, settled_decisions=0))
+        return move(-d, "GoodputFalling", change, replace(settle, goodput_ref=ref))
+    # A tie keeps the higher over-sampling: a fuller pool of groups is what hides the long tail when
+    # lengths drift, and the safety bounds above (off-policy share, staleness budget, entropy) cap its
+    # cost. The reference keeps the higher figure, so a run of ties cannot ratchet it down on noise.
+    best = max(ref, g)
+    if d == 1 and can_raise:
+        return move(1, "GoodputFlat", f"{change}: more over-sampling costs nothing measurable, going on",
+                    replace(state, goodput_ref=best))
     if d == 1:
-        # No measurable gain from more over-sampling: go back, fewer off-policy tokens for the same goodput.
-        return move(-1, "GoodputFlat", change,
-                    replace(state, search=0, goodput_ref=max(ref, g), next_probe=-1, settled_decisions=0))
-    # The reference keeps the higher figure: a run of cuts each "flat" within the tolerance must not
-    # ratchet goodput down step by step (measured on a noisy machine, each small drop looks flat).
-    return hold("GoodputFlat", f"{change}: less over-sampling costs nothing, kept",
-                replace(state, search=0, goodput_ref=max(ref, g), next_probe=1, settled_decisions=0))
+        return hold("GoodputFlat", f"{change}, over-sampling at its bound", replace(settle, goodput_ref=best))
+    return move(1, "GoodputFlat", f"{change}: less over-sampling gains nothing measurable, back",
+                replace(state, search=0, goodput_ref=best, next_probe=1, settled_decisions=0))
 
 
 def decide(

@@ -104,6 +104,7 @@ async def test_client_reads_observation_and_types_failures(
         assert obs.length_spread == pytest.approx(0.5)
         # The signals of docs/metrics.md: 1000 trained tokens over 4 s, 100 of 2000 tokens thrown away.
         assert obs.goodput == pytest.approx(250.0) and obs.partial_rate == pytest.approx(0.25)
+        assert obs.goodput_noise == pytest.approx(0.0)  # every step at 250 tokens/s: the query runs, no spread
         assert obs.aborted_token_share == pytest.approx(0.05)
         assert obs.cap_at_floor is False  # a cap of 8 tokens above its floor of 4: lowering k still cuts more
         # The step is the persisted one passed in, not the runtime's counter (3).

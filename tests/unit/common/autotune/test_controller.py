@@ -122,8 +122,16 @@ SEARCH_TABLE = [
     ("rising: keep going down", obs(IN_BAND, goodput=110.0), SIGMA, SEARCHED_DOWN, "GoodputRising", 1.5, -1),
     ("falling: step back down", obs(IN_BAND, goodput=90.0), SIGMA, SEARCHED_UP, "GoodputFalling", 1.5, 0),
     ("falling: step back up", obs(IN_BAND, goodput=90.0), SIGMA, SEARCHED_DOWN, "GoodputFalling", 2.5, 0),
-    ("flat after a raise: back to less", obs(IN_BAND, goodput=102.0), SIGMA, SEARCHED_UP, "GoodputFlat", 1.5, 0),
-    ("flat after a cut: keep less", obs(IN_BAND, goodput=98.0), SIGMA, SEARCHED_DOWN, "GoodputFlat", 2.0, 0),
+    # A tie keeps the higher over-sampling: a raise that cost nothing goes on, a cut that gained nothing goes back.
+    ("flat after a raise: keep going up", obs(IN_BAND, goodput=102.0), SIGMA, SEARCHED_UP, "GoodputFlat", 2.5, 1),
+    ("flat after a raise at the bound: settle", obs(IN_BAND, goodput=102.0), Knobs(4.0, 2.0, "sigma"), SEARCHED_UP,
+     "GoodputFlat", 4.0, 0),
+    ("flat after a cut: back up", obs(IN_BAND, goodput=98.0), SIGMA, SEARCHED_DOWN, "GoodputFlat", 2.5, 0),
+    # Noise widens the margin to 2·√2·(relative standard error): ±20 % on a 10 % noisy window is a tie.
+    ("noisy rise is a tie", obs(IN_BAND, goodput=120.0, goodput_noise=0.1), SIGMA, SEARCHED_DOWN, "GoodputFlat", 2.5, 0),
+    ("noisy fall is a tie", obs(IN_BAND, goodput=80.0, goodput_noise=0.1), SIGMA, SEARCHED_UP, "GoodputFlat", 2.5, 1),
+    ("fall beyond the noise", obs(IN_BAND, goodput=60.0, goodput_noise=0.1), SIGMA, SEARCHED_UP, "GoodputFalling", 1.5, 0),
+    ("settled, a noisy dip: hold", obs(IN_BAND, goodput=70.0, goodput_noise=0.1), SIGMA, SETTLED, "GoodputSettled", 2.0, 0),
     ("rising at the bound: settle", obs(IN_BAND, goodput=120.0), Knobs(4.0, 2.0, "sigma"), SEARCHED_UP,
      "GoodputAtBound", 4.0, 0),
     ("settled: hold", obs(IN_BAND, goodput=99.0), SIGMA, SETTLED, "GoodputSettled", 2.0, 0),
@@ -173,9 +181,21 @@ def test_flat_verdicts_never_ratchet_the_reference_down() -> None:
     """Cuts that each look flat within the tolerance must not add up: the reference keeps the best figure,
     so the next settled check sees the accumulated drop and probes again."""
     d = decide(obs(IN_BAND, goodput=96.0), SIGMA, CFG, SEARCHED_DOWN, now=0)
-    assert d.reason == "GoodputFlat" and d.state.goodput_ref == 100.0
-    d = decide(obs(IN_BAND, goodput=89.0, steps=20), SIGMA, CFG, replace(d.state, last_change_step=None), now=0)
-    assert d.changed and d.reason == "GoodputProbe" and d.knobs.over_sampling == 2.5  # 89 < 100 x (1 - 2 x 0.05)
+    assert d.reason == "GoodputFlat" and d.state.goodput_ref == 100.0 and d.knobs.over_sampling == 2.5
+    d = decide(obs(IN_BAND, goodput=89.0, steps=20), d.knobs, CFG, replace(d.state, last_change_step=None, last_change_time=None), now=0)
+    assert d.changed and d.reason == "GoodputProbe" and d.knobs.over_sampling == 3.0  # 89 < 100 x (1 - 2 x 0.05)
+
+
+def test_goodput_noise_is_the_ratio_estimators_standard_error() -> None:
+    """Σt/Σs over steps (t, s): R = 300/3 = 100, residuals t - R·s = (-50, 50, 0), s̄ = 1, n = 3:
+    Var(R) = Σe² / ((n-1)·n·s̄²) = 5000 / 6, so the relative error is √(5000/6) / 100 ≈ 0.2887."""
+    from rljob.common.autotune.controller import goodput_margin, goodput_noise
+
+    assert goodput_noise([50.0, 150.0, 100.0], [1.0, 1.0, 1.0]) == pytest.approx((5000 / 6) ** 0.5 / 100)
+    assert goodput_noise([100.0, 200.0], [1.0, 2.0]) == 0.0  # every step at the same rate
+    assert goodput_noise([100.0], [1.0]) is None and goodput_noise([0.0, 0.0], [1.0, 1.0]) is None
+    assert goodput_margin(CFG, None) == CFG.goodput_tolerance == goodput_margin(CFG, 0.001)
+    assert goodput_margin(CFG, 0.1) == pytest.approx(2 * 2**0.5 * 0.1)
 
 
 def test_entropy_floor_lowers_over_sampling() -> None:

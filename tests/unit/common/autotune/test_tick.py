@@ -81,14 +81,20 @@ def test_the_goodput_search_state_survives_in_status_and_every_new_reason_is_an_
     assert status.effective_knobs.over_sampling is not None and status.effective_knobs.over_sampling.value == 2.5
     later = NOW + timedelta(seconds=60)
     second = tick.on_reading("j", s, status, reading(0.2, steps=14, over=2.5, goodput=101.0), 1, later)
-    assert second.decision is not None and second.decision.reason == "GoodputFlat"  # +1%: back to 2.0
+    assert second.decision is not None and second.decision.reason == "GoodputFlat"  # +1%: a tie, on up to 3.0
     status = merged(status, second.patch)
-    assert status.autotune is not None and status.autotune.search == 0 and status.autotune.next_probe == -1
-    third = tick.on_reading("j", s, status, reading(0.2, steps=18, goodput=100.0), 1, later + timedelta(seconds=60))
-    assert third.decision is not None and not third.decision.changed and third.decision.reason == "GoodputSettled"
-    assert [(e.reason, e.type) for e in third.events] == [("GoodputSettled", "Normal")]
+    assert status.autotune is not None and status.autotune.search == 1 and status.autotune.goodput_ref == 101.0
+    later += timedelta(seconds=60)
+    third = tick.on_reading("j", s, status, reading(0.2, steps=18, over=3.0, goodput=90.0), 1, later)
+    assert third.decision is not None and third.decision.reason == "GoodputFalling"  # -11%: back to 2.5
     status = merged(status, third.patch)
-    fourth = tick.on_reading("j", s, status, reading(0.2, steps=22, goodput=100.0), 1, later + timedelta(seconds=120))
+    assert status.autotune is not None and status.autotune.search == 0 and status.autotune.next_probe == -1
+    later += timedelta(seconds=60)
+    fourth = tick.on_reading("j", s, status, reading(0.2, steps=22, over=2.5, goodput=100.0), 1, later)
+    assert fourth.decision is not None and not fourth.decision.changed and fourth.decision.reason == "GoodputSettled"
+    assert [(e.reason, e.type) for e in fourth.events] == [("GoodputSettled", "Normal")]
+    status = merged(status, fourth.patch)
+    fourth = tick.on_reading("j", s, status, reading(0.2, steps=26, over=2.5, goodput=100.0), 1, later + timedelta(seconds=60))
     assert fourth.decision is not None and fourth.decision.reason == "GoodputSettled" and fourth.events == []
     cond = merged(status, fourth.patch).condition(tick.CONDITION)
     assert cond is not None and cond.reason == "GoodputSettled" and "goodput 100.0" in cond.message

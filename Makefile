@@ -56,7 +56,10 @@ lint: install
 	@for top in $(LINT_PACKAGES); do ln -sfn ../../../$$top .mypy_cache/pkgroot/rljob/$$top; done
 	MYPYPATH=.mypy_cache/pkgroot $(BIN)/mypy $(foreach top,$(LINT_PACKAGES),-p rljob.$(top))
 
-test: install lint cluster-build cluster-images
+# Cold, the pip install (mostly downloads) and the Go builds (CPU) take about as long each, so the set-up
+# runs two targets at a time: install beside cluster-build, then lint beside the rest of it and the images.
+test:
+	$(MAKE) --no-print-directory -j2 lint cluster-images
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25
 
 benchmark: install

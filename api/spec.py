@@ -1223,7 +1223,8 @@ class AutotuneSpec(ApiModel):
     )
     goodput_tolerance: float = Field(
         default=0.05, gt=0, le=1,
-        description="Relative goodput change the over-sampling search counts as a difference (its hysteresis).",
+        description="Smallest relative goodput change the over-sampling search counts as a difference (its hysteresis); "
+        "a noisier goodput widens it to twice the standard error of the difference (docs/autotune.md).",
     )
     local: bool = Field(default=False, description="rljob run: tune from the runtime's own step metrics.")
     knobs_file: FilePath | None = Field(

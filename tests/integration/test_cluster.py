@@ -123,12 +123,13 @@ def test_deployment_pods_schedule_onto_matching_gpu_nodes_and_become_ready(
         f"4-GPU pods must spread over both 8-GPU nodes: {node_names}"
     )
     assert all(p.status.pod_ip for p in pods), "kwok assigns fake pod IPs"
-    status = (
-        kube_cluster.apps()
-        .read_namespaced_deployment_status(f"rollout-{accelerator}", namespace)
-        .status
+    # The Deployment's status follows its pods' readiness one controller pass later: wait for it, do not
+    # read it right after the pods (run 19, loaded: read as None with all three pods Ready).
+    wait_until(
+        lambda: kube_cluster.apps().read_namespaced_deployment_status(f"rollout-{accelerator}", namespace)
+        .status.ready_replicas == 3,
+        60, f"the {accelerator} Deployment's status to count 3 ready replicas",
     )
-    assert status.ready_replicas == 3
 
 
 def test_pod_requesting_more_gpus_than_any_node_stays_pending(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import tempfile
 import time
 from collections.abc import Callable
@@ -50,6 +51,7 @@ from rljob.runtime.tasks.dataset import PromptRecord, PromptStream  # noqa: E402
 from rljob.runtime.tasks.synthetic import ArithChainTask  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+KNOB_LOGGER = "rljob.runtime.knob_sources"  # where LocalAutotuner logs each change it makes
 console = Console()
 OVER_SAMPLING = (1.0, 2.0, 3.0)
 K = (1.0, 2.0, 3.0)
@@ -91,6 +93,7 @@ class Config:
     runner: JobRunner | None = None
     records: list[StepRecord] = field(default_factory=list)
     eval_reward: float | None = None
+    decisions: list[dict[str, Any]] = field(default_factory=list)  # the tuner's changes: step, why
 
     @property
     def goodput(self) -> float:
@@ -151,7 +154,24 @@ async def start(cfg: Config, base: RLJob, args: argparse.Namespace, tmp: Path) -
 
     runner.step_listeners.append(own_time_only)
     runner.knob_sources.extend(knob_sources_for(job.spec, runner.step_listeners))
+    if cfg.autotune:
+        tuner_log = logging.getLogger(KNOB_LOGGER)
+        tuner_log.setLevel(logging.INFO)
+        tuner_log.addHandler(DecisionLog(cfg))
     cfg.runner = runner
+
+
+class DecisionLog(logging.Handler):
+    """Keeps every knob change the local tuner logs (its reason and message), with the step it followed."""
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(logging.INFO)
+        self.cfg = cfg
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("local autotune: "):
+            self.cfg.decisions.append({"after_step": len(self.cfg.records), "message": message.removeprefix("local autotune: ")})
 
 
 def row(cfg: Config) -> dict[str, Any]:
@@ -170,6 +190,7 @@ def row(cfg: Config) -> dict[str, Any]:
         "truncation_k": [r.knobs.get("truncation_k", 0.0) for r in cfg.records],
         "truncation_rate": [r.round.truncation_rate for r in cfg.records],
         "goodput_per_step": [r.goodput_tokens_per_s for r in cfg.records],
+        "decisions": cfg.decisions,
     }
 
 

@@ -131,6 +131,7 @@ def job_for(base: RLJob, cfg: Config, args: argparse.Namespace, tmp: Path) -> RL
         spec.autotune = spec.autotune.model_copy(update={
             "mode": "Apply", "local": True, "interval_seconds": 1, "window_seconds": 3600,
             "cooldown_seconds": 0, "settle_rounds": args.settle, "goodput_tolerance": args.tolerance,
+            **({"max_aborted_token_share": args.staleness_budget} if args.staleness_budget is not None else {}),
         })
     return job
 
@@ -235,7 +236,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                  f"steps, then alpha {LATE_TASK.alpha} max {LATE_TASK.max_steps}"),
         "steps": args.steps, "rollout_batch_size": args.batch, "samples_per_prompt": args.samples,
         "max_response_length": args.max_response, "eval_prompts": args.eval_prompts, "settle_rounds": args.settle,
-        "goodput_tolerance": args.tolerance,
+        "goodput_tolerance": args.tolerance, "staleness_budget": args.staleness_budget,
         "autotune_goodput": auto["goodput_tokens_per_s"],
         "best_fixed_goodput": best["goodput_tokens_per_s"],
         "best_fixed": best["name"],
@@ -308,6 +309,8 @@ def main() -> None:
     # search averages settleRounds steps per verdict and calls a difference only above the tolerance.
     parser.add_argument("--settle", type=int, default=3, help="autotune settleRounds")
     parser.add_argument("--tolerance", type=float, default=0.1, help="autotune goodputTolerance")
+    parser.add_argument("--staleness-budget", type=float, default=None,
+                        help="autotune maxAbortedTokenShare (default: the spec's default)")
     parser.add_argument("--output", default=str(ROOT / "docs/benchmarks"), help="folder for JSON and plot")
     args = parser.parse_args()
     result = asyncio.run(run(args))

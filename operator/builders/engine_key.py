@@ -25,8 +25,10 @@ def engine_key_secret_name(job: JobRef) -> str:
 
 
 def new_engine_key() -> str:
-    """A fresh random key (never derived from anything a user could see)."""
-    return secrets.token_urlsafe(KEY_BYTES)
+    """A fresh random key (never derived from anything a user could see), in hex: it reaches the engines'
+    and the router's command lines as the value of `--api-key`, and a base64url key starting with "-"
+    (1 in 64) reads there as an option, so the container exits on a usage error (clean-clone run 21)."""
+    return secrets.token_hex(KEY_BYTES)
 
 
 def engine_key_secret(job: JobRef, key: str) -> dict[str, Any]:

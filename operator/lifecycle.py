@@ -53,7 +53,7 @@ from rljob.operator.builders.meta import (
     selector_string,
 )
 from rljob.operator.builders.trainer import COMPLETION_INDEX_LABEL, JOB_UID_LABEL
-from rljob.operator.node_loss import NodeObs, TerminatingPod, stuck_pods
+from rljob.operator.node_loss import NodeObs, TerminatingPod, deletion_deadline, deletion_requested, stuck_pods
 from rljob.operator.pod_waits import PodWait, waits_message
 
 TRAINER_CONTAINER = "trainer"
@@ -265,25 +265,10 @@ def pod_observation(pod: dict[str, Any]) -> PodObs:
         job_uid=labels.get(JOB_UID_LABEL),
         disrupted=disrupted,
         restart_count=restart_count,
-        deletion_requested=_deletion_requested(meta),
+        deletion_requested=deletion_requested(meta),
         phase=status.get("phase") or "",
-        deletion_deadline=_timestamp(meta.get("deletionTimestamp")),
+        deletion_deadline=deletion_deadline(meta),
     )
-
-
-def _timestamp(stamp: Any) -> datetime | None:
-    """A Kubernetes timestamp (RFC 3339 string, or a datetime from a typed client) as a datetime."""
-    if not stamp:
-        return None
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")) if isinstance(stamp, str) else stamp
-
-
-def _deletion_requested(meta: dict[str, Any]) -> datetime | None:
-    """When the pod's deletion was asked for: its deletionTimestamp is that moment plus the grace period."""
-    at = _timestamp(meta.get("deletionTimestamp"))
-    if at is None:
-        return None
-    return at - timedelta(seconds=int(meta.get("deletionGracePeriodSeconds") or 0))
 
 
 def failure_key(role: str, uid: str, restart_count: int | str) -> str:

@@ -78,15 +78,28 @@ def node_observation(name: str, node: dict[str, Any] | None) -> NodeObs:
     return NodeObs(name, ready, any(t.get("key") == OUT_OF_SERVICE_TAINT for t in taints))
 
 
+def deletion_deadline(meta: dict[str, Any]) -> datetime | None:
+    """When a pod's grace period ends (its deletionTimestamp, an RFC 3339 string or a typed client's
+    datetime); None while nobody deletes it."""
+    stamp = meta.get("deletionTimestamp")
+    if not stamp:
+        return None
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")) if isinstance(stamp, str) else stamp
+
+
+def deletion_requested(meta: dict[str, Any]) -> datetime | None:
+    """When a pod's deletion was asked for: its deletionTimestamp is that moment plus the grace period."""
+    at = deletion_deadline(meta)
+    return None if at is None else at - timedelta(seconds=int(meta.get("deletionGracePeriodSeconds") or 0))
+
+
 def terminating_pod(pod: dict[str, Any]) -> TerminatingPod | None:
     """The pod as a TerminatingPod when it is being deleted on a node; None otherwise (an unbound pod is
     removed by the API server at once and cannot get stuck)."""
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-    stamp, node = meta.get("deletionTimestamp"), spec.get("nodeName")
-    if not stamp or not node:
+    requested, node = deletion_requested(meta), spec.get("nodeName")
+    if requested is None or not node:
         return None
-    at = datetime.fromisoformat(stamp.replace("Z", "+00:00")) if isinstance(stamp, str) else stamp
-    requested = at - timedelta(seconds=int(meta.get("deletionGracePeriodSeconds") or 0))
     return TerminatingPod(meta.get("name", ""), meta.get("uid", ""), node, requested)
 
 

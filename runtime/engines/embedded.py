@@ -389,6 +389,12 @@ class EmbeddedEngine(Engine):
         """Stop scheduling steps (requests stay queued/running with their KV) until resume()."""
         self._paused = True
 
+    async def settle(self) -> None:
+        """Return once the step in flight (if any) is done: after pause() then settle(), no token is
+        produced and no request finishes until resume(), so a load read then stays true."""
+        async with self._step_lock:
+            pass
+
     def resume(self) -> None:
         """Undo pause()."""
         self._paused = False

@@ -739,7 +739,11 @@ class SGLangProtocolServer:
                 await self.gate.wait_idle()
         else:
             # retract and in_place both keep requests and their KV here: the CPU engine never evicts.
+            # SGLang's scheduler takes the pause between two forward passes; the reply here likewise
+            # waits for the step in flight, so a caller that reads /v1/loads after it sees a frozen state
+            # (a step finishing after the reply emptied the held requests: CI run on 2370df4).
             self.engine.pause()
+            await self.engine.settle()
         return web.json_response({"success": True, "message": f"generation paused ({mode})"})
 
     async def _continue(self, _request: web.Request) -> web.Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -259,6 +260,35 @@ async def test_pause_holds_steps_until_resume(engine: EmbeddedEngine) -> None:
     assert (engine.stats.prefill_steps, engine.stats.decode_steps) == steps
     engine.resume()
     assert (await asyncio.wait_for(task, timeout=30)).finish_reason == "length"
+
+
+async def test_settle_after_pause_returns_once_the_step_in_flight_is_done(engine: EmbeddedEngine,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The step in flight is held at an observed point (inside _step, on the worker thread) until released,
+    # so the order is fixed: pause lands mid-step, settle must wait for that step, not return at once.
+    inside, release = threading.Event(), threading.Event()
+    step = engine._step
+
+    def held_step(admitted: list) -> int:  # type: ignore[type-arg]
+        inside.set()
+        release.wait(timeout=60)
+        return step(admitted)
+
+    monkeypatch.setattr(engine, "_step", held_step)
+    task = asyncio.create_task(engine.generate(greedy("p", PROMPTS[0], 1)))
+    await wait_until(inside.is_set, "a step in flight")
+    engine.pause()
+    settled = asyncio.create_task(engine.settle())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not settled.done(), "settle() returned while a step was still running"
+    release.set()
+    await asyncio.wait_for(settled, timeout=30)
+    # The step that was in flight produced the only token asked for: the request finished before the
+    # reply, and nothing more runs while paused.
+    assert (await asyncio.wait_for(task, timeout=30)).finish_reason == "length"
+    assert (await engine.load()).running == 0
+    engine.resume()
 
 
 def test_sampling_truncation_and_log_prob_base() -> None:

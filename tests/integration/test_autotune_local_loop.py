@@ -6,8 +6,10 @@ rate into the band within a bounded number of rounds, moving one bounded step at
 is pinned (its bounds are one value) so the goodput search does not move it here.
 
 The per-round rate of this small plant is bimodal: a round that fills from resumed partials cuts
-nothing (their remaining tails fit the cap), the next one cuts a third; settling is judged on the
-mean of six rounds.
+nothing (their remaining tails fit the cap), the next one cuts a third. Which rounds do depends on the
+machine's speed (when the round's last group lands), so the law judges each setting on at least three
+rounds (`settleRounds`), as a job should on a noisy signal; with one round it chased the noise under
+load (clean-clone run 21). Settling is judged on the mean of six rounds.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def spec() -> RLJobSpec:
             "rollout": {"maxResponseLength": CAP, "partial": {"overSampling": 1.5,
                                                             "truncation": {"mode": "tokens", "maxTokens": 2}}},
             "autotune": {"mode": "Apply", "local": True, "intervalSeconds": 1, "windowSeconds": 60,
-                         "cooldownSeconds": 0, "settleRounds": 1, "hysteresis": 0.02,
+                         "cooldownSeconds": 0, "settleRounds": 3, "hysteresis": 0.02,
                          "truncationBand": {"low": BAND[0], "high": BAND[1]},
                          "truncationTokens": {"min": 2, "max": CAP, "maxStep": 6},
                          "overSampling": {"min": 1.5, "max": 1.5, "maxStep": 0.25}},

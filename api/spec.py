@@ -1410,7 +1410,9 @@ class PodPolicySpec(ApiModel):
         default_factory=list, max_length=MAX_LIST, description="Extra pod volumes (Kubernetes Volume objects)."
     )
     volume_mounts: list[VolumeMount] = Field(
-        default_factory=list, max_length=MAX_LIST, description="Mounts of those volumes into the main container of every pod."
+        default_factory=list, max_length=MAX_LIST,
+        description="Mounts of those volumes into every container of every pod, the download steps (init "
+        "containers) included, so a CA bundle or proxy settings mounted here reach a model download too."
     )
 
 

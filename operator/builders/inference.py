@@ -20,6 +20,7 @@ from rljob.operator.builders.pods import (
     SCRATCH_DIR,
     container_mounts,
     container_resources,
+    init_containers,
     hardened_container_security,
     merge_env,
     pod_base,
@@ -198,7 +199,7 @@ def pool_statefulset(
         "volumes": pod_volumes(spec.pods, files.volumes, pool.shm_size),
     }
     if files.init_containers:
-        pod_spec["initContainers"] = files.init_containers
+        pod_spec["initContainers"] = init_containers(spec.pods, files.init_containers)
     if pool.vendor == "cpu":
         if pool.tolerations:
             pod_spec["tolerations"] = [t.to_wire() for t in pool.tolerations]

@@ -118,6 +118,12 @@ def pod_volumes(policy: PodPolicySpec, own: list[dict[str, Any]], shm_size: str 
     return [*shm, scratch_volume(), *own, *extra_volumes(policy)]
 
 
+def init_containers(policy: PodPolicySpec, containers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A pod's download steps with the spec's own mounts added: what a main container gets to reach a
+    store (a CA bundle, proxy settings, a runtime mounted from the node) its download step needs too."""
+    return [{**c, "volumeMounts": [*c.get("volumeMounts", []), *extra_mounts(policy)]} for c in containers]
+
+
 def container_mounts(policy: PodPolicySpec, own: list[dict[str, Any]], shm: bool) -> list[dict[str, Any]]:
     """A main container's mounts, in the order of pod_volumes: /dev/shm (``shm``), /tmp, ``own``, the spec's."""
     return [*([shm_mount()] if shm else []), scratch_mount(), *own, *extra_mounts(policy)]

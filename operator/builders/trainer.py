@@ -28,7 +28,14 @@ from rljob.operator.builders.meta import (
     object_meta,
     selector_labels,
 )
-from rljob.operator.builders.pods import container_mounts, hardened_container_security, merge_env, pod_base, pod_volumes
+from rljob.operator.builders.pods import (
+    container_mounts,
+    hardened_container_security,
+    init_containers,
+    merge_env,
+    pod_base,
+    pod_volumes,
+)
 from rljob.operator.builders.router import router_url
 from rljob.operator.builders.storage import (
     PodStorage,
@@ -340,7 +347,7 @@ def trainer_job(job: JobRef, spec: RLJobSpec, active: bool) -> dict[str, Any]:
         "volumes": volumes,
     }
     if files.init_containers:
-        pod_spec["initContainers"] = files.init_containers
+        pod_spec["initContainers"] = init_containers(spec.pods, files.init_containers)
     if trainer.vendor != "cpu":
         pod_spec["affinity"] = vendor_affinity(trainer.vendor)
         pod_spec["tolerations"] = tolerations(trainer.vendor, trainer.tolerations)

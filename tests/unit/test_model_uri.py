@@ -96,6 +96,20 @@ def test_the_download_step_takes_the_configured_download_image() -> None:
             assert "--endpoint" not in download["args"]  # unset: AWS_ENDPOINT_URL from the pod's environment
 
 
+def test_the_spec_s_own_mounts_reach_the_download_step_as_they_reach_the_main_container() -> None:
+    # An internal store's CA bundle, mounted once in spec.pods, is needed by the step that downloads.
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["model"] = {"uri": URI, "s3": {"endpoint": "https://s3.internal:443"}}
+    doc["spec"]["pods"] = {"volumes": [{"name": "ca", "configMap": {"name": "corp-ca"}}],
+                           "volumeMounts": [{"name": "ca", "mountPath": "/etc/ssl/corp", "readOnly": True}]}
+    ca = {"name": "ca", "mountPath": "/etc/ssl/corp", "readOnly": True}
+    pods = pod_templates(build_children(JOB, RLJobSpec.model_validate(doc["spec"]), active=True))
+    downloads = [c for p in pods for c in p.get("initContainers", []) if c["name"] == DOWNLOAD_CONTAINER]
+    assert len(downloads) == 2, "the trainer's and the cpu pool's"
+    for container in downloads + [c for p in pods for c in p["containers"] if c["name"] in ("trainer", "sglang")]:
+        assert ca in container["volumeMounts"], container["name"]
+
+
 def test_rljob_run_keeps_one_copy_per_folder_in_the_cache(tmp_path: Path) -> None:
     assert local_copy_dir("s3://models//tiny/v1/", tmp_path) == tmp_path / "models" / "s3" / "models" / "tiny" / "v1"
 

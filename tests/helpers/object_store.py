@@ -45,7 +45,7 @@ class S3Server:
         }
 
 
-def _identities(access_key: str, secret_key: str) -> dict[str, object]:
+def s3_identities(access_key: str, secret_key: str) -> dict[str, object]:
     """SeaweedFS's -s3.config: one identity with full rights on every bucket."""
     return {
         "identities": [
@@ -95,7 +95,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     data.mkdir()
     access_key, secret_key = secrets.token_hex(8), secrets.token_hex(20)
     config = root / "s3.json"
-    config.write_text(json.dumps(_identities(access_key, secret_key)))
+    config.write_text(json.dumps(s3_identities(access_key, secret_key)))
     # Every port explicit: SeaweedFS otherwise puts each gRPC port at its HTTP port + 10000.
     s3, master, volume, filer, *grpc = (free_port() for _ in range(8))
     log = root / "weed.log"

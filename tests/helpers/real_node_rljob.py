@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +35,8 @@ from tests.integration.test_runner_resume import tiny_policy
 GROUP, VERSION, PLURAL = "rljob.io", "v1alpha1", "rljobs"
 EXAMPLE = Path(__file__).resolve().parents[2] / "charts/rljob-operator/examples/cpu-only.yaml"
 NAME = "e2e"
+TRAINER_LABELS = f"rljob.io/job-name={NAME},rljob.io/role=trainer"
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 # Inside the pods: the checkpoint claim's mount; the step records live there so they outlive the trainer pods.
 METRICS_JSONL = "/var/lib/rljob/checkpoints/metrics.jsonl"
 
@@ -67,10 +70,11 @@ def data_files(folder: Path, train: int = 64, held_out: int = 16) -> Path:
 
 
 def rljob_manifest(runtime: str, router: str, steps: int, trainer_replicas: int = 2,
-                   rollout: dict[str, Any] | None = None) -> dict[str, Any]:
+                   rollout: dict[str, Any] | None = None, sections: dict[str, Any] | None = None) -> dict[str, Any]:
     """The chart's cpu example with the tests' images and sizes: rounds of 2 groups x 2 short samples,
     small pod requests, a checkpoint every step, no evaluation, the step records on the checkpoint claim.
-    ``rollout``: spec.rollout fields to set on top (a test's strategy, say)."""
+    ``rollout``: spec.rollout fields to set on top (a test's strategy, say); ``sections``: whole spec
+    sections that replace the test job's (a model in an object store instead of the model claim, say)."""
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["metadata"] = {"name": NAME}
     spec = doc["spec"]
@@ -84,6 +88,7 @@ def rljob_manifest(runtime: str, router: str, steps: int, trainer_replicas: int 
     spec["evaluation"].update(everySteps=100, prompts=2)
     spec["checkpoint"]["everySteps"] = 1
     spec["metrics"] = {"jsonl": METRICS_JSONL}
+    spec.update(sections or {})
     spec["pods"] = {"volumes": volumes, "volumeMounts": mounts}
     return doc
 
@@ -91,7 +96,8 @@ def rljob_manifest(runtime: str, router: str, steps: int, trainer_replicas: int 
 class RealNodeJob:
     """One RLJob `e2e` in `namespace`, its volumes ready and the operator running on the host."""
 
-    def __init__(self, rc: RealCluster, namespace: str, tmp_path: Path, monitoring_namespace: str | None = None) -> None:
+    def __init__(self, rc: RealCluster, namespace: str, tmp_path: Path, monitoring_namespace: str | None = None,
+                 operator_env: dict[str, str] | None = None) -> None:
         self.rc, self.namespace = rc, namespace
         self.checkpoints = tmp_path / "ckpt"  # the host folder behind the checkpoint claim
         self.api = k8s.CustomObjectsApi(rc.cluster.api)
@@ -106,7 +112,8 @@ class RealNodeJob:
         # The test job mounts the installed runtime from the host (hostPath, spec.pods.volumes): allowed as
         # the chart's jobPods.allowHostPath would.
         env = {**os.environ, "KUBECONFIG": str(rc.cluster.kubeconfig),
-               ALLOWED_VOLUME_TYPES_ENV: ",".join(sorted(RESTRICTED_VOLUME_TYPES | {"hostPath"}))}
+               ALLOWED_VOLUME_TYPES_ENV: ",".join(sorted(RESTRICTED_VOLUME_TYPES | {"hostPath"})),
+               **(operator_env or {})}
         # The namespace the NetworkPolicies let scrape the metrics ports (none: no scraper outside the job).
         scraper = ["--monitoring-namespace", monitoring_namespace] if monitoring_namespace else []
         self.operator = OperatorProcess(
@@ -116,10 +123,11 @@ class RealNodeJob:
             tmp_path / "operator.log", env=env,
         )
 
-    def create(self, steps: int, rollout: dict[str, Any] | None = None) -> None:
-        """Create the RLJob (``rollout``: spec.rollout fields to set on top of the test job's)."""
-        self.api.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
-                                                 rljob_manifest(self.runtime, self.router, steps, rollout=rollout))
+    def create(self, steps: int, rollout: dict[str, Any] | None = None, sections: dict[str, Any] | None = None) -> None:
+        """Create the RLJob (``rollout``: spec.rollout fields to set on top of the test job's; ``sections``:
+        spec sections that replace the test job's)."""
+        doc = rljob_manifest(self.runtime, self.router, steps, rollout=rollout, sections=sections)
+        self.api.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, doc)
 
     def status(self) -> dict[str, Any]:
         """The RLJob's status (empty before the operator wrote one)."""
@@ -137,6 +145,45 @@ class RealNodeJob:
         except TimeoutError:
             final = None
         assert final == "Complete", f"RLJob {NAME} ended {final or 'nowhere'} within {timeout:.0f} s"
+
+    def pods(self, role: str) -> list[Any]:
+        """The job's pods of `role` (trainer, inference, router), Terminating ones included."""
+        selector = f"rljob.io/job-name={NAME},rljob.io/role={role}"
+        return list(self.rc.cluster.core().list_namespaced_pod(self.namespace, label_selector=selector).items)
+
+    def trainer_pods(self, index: int | None = None) -> list[Any]:
+        """The trainer pods (of completion index `index` when given: that rank's pod)."""
+        if index is None:
+            return self.pods("trainer")
+        selector = f"{TRAINER_LABELS},{INDEX_LABEL}={index}"
+        return list(self.rc.cluster.core().list_namespaced_pod(self.namespace, label_selector=selector).items)
+
+    def kill_trainer_rank(self, index: int) -> set[str]:
+        """SIGKILL the container of trainer rank `index` through containerd (as an OOM kill or a crash
+        would end it); the names of the gang's rank-0 pods so far, to tell the restarted one by."""
+        running = [p for p in self.trainer_pods(index)
+                   if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
+        assert len(running) == 1, [p.metadata.name for p in self.trainer_pods(index)]
+        leaders = {p.metadata.name for p in self.trainer_pods(0)}
+        container = running[0].status.container_statuses[0].container_id.removeprefix("containerd://")
+        self.rc.ctr("tasks", "kill", "--signal", "SIGKILL", container)
+        return leaders
+
+    def resumed_at(self, old_leaders: set[str], timeout: float = 600) -> int:
+        """The step the restarted gang's rank 0 says it resumed at (read while it runs: at Complete the
+        operator suspends the trainer Job and its pods go)."""
+        def logged() -> int | None:
+            for pod in self.trainer_pods(0):
+                if pod.metadata.name not in old_leaders:
+                    log = self.rc.cluster.kubectl("logs", "-n", self.namespace, pod.metadata.name, check=False).stdout
+                    resumed = re.search(r"resumed from \S*step-(\d+)\s+at step (\d+)", log)
+                    if resumed is not None:
+                        return int(resumed.group(2))
+            return None
+
+        step: int = wait_until(logged, timeout, "the restarted rank 0 logs `resumed from <checkpoint> at step N`",
+                               interval=1)
+        return step
 
     def delete(self) -> None:
         """Delete the RLJob (its children go with it, by owner references)."""
@@ -172,11 +219,12 @@ class RealNodeJob:
 
 
 @contextmanager
-def real_node_job(rc: RealCluster, namespace: str, tmp_path: Path,
-                  monitoring_namespace: str | None = None) -> Iterator[RealNodeJob]:
-    """A RealNodeJob with its operator started; the operator is stopped afterwards. When the body
-    fails (an assertion, a timeout), the job's diagnostics are printed first, while its pods exist."""
-    job = RealNodeJob(rc, namespace, tmp_path, monitoring_namespace)
+def real_node_job(rc: RealCluster, namespace: str, tmp_path: Path, monitoring_namespace: str | None = None,
+                  operator_env: dict[str, str] | None = None) -> Iterator[RealNodeJob]:
+    """A RealNodeJob with its operator started (``operator_env`` added to its environment); the operator
+    is stopped afterwards. When the body fails (an assertion, a timeout), the job's diagnostics are
+    printed first, while its pods exist."""
+    job = RealNodeJob(rc, namespace, tmp_path, monitoring_namespace, operator_env)
     job.operator.start()
     try:
         yield job

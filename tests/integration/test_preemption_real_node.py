@@ -32,8 +32,6 @@ pytestmark = [pytest.mark.realnode, pytest.mark.cluster, pytest.mark.slow]
 # lag a few behind the trainer's: the progress reporter batches its writes).
 DELETE_STEPS = 12
 SUSPEND_STEPS = 12
-TRAINER_LABELS = f"rljob.io/job-name={NAME},rljob.io/role=trainer"
-INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
 def _step(status: dict[str, Any]) -> int:
@@ -58,18 +56,6 @@ def _wait(job: RealNodeJob, check: Any, timeout: float, what: str) -> dict[str, 
 def _checkpoints(job: RealNodeJob) -> list[int]:
     """The steps of the complete checkpoints (their marker written) on the checkpoint claim."""
     return sorted(int(p.name.split("-")[1]) for p in job.checkpoints.glob("step-*") if (p / MARKER).is_file())
-
-
-def _trainer_pods(rc: RealCluster, job: RealNodeJob, index: int | None = None) -> list[Any]:
-    if index is None:
-        return _pods(rc, job, "trainer")
-    selector = f"{TRAINER_LABELS},{INDEX_LABEL}={index}"
-    return list(rc.cluster.core().list_namespaced_pod(job.namespace, label_selector=selector).items)
-
-
-def _pods(rc: RealCluster, job: RealNodeJob, role: str) -> list[Any]:
-    selector = f"rljob.io/job-name={NAME},rljob.io/role={role}"
-    return list(rc.cluster.core().list_namespaced_pod(job.namespace, label_selector=selector).items)
 
 
 def _set_suspend(job: RealNodeJob, suspend: bool) -> None:
@@ -101,7 +87,7 @@ def test_a_deleted_trainer_pod_loses_and_repeats_no_step(real_cluster: RealClust
     rc = real_cluster
     with real_node_job(rc, real_namespace, tmp_path) as job:
         before = _start(job, DELETE_STEPS)
-        (rank1,) = [p for p in _trainer_pods(rc, job, 1) if p.metadata.deletion_timestamp is None]
+        (rank1,) = [p for p in job.trainer_pods(1) if p.metadata.deletion_timestamp is None]
         rc.cluster.kubectl("delete", "pod", rank1.metadata.name, "-n", job.namespace, "--wait=false")
         restarted = _wait(job, lambda s: s.get("restarts", {}).get("interrupted") == 1, 600,
                           "the gang restarted after an interruption")
@@ -123,9 +109,9 @@ def test_a_suspend_loses_and_repeats_no_step(real_cluster: RealCluster, real_nam
     with real_node_job(rc, real_namespace, tmp_path) as job:
         before = _start(job, SUSPEND_STEPS)
         _set_suspend(job, True)
-        wait_until(lambda: job.status().get("phase") == "Suspended" and not _trainer_pods(rc, job), 600,
+        wait_until(lambda: job.status().get("phase") == "Suspended" and not job.trainer_pods(), 600,
                    "RLJob Suspended, its trainer pods gone", interval=1)
-        wait_until(lambda: not _pods(rc, job, "inference"), 300, "the engines scaled to zero after the ranks", interval=1)
+        wait_until(lambda: not job.pods("inference"), 300, "the engines scaled to zero after the ranks", interval=1)
         stopped = _checkpoints(job)
         # What the suspended Job says of its stopped pods (the resume below must not count them as a failure).
         print("trainer Job while suspended:", rc.cluster.kubectl(

@@ -19,7 +19,6 @@ One RLJob run (the job of test_rljob_real_node.py, more steps), reconciled by th
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +39,6 @@ pytestmark = [pytest.mark.realnode, pytest.mark.cluster, pytest.mark.slow]
 # with steps left to run after the gang's restart (a step takes ~4 s here; the waits poll every 0.5-1 s).
 STEPS = 10
 INFERENCE_POD = f"{NAME}-infer-cpu-0"
-TRAINER_LABELS = f"rljob.io/job-name={NAME},rljob.io/role=trainer"
-INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 # Prometheus keeps every sample of the run; the range covers all of it (pods gone at the end included).
 WHOLE_RUN = "[1h]"
 ENGINE_PORT = 30000  # the pools' SGLang HTTP port (rollout.sglang.discovery.port's default)
@@ -130,39 +127,13 @@ def _kill_engine_and_recover(rc: RealCluster, job: RealNodeJob) -> None:
     assert any(r["engine_errors"] > 0 for r in records), [r["engine_errors"] for r in records]
 
 
-def _trainer_pods(rc: RealCluster, job: RealNodeJob, index: int) -> list[Any]:
-    return list(rc.cluster.core().list_namespaced_pod(job.namespace, label_selector=f"{TRAINER_LABELS},{INDEX_LABEL}={index}").items)
-
-
-def _kill_trainer_rank(rc: RealCluster, job: RealNodeJob, index: int) -> tuple[int, set[str]]:
+def _kill_trainer_rank(job: RealNodeJob, index: int) -> tuple[int, set[str]]:
     """SIGKILL the container of trainer rank `index`; the last checkpointed step before the kill and the
     names of the gang's rank-0 pods so far."""
     status = _not_failed(job)
     checkpointed = int(status["trainer"]["lastCheckpoint"]["step"])
     assert checkpointed >= 1 and _step(status) < STEPS - 1, f"too late to kill a rank: {status['trainer']}"
-    pods = _trainer_pods(rc, job, index)
-    running = [p for p in pods if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
-    assert len(running) == 1, [p.metadata.name for p in pods]
-    leaders = {p.metadata.name for p in _trainer_pods(rc, job, 0)}
-    container = running[0].status.container_statuses[0].container_id.removeprefix("containerd://")
-    rc.ctr("tasks", "kill", "--signal", "SIGKILL", container)
-    return checkpointed, leaders
-
-
-def _resumed_at(rc: RealCluster, job: RealNodeJob, old_leaders: set[str]) -> int:
-    """The step the restarted gang's rank 0 says it resumed at (read while it runs: at Complete the
-    operator suspends the trainer Job and its pods go)."""
-    def logged() -> int | None:
-        for pod in _trainer_pods(rc, job, 0):
-            if pod.metadata.name not in old_leaders:
-                log = rc.cluster.kubectl("logs", "-n", job.namespace, pod.metadata.name, check=False).stdout
-                resumed = re.search(r"resumed from \S*step-(\d+)\s+at step (\d+)", log)
-                if resumed is not None:
-                    return int(resumed.group(2))
-        return None
-
-    step: int = wait_until(logged, 600, "the restarted rank 0 logs `resumed from <checkpoint> at step N`", interval=1)
-    return step
+    return checkpointed, job.kill_trainer_rank(index)
 
 
 def _check_resumed(job: RealNodeJob, checkpointed: int, resumed_at: int) -> None:
@@ -206,11 +177,11 @@ def test_failures_degrade_or_restart_and_prometheus_scrapes_the_pods(real_cluste
         prom.start()
         job.create(STEPS, rollout={"strategy": "sync"})  # every round needs the engine: see the docstring
         _kill_engine_and_recover(rc, job)
-        checkpointed, old_leaders = _kill_trainer_rank(rc, job, index=1)
+        checkpointed, old_leaders = _kill_trainer_rank(job, index=1)
         restarted = wait_until(lambda: _not_failed(job)["restarts"]["trainer"] == 1 or None, 120,
                                "the operator restarts the trainer gang", interval=1)
         assert restarted
-        resumed_at = _resumed_at(rc, job, old_leaders)
+        resumed_at = job.resumed_at(old_leaders)
         final = wait_until(job.final_phase, 900, "RLJob e2e Complete or Failed", interval=2)
         status = job.status()
         assert final == "Complete", status.get("conditions")

@@ -85,7 +85,10 @@ def job_spec(prom_url: str, mode: str) -> dict[str, Any]:
             "intervalSeconds": 2,
             "windowSeconds": 8,
             "cooldownSeconds": 4,
-            "settleRounds": 2,
+            # Six rounds per verdict: one 16-sample round's rate is 0.0-0.8, so a verdict on two rounds chased
+            # the noise and took 23 adjustments beside two busy loops (clean-clone run 25), where rounds are
+            # slower and fewer of them fall inside the cooldown.
+            "settleRounds": 6,
             "truncationBand": {"low": BAND[0], "high": BAND[1]},
             "hysteresis": 0.02,
             "truncationTokens": {"min": 2, "max": 48, "maxStep": 8},

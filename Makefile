@@ -3,7 +3,8 @@
 #   make test         lint, then all tests (unit, integration with the local control plane, its real node and Prometheus)
 #   make lint         ruff and mypy on the packages (api, common, runtime, operator)
 #   make images REGISTRY=registry.example.com/ml   build every image and push it (no REGISTRY: save archives;
-#                     PLAN=1: print the commands and the chart values only)
+#                     PLAN=1: print the commands and the chart values only; IMAGES_ARGS: more options of
+#                     images/build_images.py, e.g. "--only operator --build-arg PYTHON_IMAGE=<your mirror>")
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -26,10 +27,11 @@ quickstart: install
 	$(BIN)/rljob run docs/examples/quickstart.yaml --fresh --compare-rounds 4
 
 # Every image of images/ (buildah, else docker), pushed to $(REGISTRY) or saved under $(IMAGES_OUT).
-REGISTRY   ?=
-IMAGES_OUT ?= dist/images
+REGISTRY    ?=
+IMAGES_OUT  ?= dist/images
+IMAGES_ARGS ?=
 images: install
-	$(BIN)/python images/build_images.py --registry "$(REGISTRY)" --out "$(IMAGES_OUT)" $(if $(PLAN),--plan)
+	$(BIN)/python images/build_images.py --registry "$(REGISTRY)" --out "$(IMAGES_OUT)" $(if $(PLAN),--plan) $(IMAGES_ARGS)
 
 cluster-build:
 	tests/cluster/localkube.sh build

@@ -3,6 +3,8 @@
     python images/build_images.py --registry registry.example.com/ml           # build, push
     python images/build_images.py --out dist/images                           # build, save OCI archives
     python images/build_images.py --registry registry.example.com/ml --plan   # print the commands only
+    python images/build_images.py --registry registry.example.com/ml --only operator router \
+        --build-arg PYTHON_IMAGE=registry.example.com/mirror/python:3.11.13-slim-bookworm
 
 Tags follow the operator's defaults (operator/builders/vendor.py), so the chart's `images` values need
 only the registry prefix. After a push the digests the registry reports are written into
@@ -10,7 +12,9 @@ only the registry prefix. After a push the digests the registry reports are writ
 node pulls exactly what was built (buildah reports them; with docker the values carry tags only). The SGLang pools get the hardened `rljob/sglang` images (non-root
 user, writable caches) instead of the upstream ones. Builds need the base images (python, the upstream
 SGLang images) and the package indexes: run this where there is egress, then push into the private
-registry the nodes use. The tool is buildah (rootless builds, no daemon) when present, else docker.
+registry the nodes use; where the bases come from your own mirror, name them with `--build-arg`
+(`PYTHON_IMAGE`, `SGLANG_IMAGE`; `TORCH_INDEX_URL` for the wheels). The tool is buildah (rootless
+builds, no daemon) when present, else docker.
 """
 
 from __future__ import annotations
@@ -46,6 +50,11 @@ class Image:
         return ImageRef(repository=self.repository, tag=self.tag).reference(registry)
 
     @property
+    def name(self) -> str:
+        """What `--only` calls it: the Dockerfile's name without `.Dockerfile` (operator, runtime-cuda, ...)."""
+        return self.dockerfile.removesuffix(".Dockerfile")
+
+    @property
     def archive(self) -> str:
         """File name of its saved archive."""
         return f"{self.repository.replace('/', '-')}-{self.tag}.tar"
@@ -65,15 +74,28 @@ IMAGES: tuple[Image, ...] = (
 ALIASES = {"images.download": "images.trainer.cpu"}
 
 
-def commands(tool: str, image: Image, registry: str, out: Path) -> list[list[str]]:
+@dataclass(frozen=True)
+class BuildOptions:
+    """What every build and push of one invocation shares."""
+
+    tool: str  # buildah or docker
+    registry: str  # prefix to push to; empty: save archives
+    out: Path
+    build_args: tuple[str, ...] = ()  # KEY=VALUE, given to every build
+    insecure: bool = False  # the registry speaks plain HTTP or has a certificate the host does not trust
+
+
+def commands(image: Image, opts: BuildOptions) -> list[list[str]]:
     """The build and the push (with a registry) or the save (without one) of one image."""
+    tool, registry, out = opts.tool, opts.registry, opts.out
     ref = image.ref(registry)
     build = [tool, "bud" if tool == "buildah" else "build", "-f", f"images/{image.dockerfile}", "-t", ref, "."]
-    if tool == "buildah":
-        build[2:2] = ["--layers"]
+    build[2:2] = [*(["--layers"] if tool == "buildah" else []), *(a for arg in opts.build_args for a in ("--build-arg", arg))]
     if registry:
         digest_file = str(out / f"{image.archive}.digest")
-        push = ([tool, "push", "--digestfile", digest_file, ref, f"docker://{ref}"] if tool == "buildah"
+        # docker trusts an insecure registry through its daemon's configuration, not a flag.
+        tls = ["--tls-verify=false"] if opts.insecure and tool == "buildah" else []
+        push = ([tool, "push", *tls, "--digestfile", digest_file, ref, f"docker://{ref}"] if tool == "buildah"
                 else [tool, "push", ref])
         return [build, push]
     save = ([tool, "push", ref, f"oci-archive:{out / image.archive}:{ref}"] if tool == "buildah"
@@ -98,31 +120,44 @@ def chart_values(registry: str, digests: dict[str, str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    names = [i.name for i in IMAGES]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--registry", default="", help="push to this registry prefix (empty: save archives)")
     parser.add_argument("--out", type=Path, default=ROOT / "dist" / "images", help="archives, digests, values")
     parser.add_argument("--tool", choices=("buildah", "docker"), help="default: buildah when installed, else docker")
+    parser.add_argument("--only", nargs="+", choices=names, metavar="NAME",
+                        help=f"build these images only (default: all): {', '.join(names)}; the values still "
+                        "name every image, so the others must already be in the registry")
+    parser.add_argument("--build-arg", action="append", default=[], metavar="KEY=VALUE", dest="build_args",
+                        help="given to every build, e.g. PYTHON_IMAGE=<your mirror of python:3.11.13-slim-bookworm>")
+    parser.add_argument("--insecure", action="store_true",
+                        help="push over plain HTTP or without verifying the registry's certificate (buildah)")
     parser.add_argument("--plan", action="store_true", help="print the commands and the values; build nothing")
     args = parser.parse_args(argv)
-    tool = args.tool or ("buildah" if shutil.which("buildah") else "docker")
-    registry = args.registry.rstrip("/")
-    steps = [(image, cmd) for image in IMAGES for cmd in commands(tool, image, registry, args.out)]
+    for arg in args.build_args:
+        if "=" not in arg:
+            parser.error(f"--build-arg {arg!r}: write KEY=VALUE")
+    opts = BuildOptions(tool=args.tool or ("buildah" if shutil.which("buildah") else "docker"),
+                        registry=args.registry.rstrip("/"), out=args.out, build_args=tuple(args.build_args),
+                        insecure=args.insecure)
+    chosen = [i for i in IMAGES if args.only is None or i.name in args.only]
+    steps = [cmd for image in chosen for cmd in commands(image, opts)]
     if args.plan:
-        for _, cmd in steps:
+        for cmd in steps:
             print(shlex.join(cmd))
-        print(yaml.safe_dump(chart_values(registry, {}), sort_keys=False), end="")
+        print(yaml.safe_dump(chart_values(opts.registry, {}), sort_keys=False), end="")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    for _, cmd in steps:
+    for cmd in steps:
         print("+", shlex.join(cmd), flush=True)
         subprocess.run(cmd, cwd=ROOT, check=True)
     digests: dict[str, str] = {}
-    for image in IMAGES:
+    for image in chosen:
         digest_file = args.out / f"{image.archive}.digest"
-        if registry and digest_file.exists():
+        if opts.registry and digest_file.exists():
             digests[image.value] = digest_file.read_text().strip()
     values_file = args.out / "images-values.yaml"
-    values_file.write_text(yaml.safe_dump(chart_values(registry, digests), sort_keys=False))
+    values_file.write_text(yaml.safe_dump(chart_values(opts.registry, digests), sort_keys=False))
     print(f"chart values: {values_file} (helm install ... -f {values_file})")
     return 0
 

@@ -7,7 +7,7 @@
 #   localkube.sh down | status | env   stop / report / print `export KUBECONFIG=...`
 #   localkube.sh images [NAME ...]     build or reuse the real node's images (tests/cluster/images.py)
 #   localkube.sh node-clean            remove what a killed real node left behind (waits for its lock)
-#   localkube.sh path NAME             path of a binary (localkube, kwok, helm, nodekube, coredns, kube-router, weed, ...)
+#   localkube.sh path NAME             path of a binary (localkube, kwok, helm, nodekube, coredns, kube-router, weed, registry, ...)
 #   localkube.sh helm|promtool|prometheus   shorthand for `path NAME`
 #
 # Environment: RLJOB_CACHE (binary cache root, default ~/.cache/rljob), LOCALKUBE_DIR (state of
@@ -72,6 +72,7 @@ path_of() {
     coredns) echo "$(coredns_dir)/coredns" ;;
     kube-router) echo "$(kube_router_dir)/kube-router" ;;
     weed) echo "$(seaweedfs_dir)/weed" ;;
+    registry) local d; d="$(deb_dir docker-registry)"; echo "${d:-$BIN/docker-registry-MISSING}/usr/bin/docker-registry" ;;
     pause) echo "$(pause_dir)/pause" ;;
     containerd) local d; d="$(deb_dir containerd)"; echo "${d:-$BIN/containerd-MISSING}/usr/bin" ;; # a folder
     runc) local d; d="$(deb_dir runc)"; echo "${d:-$BIN/runc-MISSING}/usr/sbin/runc" ;;
@@ -83,7 +84,10 @@ path_of() {
 CONTROL_PLANE=(localkube kwokstages kwok helm promtool prometheus)
 REAL_NODE=(nodekube cni-plugins coredns kube-router pause containerd runc busybox)
 OBJECT_STORE=(weed)
-ALL=("${CONTROL_PLANE[@]}" "${REAL_NODE[@]}" "${OBJECT_STORE[@]}")
+# The container registry `make images` pushes to in tests/integration/test_images_push.py: Debian's
+# docker-registry, the CNCF distribution registry (the OCI distribution API), on loopback.
+REGISTRY=(registry)
+ALL=("${CONTROL_PLANE[@]}" "${REAL_NODE[@]}" "${OBJECT_STORE[@]}" "${REGISTRY[@]}")
 
 present() {
   local p; p="$(path_of "$1")"
@@ -271,6 +275,7 @@ cmd_build_missing() {
       pause) go_env; build_pause ;;
       containerd | runc) build_deb "$name" ;;
       busybox) build_deb busybox-static ;;
+      registry) build_deb docker-registry ;;
     esac
     note "$name done in $((SECONDS - started)) s -> $(path_of "$name")"
   done

@@ -57,3 +57,22 @@ def test_chart_values_cover_every_image_value() -> None:
     values = _tool().chart_values("r.example.com", {"images.router": "sha256:" + "0" * 64})
     assert set(values["images"]) == set(chart["images"]) - {"pullSecrets"}
     assert values["images"]["router"]["digest"] == "sha256:" + "0" * 64
+
+
+def test_only_build_args_and_insecure_reach_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    base = "PYTHON_IMAGE=registry.example.com/mirror/python:3.11.13-slim-bookworm"
+    cmds, values = _plan(capsys, "--registry", "127.0.0.1:5000/ml", "--tool", "buildah", "--only", "operator", "router",
+                         "--build-arg", base, "--insecure")
+    builds = [c for c in cmds if c[1] == "bud"]
+    assert [c[c.index("-f") + 1] for c in builds] == ["images/operator.Dockerfile", "images/router.Dockerfile"]
+    assert all(c[c.index("--build-arg") + 1] == base for c in builds)
+    pushes = [c for c in cmds if c[1] == "push"]
+    assert len(pushes) == 2 and all("--tls-verify=false" in p for p in pushes)
+    # The values still name every image (the others must be in the registry already).
+    assert values["images"]["sglang"]["nvidia"]["repository"] == "rljob/sglang"
+
+
+def test_a_build_arg_without_a_value_is_refused_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _tool().main(["--plan", "--build-arg", "PYTHON_IMAGE"])
+    assert "--build-arg 'PYTHON_IMAGE': write KEY=VALUE" in capsys.readouterr().err

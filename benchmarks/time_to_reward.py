@@ -6,11 +6,14 @@ this one process, seeds interleaved so machine noise hits every strategy alike. 
 is measured every `--eval-every` steps on `--eval-prompts` held-out problems; wall time is the time
 of the training steps themselves (rollout, train, weight sync), the held-out evaluations excluded.
 
-Disaggregation on a CPU: a cluster gives the inference pods and the trainer their own GPUs. Here the
-engine's steps (and the event loop that drives them) are pinned to one core and the trainer's steps
-to the other, each side with one torch thread (CPU affinity of the thread that runs the step, set
-when the step starts), so the strategies cannot borrow the other side's core and async-APRIL's
-overlap is what a cluster would see. The output states the pinning.
+Disaggregation on a CPU: a cluster gives the inference pods and the trainer their own GPUs. Here each
+side gets a core of its own and one torch thread, so the strategies cannot borrow the other side's core
+and async-APRIL's overlap is what a cluster would see. `--sides processes` (the default) runs them as a
+cluster does, one process per side: the engine is rljob's SGLang-protocol CPU server (the cpu pools'
+server) pinned to core 0 (`taskset`), the trainer this process pinned to core 1, weights sent over gloo
+(the `distributed` transport), so neither side holds the other's interpreter lock. `--sides threads`
+keeps both in this process: the embedded engine's steps (and the event loop) on core 0 and the trainer's
+steps on core 1, per thread. The output states which.
 
 Reports per strategy: held-out reward against wall time and against step for each seed; the wall
 time to reach sync's final held-out reward (seed-averaged curves, linear interpolation between
@@ -25,9 +28,14 @@ import argparse
 import asyncio
 import json
 import os
+import socket
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +49,7 @@ from rich.console import Console  # noqa: E402
 from rljob.api import load_rljob  # noqa: E402
 from rljob.runtime.engines.embedded import EmbeddedEngine  # noqa: E402
 from rljob.runtime.runner import JobRunner, RunOptions  # noqa: E402
+from rljob.runtime.tasks.policy import policy_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ("sync", "april", "async")
@@ -63,6 +72,53 @@ def pinned(fn: Callable[..., Any], core: int | None, busy: list[float]) -> Calla
     return run
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds of process `pid` so far (/proc/PID/stat), its threads included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def engine_process(model: Path, core: int | None, max_batch_size: int, seed: int, log: Path) -> Iterator[tuple[str, int]]:
+    """rljob's SGLang-protocol CPU server over `model`, on `core` with one torch thread: (url, pid)."""
+    port = free_port()
+    pin = ["taskset", "-c", str(core)] if core is not None else []
+    cmd = [*pin, sys.executable, "-m", "rljob.runtime.engines.server", "--model-path", str(model),
+           "--host", "127.0.0.1", "--port", str(port), "--max-batch-size", str(max_batch_size),
+           "--torch-threads", "1", "--seed", str(seed), "--log-level", "warning"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # /health_generate answers once the model is loaded and a generation went through
+            if proc.poll() is not None:
+                raise RuntimeError(f"the engine process exited ({proc.returncode}): {log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(url + "/health_generate", timeout=30) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the engine process did not get ready in 300 s: {log.read_text()[-2000:]}") from None
+                time.sleep(0.5)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 async def train_one(args: argparse.Namespace, strategy: str, seed: int, cores: tuple[int, int] | None) -> dict:
     """One training run; returns its curves and idle shares."""
     job = load_rljob(args.job)
@@ -75,15 +131,45 @@ async def train_one(args: argparse.Namespace, strategy: str, seed: int, cores: t
     with tempfile.TemporaryDirectory() as tmp:
         job.spec.checkpoint.dir = str(Path(tmp) / "ckpt")
         job.spec.checkpoint.every_steps = args.steps + 1  # only the final one: checkpoints are not the subject
-        runner = JobRunner(job, RunOptions(output_dir=Path(tmp), steps=args.steps, resume=False))
-        if engine_core is not None:
-            os.sched_setaffinity(0, {engine_core})  # the event loop drives the engines: their side
+        if args.sides == "processes":
+            model, _ = policy_dir(job.spec.model)
+            batch = job.spec.rollout.embedded.max_batch_size
+            with engine_process(model, engine_core, batch, seed, Path(tmp) / "engine.log") as (url, pid):
+                job.spec = job.spec.model_validate({
+                    **job.spec.model_dump(by_alias=True, exclude_none=True),
+                    "rollout": {**job.spec.rollout.model_dump(by_alias=True, exclude_none=True, exclude={"embedded"}),
+                                "engine": "sglang", "sglang": {"workerUrls": [url]},
+                                "weightTransport": {"mode": "distributed", "backend": "gloo",
+                                                    "masterAddress": "127.0.0.1", "masterPort": 0}},
+                })
+                if trainer_core is not None:
+                    os.sched_setaffinity(0, {trainer_core})  # this whole process is the trainer's side
+                try:
+                    return await run_measured(args, job, strategy, seed, Path(tmp), lambda: cpu_seconds(pid), None)
+                finally:
+                    if trainer_core is not None:
+                        os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+        return await run_measured(args, job, strategy, seed, Path(tmp), None, cores)
+
+
+async def run_measured(args: argparse.Namespace, job: Any, strategy: str, seed: int, tmp: Path,
+                       engine_cpu: Callable[[], float] | None, cores: tuple[int, int] | None) -> dict:
+    """Train `job` and measure it. `engine_cpu`: the engine process's CPU seconds (one process per side);
+    None: embedded engines in this process, their steps pinned per thread to `cores`."""
+    engine_core, trainer_core = cores if cores else (None, None)
+    runner = JobRunner(job, RunOptions(output_dir=tmp, steps=args.steps, resume=False))
+    if engine_core is not None:
+        os.sched_setaffinity(0, {engine_core})  # the event loop drives the engines: their side
+    try:
         await runner.setup()
         engine_busy, trainer_busy = [0.0], [0.0]
-        for engine in runner.engines:
-            assert isinstance(engine, EmbeddedEngine), "the benchmark pins embedded engines"
-            engine._step = pinned(engine._step, engine_core, engine_busy)  # type: ignore[method-assign]
+        if engine_cpu is None:
+            for engine in runner.engines:
+                assert isinstance(engine, EmbeddedEngine), "--sides threads pins embedded engines"
+                engine._step = pinned(engine._step, engine_core, engine_busy)  # type: ignore[method-assign]
         runner.trainer.train_step = pinned(runner.trainer.train_step, trainer_core, trainer_busy)  # type: ignore[method-assign]
+        engine_cpu_at_start = engine_cpu() if engine_cpu is not None else 0.0
+        eval_engine_cpu = [0.0]
         wall = [0.0]
         points: list[dict[str, float]] = []
         steps: list[dict[str, float]] = []
@@ -91,8 +177,11 @@ async def train_one(args: argparse.Namespace, strategy: str, seed: int, cores: t
 
         async def timed_eval():  # type: ignore[no-untyped-def]
             busy_before = engine_busy[0]
+            cpu_before = engine_cpu() if engine_cpu is not None else 0.0
             result = await evaluate()
             engine_busy[0] = busy_before  # evaluation is measurement, not training work
+            if engine_cpu is not None:
+                eval_engine_cpu[0] += engine_cpu() - cpu_before
             if result is not None:  # evaluated before the step's listeners ran: its wall time is set after the run
                 points.append({"step": result.step, "reward": result.reward_mean})
                 console.log(f"{strategy:5s} seed {seed} step {result.step:3d}: held-out {result.reward_mean:.3f}")
@@ -107,6 +196,9 @@ async def train_one(args: argparse.Namespace, strategy: str, seed: int, cores: t
 
         runner.step_listeners.append(on_step)
         await runner.run()
+        if engine_cpu is not None:  # the server's CPU seconds outside evaluations: its busy time
+            engine_busy[0] = engine_cpu() - engine_cpu_at_start - eval_engine_cpu[0]
+    finally:
         if engine_core is not None:
             os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
     walls = {s["step"]: s["wall_s"] for s in steps} | {0: 0.0}
@@ -169,9 +261,8 @@ def summarize(args: argparse.Namespace, runs: list[dict], cores: tuple[int, int]
         "seeds_compared": seeds,  # the seeds every strategy finished (curves, ratios and shares use these)
         "eval_every": args.eval_every,
         "eval_prompts": args.eval_prompts,
-        "disaggregation": (f"engine steps and the event loop pinned to core {cores[0]}, trainer steps to core "
-                           f"{cores[1]} (sched_setaffinity of the thread running each step), torch threads 1"
-                           if cores else "not pinned (fewer than 2 cores)"),
+        "sides": args.sides,
+        "disaggregation": disaggregation(args.sides, cores),
         "sync_final_heldout_reward": target,
         "time_to_sync_final_reward_s": ttr,
         "async_over_sync_time_to_reward": ratio("async"),
@@ -193,6 +284,18 @@ def summarize(args: argparse.Namespace, runs: list[dict], cores: tuple[int, int]
         "machine": describe(f"torch {torch.__version__} ({torch.get_num_threads()} threads), no GPU"),
         "load_average_1min_at_end": load_average(),
     }
+
+
+def disaggregation(sides: str, cores: tuple[int, int] | None) -> str:
+    """How the engine and the trainer were kept apart, in words (the output states it)."""
+    if cores is None:
+        return "not pinned (fewer than 2 cores)"
+    if sides == "processes":
+        return (f"one process per side: the engine is rljob's SGLang-protocol CPU server pinned to core {cores[0]} "
+                f"(taskset), the trainer this process pinned to core {cores[1]}, weights over gloo; torch threads 1; "
+                "engine busy time is the server's CPU seconds outside evaluations")
+    return (f"one process, a thread per side: engine steps and the event loop pinned to core {cores[0]}, trainer "
+            f"steps to core {cores[1]} (sched_setaffinity of the thread running each step), torch threads 1")
 
 
 def plot(path: Path, result: dict) -> None:
@@ -234,7 +337,8 @@ def resummarize(args: argparse.Namespace) -> None:
     runs = old["runs"]
     args.steps, args.seeds = old["steps"], old["seeds"]
     args.eval_every, args.eval_prompts = old["eval_every"], old["eval_prompts"]
-    cores = (0, 1) if old["disaggregation"].startswith("engine steps") else None
+    args.sides = old.get("sides", "threads")  # runs before --sides were threads
+    cores = None if old["disaggregation"].startswith("not pinned") else (0, 1)
     complete = len(runs) == len(args.seeds) * len(STRATEGIES)
     result = summarize(args, runs, cores, complete)
     result["machine"], result["load_average_1min_at_end"] = old["machine"], old["load_average_1min_at_end"]
@@ -249,8 +353,7 @@ async def main_async(args: argparse.Namespace) -> None:
     cores = (0, 1) if (os.cpu_count() or 1) >= 2 and not args.no_pin else None
     if cores:
         torch.set_num_threads(1)
-    console.print(f"disaggregation: engines on core {cores[0]}, trainer on core {cores[1]}, 1 torch thread each"
-                  if cores else "disaggregation: off")
+    console.print(f"disaggregation: {disaggregation(args.sides, cores)}")
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     if args.warmup_steps:  # one-off costs (allocations, first-call paths) must not land on the first strategy
@@ -278,6 +381,9 @@ def main() -> None:
     parser.add_argument("--eval-prompts", type=int, default=256)
     parser.add_argument("--warmup-steps", type=int, default=2, help="an unmeasured sync run first")
     parser.add_argument("--no-pin", action="store_true", help="do not pin engines and trainer to their own cores")
+    parser.add_argument("--sides", choices=("processes", "threads"), default="processes",
+                        help="processes: the engine in its own server process, as on a cluster (default); "
+                        "threads: the embedded engine in this process, a thread per side")
     parser.add_argument("--output", default=str(ROOT / "docs/benchmarks"))
     parser.add_argument("--resummarize", action="store_true", help="only rebuild summary and plot from the runs "
                         "already in the output's time_to_reward.json")

@@ -745,15 +745,29 @@ async def test_router_generation_and_abort_fan_out_reach_every_worker(cluster: C
         short = await client.generate(greedy("router-short", 5))
         assert short.finish_reason == "length" and len(short.output_ids) == 5
         tasks = [asyncio.create_task(client.generate(greedy(f"rr-{i}", 400))) for i in range(6)]
-        await wait_all_workers_running(cluster.workers)
 
         async def all_six_held() -> bool:  # none still in the router, where the abort cannot reach it
             async with httpx.AsyncClient() as http:
                 loads = [(await http.get(w + "/v1/loads", timeout=10)).json()["loads"][0] for w in cluster.workers]
             return sum(load["num_running_reqs"] + load["num_waiting_reqs"] for load in loads) == 6
 
-        await wait_until(all_six_held, "all six requests on the workers", interval=0.05)
+        async def pause_all(paused: bool) -> None:
+            async with httpx.AsyncClient() as http:
+                for w in cluster.workers:
+                    path, body = ("/pause_generation", {"mode": "in_place"}) if paused else ("/continue_generation", {})
+                    assert (await http.post(w + path, json=body, timeout=30)).status_code == 200
+
+        # Frozen at an observed point: both workers run requests and hold all six, and generation is paused
+        # (the reply comes after the step in flight), so no request can finish by length before the abort,
+        # however fast the machine decodes (an idle run finished some first: clean-clone run 26).
+        while True:
+            await wait_all_workers_running(cluster.workers)
+            await pause_all(True)
+            if await all_six_held():
+                break
+            await pause_all(False)
         await client.abort_all()
+        await pause_all(False)
         results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
         assert all(r.finish_reason == "abort" for r in results)
         assert sum(1 for r in results if r.output_ids) >= 2

@@ -191,7 +191,7 @@ def apply_children(kube: Kube, body: dict[str, Any], spec: RLJobSpec, active: bo
     (lifecycle.engines_serve): the trainer pods are listed to decide it.
     """
     job = JobRef.from_body(body)
-    # (active: no need to list the trainer pods)
+    # An active job serves anyway: only a stopped one lists its trainer pods.
     serving = active or engines_serve(active, _trainer_pods(kube, job), utcnow())
     children = build_children(job, spec, active=active, network=NETWORK_POLICY, images=IMAGES, serving=serving)
     if hold_trainer and kube.get("batch/v1", "Job", job.namespace, trainer_name(job)) is None:

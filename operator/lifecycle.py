@@ -54,6 +54,7 @@ from rljob.operator.builders.meta import (
 )
 from rljob.operator.builders.trainer import COMPLETION_INDEX_LABEL, JOB_UID_LABEL
 from rljob.operator.node_loss import NodeObs, TerminatingPod, deletion_deadline, deletion_requested, stuck_pods
+from rljob.operator.exit_message import exit_reason
 from rljob.operator.pod_waits import PodWait, waits_message
 
 TRAINER_CONTAINER = "trainer"
@@ -427,7 +428,8 @@ def _trainer_troubles(obs: Observed, handled: list[str]) -> list[_RankTrouble]:
             troubles.append(_RankTrouble(pod.key, f"trainer pod {pod.name} was disrupted (DisruptionTarget)", True))
         elif failures:
             exit_ = failures[0]
-            detail = f"{exit_.reason}, exit code {exit_.exit_code}" + (f": {exit_.message}" if exit_.message else "")
+            said = exit_reason(exit_.message)
+            detail = f"{exit_.reason}, exit code {exit_.exit_code}" + (f": {said}" if said else "")
             interrupted = all(e.interrupted for e in failures)
             verb = "was interrupted" if interrupted else "failed"
             collapsed = any(e.message.startswith(REWARD_COLLAPSE_REASON) for e in failures)

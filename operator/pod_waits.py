@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rljob.operator.exit_message import exit_reason
+
 # Container waiting reasons of an image that cannot be pulled (kubelet's names).
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
 # Waiting reasons of a container whose config cannot be made (a missing Secret/ConfigMap key).
@@ -83,7 +85,7 @@ def _container_wait(name: str, cs: dict[str, Any], ready: bool) -> PodWait | Non
         return PodWait(name, REASON_CONFIG, message or reason, cs.get("name"))
     if reason == "CrashLoopBackOff" and not ready:
         last = ((cs.get("lastState") or {}).get("terminated")) or {}
-        said = _short(last.get("message") or "")
+        said = _short(exit_reason(last.get("message") or ""))
         code = last.get("exitCode")
         detail = f"exit code {code}" if code is not None else "crashed"
         return PodWait(

@@ -29,6 +29,7 @@ from rljob.runtime.tasks.dataset import synthetic_records
 from tests.cluster.kube import wait_until
 from tests.cluster.realnode import RealCluster, mounted_runtime
 from tests.helpers.operator_process import OperatorProcess
+from tests.helpers.pod_logs import PodLogRecorder
 from tests.integration.test_job_pods_real_node import read_only_claim
 from tests.integration.test_runner_resume import tiny_policy
 
@@ -101,6 +102,7 @@ class RealNodeJob:
         self.rc, self.namespace = rc, namespace
         self.checkpoints = tmp_path / "ckpt"  # the host folder behind the checkpoint claim
         self.api = k8s.CustomObjectsApi(rc.cluster.api)
+        self.pod_logs = PodLogRecorder(rc.cluster.core(), namespace, tmp_path / "pod-logs")
         self.runtime, self.router = rc.load_image("runtime-thin"), rc.load_image("router")
         rc.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crdgen.CRD_PATH))
         model = tiny_policy(tmp_path / "volume" / "tiny")
@@ -197,8 +199,9 @@ class RealNodeJob:
 
     def print_diagnostics(self) -> None:
         """Pods, their containers' last states and logs (the crashed run's too, for a container that
-        restarted), the job's Events, its status and the operator's log: a failed test's output.
-        Everything is read back here, because the real node's pod logs are wiped with the node."""
+        restarted), the ends of the logs of pods already gone (a replaced trainer gang's), the job's Events,
+        its status and the operator's log: a failed test's output. Everything is read back here, because
+        the real node's pod logs are wiped with the node."""
         kubectl = self.rc.cluster.kubectl
         print(kubectl("get", "pods,jobs,pvc,rljob", "-n", self.namespace, "-o", "wide", check=False).stdout)
         for pod in self.rc.cluster.core().list_namespaced_pod(self.namespace).items:
@@ -215,6 +218,9 @@ class RealNodeJob:
             print(json.dumps(self.status(), indent=1)[-4000:])
         except k8s.ApiException as exc:  # not created yet, or already deleted
             print(f"RLJob {NAME}: {exc.status} {exc.reason}")
+        present = {pod.metadata.name for pod in self.rc.cluster.core().list_namespaced_pod(self.namespace).items}
+        for name, tail in self.pod_logs.gone_tails(present).items():
+            print(f"log of {name} (the pod is gone), its end:\n{tail}")
         print(self.operator.log_tail())
 
 
@@ -225,6 +231,7 @@ def real_node_job(rc: RealCluster, namespace: str, tmp_path: Path, monitoring_na
     is stopped afterwards. When the body fails (an assertion, a timeout), the job's diagnostics are
     printed first, while its pods exist."""
     job = RealNodeJob(rc, namespace, tmp_path, monitoring_namespace, operator_env)
+    job.pod_logs.start()
     job.operator.start()
     try:
         yield job
@@ -237,3 +244,4 @@ def real_node_job(rc: RealCluster, namespace: str, tmp_path: Path, monitoring_na
     finally:
         sys.stdout.flush()
         job.operator.stop()
+        job.pod_logs.stop()

@@ -1,8 +1,9 @@
-"""Older SGLang behaviours, for tests only: the CPU SGLang-protocol server with fault switches.
+"""Older SGLang behaviours and failed forwards, for tests only: the CPU SGLang-protocol server with fault switches.
 
 The production server (runtime/engines/server.py) reproduces the releases the project runs; the
-client must also tolerate replies and failures of older servers. This subclass overrides the
-affected handlers; everything else is the production server.
+client must also tolerate replies and failures of older servers, and the 500 that sglang-router
+answers when its forward to a worker breaks. This subclass overrides the affected handlers;
+everything else is the production server.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class Faults:
     require_abort_rid: bool = False  # /abort_request without "rid" -> 422 (old versions)
     ignore_first_aborts: int = 0  # the first N /abort_request calls are acknowledged but do nothing
     health_generate: Literal["none", "hang", "503"] = "none"  # /health_generate hangs or fails
+    # The first N /generate calls answer 500 with the router's text for a broken forward (its log:
+    # `Failed to send typed request ... error sending request`), as a router in front of this worker does.
+    failed_generates: int = 0
 
 
 class FaultyServer(SGLangProtocolServer):
@@ -38,6 +42,8 @@ class FaultyServer(SGLangProtocolServer):
     def __init__(self, engine: EmbeddedEngine, options: ServerOptions | None = None, faults: Faults = Faults()) -> None:
         self.faults = faults
         self._aborts_to_ignore = faults.ignore_first_aborts
+        self._generates_to_fail = faults.failed_generates
+        self.generate_rids: list[str] = []  # the rids of every /generate received, in order
         # A hung handler would hold stop() for aiohttp's 60 s shutdown timeout; stop() releases it first.
         self._release_hangs = asyncio.Event()
         super().__init__(engine, options)
@@ -53,6 +59,13 @@ class FaultyServer(SGLangProtocolServer):
             # Old servers answered such a request like one that ran, without output ids or log-probs.
             return {"text": "", "meta_info": self._meta_info(req, res, latency, "Abort before prefill")}
         return super()._reply(req, res, sp, return_logprob, text_in_logprobs, latency)
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        self.generate_rids.append(str((await request.json()).get("rid", "")))
+        if self._generates_to_fail > 0:
+            self._generates_to_fail -= 1
+            return web.Response(status=500, text=f"Request failed: error sending request for url ({request.url})")
+        return await super()._generate(request)
 
     async def _abort_request(self, request: web.Request) -> web.Response:
         await read_body(request, proto.AbortBody)  # a malformed body is still a 400 first

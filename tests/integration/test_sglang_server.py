@@ -411,6 +411,24 @@ async def test_old_server_behaviours_are_tolerated(model_dirs: tuple[Path, Path]
         await server.stop()
 
 
+async def test_a_failed_forward_is_retried_under_a_new_rid(model_dirs: tuple[Path, Path]) -> None:
+    """sglang-router answers 500 when its forward to a worker breaks, and the operator runs it without
+    retries of its own: the client retries under a new rid (a worker that got the first one aborts it
+    when the router's connection drops) and the request comes back whole."""
+    server = FaultyServer(EmbeddedEngine(model_dirs[0]), faults=Faults(failed_generates=1))
+    url = await server.start()
+    client = fast_client(url)
+    try:
+        result = await client.generate(greedy("forward", 7))
+        assert result.finish_reason == "length" and len(result.output_ids) == 7 and result.rid == "forward"
+        first, retry = server.generate_rids
+        assert first.startswith("forward") and retry.startswith("forward") and first != retry, server.generate_rids
+        assert client.workers[url].healthy  # it answers its probe: one failed call does not take it out
+    finally:
+        await client.close()
+        await server.stop()
+
+
 @pytest.mark.parametrize("fault", ["503", "hang"])
 async def test_a_worker_whose_health_generate_fails_or_hangs_never_starts_the_client(
     model_dirs: tuple[Path, Path], fault: Literal["503", "hang"]
@@ -696,6 +714,19 @@ class Cluster:
     workers: list[str]
     router: str
     procs: dict[str, subprocess.Popen[bytes]]
+    logs: Path
+
+    async def describe(self) -> str:
+        """What the router lists and each worker holds, and the router log's end: a failed wait's message."""
+        lines = []
+        async with httpx.AsyncClient() as http:
+            for url in (self.router + "/workers", *(w + "/v1/loads" for w in self.workers)):
+                try:
+                    lines.append(f"{url}: {(await http.get(url, timeout=10)).text[:2000]}")
+                except httpx.HTTPError as exc:
+                    lines.append(f"{url}: {exc!r}")
+        router_log = (self.logs / "router.log").read_text(errors="replace")
+        return "\n".join(lines) + "\nrouter log, its end:\n" + router_log[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -714,7 +745,7 @@ def cluster(model_dirs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFact
         # The router adds its workers asynchronously: wait until it lists both before any test reads it.
         asyncio.run(wait_until(lambda: _router_lists(router, set(workers)), "the router listing both workers",
                                timeout=120, interval=0.2))
-        yield Cluster(workers, router, procs)
+        yield Cluster(workers, router, procs, logs)
     finally:
         stop(list(procs.values()))
 
@@ -761,7 +792,14 @@ async def test_router_generation_and_abort_fan_out_reach_every_worker(cluster: C
         # (the reply comes after the step in flight), so no request can finish by length before the abort,
         # however fast the machine decodes (an idle run finished some first: clean-clone run 26).
         while True:
-            await wait_all_workers_running(cluster.workers)
+            try:
+                await wait_all_workers_running(cluster.workers)
+            except AssertionError as exc:  # timed out: say what the client, the router and the workers saw
+                client_view = [(u, w.healthy, w.failures, w.last_error) for u, w in client.workers.items()]
+                outcomes = [repr(t.exception()) if t.done() and t.exception() else "done" if t.done() else "pending"
+                            for t in tasks]
+                raise AssertionError(f"{exc}\nclient workers {client_view}\nrequests {outcomes}\n"
+                                     f"{await cluster.describe()}") from exc
             await pause_all(True)
             if await all_six_held():
                 break

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import typing
@@ -25,6 +26,7 @@ from rljob.operator.builders.inference import effective_pools, pool_container
 from rljob.operator.builders.meta import JobRef
 from rljob.operator.builders.router import router_args
 from rljob.runtime.engines.base import GenerateRequest
+from rljob.runtime.engines.server import KEEP_ALIVE_S
 from rljob.runtime.engines.protocol import (
     HEALTH,
     HEALTH_GENERATE,
@@ -173,6 +175,25 @@ def test_every_server_flag_and_env_the_operator_emits_exists(release: tuple[str,
         sglang_env = {e["name"] for e in container["env"] if e["name"].startswith("SGLANG_")}
         assert all(f'"{name}"' in environ or f"{name} " in environ for name in sglang_env), (
             f"pool {pool.name}: sglang {version} reads none of {sorted(sglang_env)}")
+
+
+def test_the_cpu_server_closes_idle_connections_when_the_release_does(release: tuple[str, SGLangSource]) -> None:
+    """A client's pooled connection (the router's) must age as against SGLang: its uvicorn's keep-alive."""
+    version, source = release
+    server = (source.root / "srt" / "entrypoints" / "http_server.py").read_text()
+    passed = set(re.findall(r"timeout_keep_alive[\"']?\s*[=:]\s*([\w.()]+)", server))
+    assert passed, f"sglang {version}: http_server.py passes no timeout_keep_alive"
+    seconds = set()
+    for value in passed:
+        if value.isdigit():
+            seconds.add(int(value))
+        else:  # envs.SGLANG_TIMEOUT_KEEP_ALIVE.get(): the default srt/environ.py gives it
+            name = value.split(".")[1]
+            environ = (source.root / "srt" / "environ.py").read_text()
+            found = re.search(rf"^\s*{name}\s*=\s*EnvInt\((\d+)\)", environ, re.M)
+            assert found is not None, f"sglang {version}: no EnvInt default for {name}"
+            seconds.add(int(found.group(1)))
+    assert seconds == {KEEP_ALIVE_S}, f"sglang {version} keeps idle connections {seconds} s, the CPU server {KEEP_ALIVE_S} s"
 
 
 def _typed_api(source: SGLangSource) -> Any:

@@ -720,11 +720,16 @@ class Cluster:
         """What the router lists and each worker holds, and the router log's end: a failed wait's message."""
         lines = []
         async with httpx.AsyncClient() as http:
-            for url in (self.router + "/workers", *(w + "/v1/loads" for w in self.workers)):
+            for url in (self.router + "/workers", *(w + "/v1/loads" for w in self.workers),
+                        *(w + "/metrics" for w in self.workers)):
                 try:
-                    lines.append(f"{url}: {(await http.get(url, timeout=10)).text[:2000]}")
+                    text = (await http.get(url, timeout=10)).text
                 except httpx.HTTPError as exc:
-                    lines.append(f"{url}: {exc!r}")
+                    text = repr(exc)
+                if url.endswith("/metrics"):  # what each worker served: finished requests, generated tokens
+                    text = " ".join(line for line in text.splitlines()
+                                    if line.startswith(("sglang:num_requests_total", "sglang:generation_tokens_total")))
+                lines.append(f"{url}: {text[:2000]}")
         router_log = (self.logs / "router.log").read_text(errors="replace")
         return "\n".join(lines) + "\nrouter log, its end:\n" + router_log[-3000:]
 
@@ -776,6 +781,10 @@ async def test_router_generation_and_abort_fan_out_reach_every_worker(cluster: C
         short = await client.generate(greedy("router-short", 5))
         assert short.finish_reason == "length" and len(short.output_ids) == 5
         tasks = [asyncio.create_task(client.generate(greedy(f"rr-{i}", 400))) for i in range(6)]
+        sent = asyncio.get_running_loop().time()
+        ended: list[float] = []  # when each request came back (the failure message's timeline)
+        for task in tasks:
+            task.add_done_callback(lambda _t: ended.append(round(asyncio.get_running_loop().time() - sent, 1)))
 
         async def all_six_held() -> bool:  # none still in the router, where the abort cannot reach it
             async with httpx.AsyncClient() as http:
@@ -798,7 +807,7 @@ async def test_router_generation_and_abort_fan_out_reach_every_worker(cluster: C
                 client_view = [(u, w.healthy, w.failures, w.last_error) for u, w in client.workers.items()]
                 outcomes = [repr(t.exception()) if t.done() and t.exception() else "done" if t.done() else "pending"
                             for t in tasks]
-                raise AssertionError(f"{exc}\nclient workers {client_view}\nrequests {outcomes}\n"
+                raise AssertionError(f"{exc}\nclient workers {client_view}\nrequests {outcomes}, back after {ended} s\n"
                                      f"{await cluster.describe()}") from exc
             await pause_all(True)
             if await all_six_held():

@@ -53,8 +53,8 @@ from rljob.operator.builders.meta import (
     selector_string,
 )
 from rljob.operator.builders.trainer import COMPLETION_INDEX_LABEL, JOB_UID_LABEL
-from rljob.operator.node_loss import NodeObs, TerminatingPod, deletion_deadline, deletion_requested, stuck_pods
 from rljob.operator.exit_message import exit_reason
+from rljob.operator.node_loss import NodeObs, TerminatingPod, deletion_deadline, deletion_requested, stuck_pods
 from rljob.operator.pod_waits import PodWait, waits_message
 
 TRAINER_CONTAINER = "trainer"

@@ -28,16 +28,13 @@ class PodLogRecorder:
     namespace: str
     folder: Path
     _followed: set[str] = field(default_factory=set)
-    _threads: list[threading.Thread] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> None:
         """Watch the namespace's pods in a background thread."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        thread = threading.Thread(target=self._watch, name="pod-log-watch", daemon=True)
-        thread.start()
-        self._threads.append(thread)
+        threading.Thread(target=self._watch, name="pod-log-watch", daemon=True).start()
 
     def stop(self) -> None:
         """Stop watching; the followers end with their streams (a pod deleted, or the namespace)."""
@@ -64,9 +61,7 @@ class PodLogRecorder:
                 if key in self._followed:
                     continue
                 self._followed.add(key)
-            thread = threading.Thread(target=self._follow, args=(pod.metadata.name, status.name, key), daemon=True)
-            thread.start()
-            self._threads.append(thread)
+            threading.Thread(target=self._follow, args=(pod.metadata.name, status.name, key), daemon=True).start()
 
     def _follow(self, pod: str, container: str, key: str) -> None:
         path = self.folder / f"{key}.log"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-# Lines that name a cause, most telling first. Each keeps what its line says after the marker.
+# Lines that name a cause; kept whole (blanks collapsed), in the log's order.
 _CAUSES = (
     re.compile(r"^Fatal Python error: .+"),  # faulthandler: SIGSEGV, SIGABRT, ...
     re.compile(r"^terminate called .+"),  # a C++ exception nobody caught (gloo, NCCL)

@@ -29,7 +29,6 @@ class PodLogRecorder:
     folder: Path
     _followed: set[str] = field(default_factory=set)
     _stop: threading.Event = field(default_factory=threading.Event)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> None:
         """Watch the namespace's pods in a background thread."""
@@ -57,10 +56,9 @@ class PodLogRecorder:
             if status.state.running is None and status.state.terminated is None:
                 continue
             key = f"{pod.metadata.name}.{status.name}.{status.restart_count}"
-            with self._lock:
-                if key in self._followed:
-                    continue
-                self._followed.add(key)
+            if key in self._followed:  # only the watch thread reads and writes the set
+                continue
+            self._followed.add(key)
             threading.Thread(target=self._follow, args=(pod.metadata.name, status.name, key), daemon=True).start()
 
     def _follow(self, pod: str, container: str, key: str) -> None:

@@ -31,6 +31,7 @@ from rljob.common.autotune.controller import (
     ControllerConfig,
     cap_at_floor,
     goodput_noise,
+    mean_noise,
     Knobs,
     Observation,
     TunerState,
@@ -232,6 +233,7 @@ class LocalAutotuner:
         seconds = sum(r.end_to_end_seconds for r in window)
         obs = Observation(
             truncation_rate=sum(r.round.truncation_rate for r in window) / n,
+            truncation_noise=mean_noise([r.round.truncation_rate for r in window]),
             # Tokens over seconds of the whole window: one slow step weighs as its seconds, not as 1/n.
             goodput=sum(r.round.trained_tokens for r in window) / seconds if seconds > 0 else None,
             goodput_noise=goodput_noise([r.round.trained_tokens for r in window], [r.end_to_end_seconds for r in window]),

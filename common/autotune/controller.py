@@ -6,7 +6,10 @@ two loops, one knob each, at most one change per decision:
 
 - the truncation threshold (k or the token cap) keeps the truncation rate r (share of launched samples
   the threshold cut) inside a band [low, high]: the plant is monotone (a higher threshold cuts fewer);
-  a change starts once r is outside the band by the hysteresis margin and continues until it is back;
+  a change starts once r is outside the band by a margin, the hysteresis or, when larger, two standard
+  errors of the window's mean rate (`truncation_margin`), and continues in that direction until r is
+  back (within one standard error). A reversal (an overshoot) needs the margin again, so a noisy rate
+  does not ping-pong the threshold;
 - over-sampling climbs goodput (trained tokens per wall second): a bounded search that moves one step,
   lets the job settle, keeps going while goodput rises by more than a margin, steps back when it falls
   by more, and treats a smaller difference as a tie, which keeps the higher over-sampling (a raise that
@@ -22,6 +25,7 @@ two loops, one knob each, at most one change per decision:
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -105,6 +109,7 @@ class Observation:
     """Recent runtime metrics, averaged over the decision window. Only truncation_rate is required."""
 
     truncation_rate: float  # cut by the length threshold / launched
+    truncation_noise: float | None = None  # standard error of `truncation_rate`'s window mean (mean_noise)
     goodput: float | None = None  # trained response tokens per second of wall time
     goodput_noise: float | None = None  # relative standard error of `goodput` over the window (goodput_noise)
     partial_rate: float | None = None  # still running at stop / launched (shown, not controlled)
@@ -219,12 +224,40 @@ def _moved(value: float, direction: int, fraction: float, bounds: Bounds, intege
     return float(round(new)) if integer else round(new, 6)
 
 
-def _error_direction(rate: float, cfg: ControllerConfig, state: TunerState) -> int:
-    """+1 above the band, -1 below, 0 inside; the margin applies only when not already correcting."""
-    margin = 0.0 if state.direction != 0 else cfg.hysteresis
-    if rate > cfg.band_high + margin:
+def mean_noise(values: Sequence[float]) -> float | None:
+    """Standard error of the mean of per-round values (sample standard deviation / √n); None below 2 values.
+
+    One 16-sample round's truncation rate jumps between 0.0 and 0.8, so a window of a few rounds measures
+    the rate to ±0.07 or worse, wider than a 15-25 % band's half-width: this says how much.
+    """
+    if len(values) < 2:
+        return None
+    return statistics.stdev(values) / math.sqrt(len(values))
+
+
+def _rate_noise(obs: Observation) -> float:
+    noise = obs.truncation_noise
+    return noise if noise is not None and math.isfinite(noise) else 0.0
+
+
+def truncation_margin(cfg: ControllerConfig, noise: float | None) -> float:
+    """How far outside the band the window's mean rate must be to start a correction: the hysteresis or,
+    when larger, two standard errors of that mean, so a window's noise alone seldom moves the threshold
+    (a rate exactly on the band's edge crosses it by chance one window in forty)."""
+    if noise is None or not math.isfinite(noise):
+        return cfg.hysteresis
+    return max(cfg.hysteresis, 2.0 * noise)
+
+
+def _error_direction(obs: Observation, cfg: ControllerConfig, state: TunerState) -> int:
+    """+1 above the band, -1 below, 0 inside or within the margin. Starting a correction, or reversing one
+    that overshot, needs the margin; the correction under way goes on until the rate is back within one
+    standard error of the band (within the band itself when the noise is not known)."""
+    start, go_on = truncation_margin(cfg, obs.truncation_noise), _rate_noise(obs)
+    rate = obs.truncation_rate
+    if rate > cfg.band_high + (go_on if state.direction == 1 else start):
         return 1
-    if rate < cfg.band_low - margin:
+    if rate < cfg.band_low - (go_on if state.direction == -1 else start):
         return -1
     return 0
 
@@ -236,7 +269,7 @@ def _truncation_step(obs: Observation, current: Knobs, cfg: ControllerConfig, st
     if unit is None or trunc is None:
         return None
     r = obs.truncation_rate
-    direction = _error_direction(r, cfg, state)
+    direction = _error_direction(obs, cfg, state)
     if direction == 0:
         return None
     tb = cfg.truncation_bounds(unit)
@@ -277,7 +310,9 @@ def _truncation_summary(obs: Observation, current: Knobs, cfg: ControllerConfig)
     at = tb.max if side == "above" else tb.min
     if abs(current.truncation - at) <= KNOB_TOLERANCE:
         return f"truncation rate {r:.3f} {side} band {band}, threshold at its bound {at:g}"
-    return f"truncation rate {r:.3f} {side} band {band} by less than {cfg.hysteresis:g}"
+    margin = truncation_margin(cfg, obs.truncation_noise)
+    why = " (two standard errors of the window's mean)" if margin > cfg.hysteresis else ""
+    return f"truncation rate {r:.3f} {side} band {band} by less than {margin:.3g}{why}"
 
 
 def goodput_noise(tokens: Sequence[float], seconds: Sequence[float]) -> float | None:
@@ -419,8 +454,8 @@ def decide(
     if mode == "Apply" and in_force is not None and not in_force.same_as(current):
         return hold("AwaitingRuntime", "the runtime has not applied the last knob values yet")
 
-    if state.direction != 0 and _error_direction(obs.truncation_rate, cfg, state) == 0:
-        state = replace(state, direction=0)  # back inside the band: the margin applies again
+    if state.direction != 0 and _error_direction(obs, cfg, state) != state.direction:
+        state = replace(state, direction=0)  # back inside the band or past it: the margin applies again
     step = _truncation_step(obs, current, cfg, state)
     if step is None:
         over = _over_sampling_step(obs, current, cfg, state)

@@ -55,12 +55,14 @@ class JobQueries:
         window = max(MIN_WINDOW_S, self.window_s)
         return f"avg({self._joined(f'avg_over_time({METRIC_PREFIX}{metric}{matchers}[{window}s])')})"
 
-    def relative_error(self, metric: str) -> str:
-        """Relative standard error of a per-step gauge's window mean: its coefficient of variation over the
-        window divided by √(steps in the window), counting a step as a change of the value."""
+    def standard_error(self, metric: str, relative: bool = False) -> str:
+        """Standard error of a per-step gauge's window mean: its standard deviation over the window divided
+        by √(steps in the window), counting a step as a change of the value; `relative`: over the mean too."""
         window = max(MIN_WINDOW_S, self.window_s)
         series = f"{METRIC_PREFIX}{metric}[{window}s]"
-        inner = f"stddev_over_time({series}) / avg_over_time({series}) / sqrt(changes({series}) + 1)"
+        inner = f"stddev_over_time({series}) / sqrt(changes({series}) + 1)"
+        if relative:
+            inner = f"{inner} / avg_over_time({series})"
         return f"avg({self._joined(inner)})"
 
     def latest(self, metric: str, matchers: str = "", by: str = "") -> str:
@@ -103,7 +105,8 @@ async def read_observation(client: PrometheusClient, q: JobQueries, step: int | 
     """
     optional = {
         "goodput": q.averaged("goodput_tokens_per_second"),
-        "goodput_noise": q.relative_error("goodput_tokens_per_second"),
+        "goodput_noise": q.standard_error("goodput_tokens_per_second", relative=True),
+        "truncation_noise": q.standard_error("truncation_rate"),
         "partial_rate": q.averaged("partial_rate"),
         "aborted_token_share": q.averaged("aborted_token_share"),
         "length_mean": q.averaged("response_length_tokens", '{stat="mean"}'),

@@ -87,6 +87,25 @@ def merge(base: Any, patch: Any) -> Any:
     return out
 
 
+async def test_the_truncation_noise_is_the_standard_error_of_the_window_mean(
+    prometheus_factory: PrometheusFactory, runtime_metrics: tuple[RuntimeMetrics, str]
+) -> None:
+    """Two rounds, at 0.2 and 0.6, each scraped at least once: the samples' standard deviation is
+    0.4·√(p(1-p)) for the share p of 0.2 samples, over √2 rounds, so the noise lies in (0, 0.2/√2]."""
+    metrics, target = runtime_metrics
+    metrics.record(step(1, 0.2, 8))
+    prom = prometheus_factory([target], scrape_interval="1s")
+    prom.wait_for_targets_up()
+    wait_until(lambda: prom.query("rljob_truncation_rate") or None, 120, "the first round's sample")
+    metrics.record(step(2, 0.6, 8))
+    wait_until(lambda: prom.query("rljob_truncation_rate == 0.6") or None, 120, "the second round's sample")
+
+    async with PrometheusClient(prom.url, timeout_s=5) as client:
+        obs = (await read_observation(client, JobQueries("tuned", "ns", {}, window_s=300), step=2)).observation
+    assert 0.2 < obs.truncation_rate < 0.6
+    assert obs.truncation_noise is not None and 0.0 < obs.truncation_noise <= 0.2 / 2**0.5 + 1e-9
+
+
 async def test_client_reads_observation_and_types_failures(
     prometheus_factory: PrometheusFactory, runtime_metrics: tuple[RuntimeMetrics, str]
 ) -> None:
@@ -105,6 +124,7 @@ async def test_client_reads_observation_and_types_failures(
         # The signals of docs/metrics.md: 1000 trained tokens over 4 s, 100 of 2000 tokens thrown away.
         assert obs.goodput == pytest.approx(250.0) and obs.partial_rate == pytest.approx(0.25)
         assert obs.goodput_noise == pytest.approx(0.0)  # every step at 250 tokens/s: the query runs, no spread
+        assert obs.truncation_noise == pytest.approx(0.0)  # every step at 0.6
         assert obs.aborted_token_share == pytest.approx(0.05)
         assert obs.cap_at_floor is False  # a cap of 8 tokens above its floor of 4: lowering k still cuts more
         # The step is the persisted one passed in, not the runtime's counter (3).

@@ -3,6 +3,7 @@ bounds, cooldown, settling, modes, and closed loops on toy plants."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -15,6 +16,7 @@ from rljob.common.autotune.controller import (
     TunerState,
     cap_at_floor,
     decide,
+    mean_noise,
 )
 
 CFG = ControllerConfig(cooldown_s=60, settle_rounds=2)
@@ -66,6 +68,35 @@ def test_hysteresis_continues_correction_until_inside_band() -> None:
     assert d.changed and d.reason == "TruncationAboveBand"
     d = decide(obs(0.24), SIGMA, CFG, correcting, now=0)
     assert d.reason != "TruncationAboveBand" and d.state.direction == 0
+
+
+def test_a_rate_outside_the_band_by_less_than_twice_its_noise_moves_nothing() -> None:
+    d = decide(obs(0.32, truncation_noise=0.05), SIGMA, CFG, TunerState(), now=0)
+    assert d.knobs.truncation == 2.0 and "by less than 0.1 (two standard errors" in d.message
+    d = decide(obs(0.36, truncation_noise=0.05), SIGMA, CFG, TunerState(), now=0)
+    assert d.changed and d.reason == "TruncationAboveBand"
+
+
+def test_a_correction_goes_on_until_the_rate_is_within_one_standard_error() -> None:
+    correcting = TunerState(direction=1)
+    d = decide(obs(0.31, truncation_noise=0.05), SIGMA, CFG, correcting, now=0)
+    assert d.changed and d.reason == "TruncationAboveBand"
+    d = decide(obs(0.29, truncation_noise=0.05), SIGMA, CFG, correcting, now=0)
+    assert d.knobs.truncation == 2.0 and d.state.direction == 0
+
+
+def test_an_overshoot_needs_the_margin_to_reverse() -> None:
+    """A correction from above that lands below the band is not undone at once: reversing is starting anew."""
+    correcting = TunerState(direction=1)
+    d = decide(obs(0.13), SIGMA, CFG, correcting, now=0)  # below 0.15, within the 0.03 margin
+    assert d.knobs.truncation == 2.0 and d.state.direction == 0
+    d = decide(obs(0.11), SIGMA, CFG, correcting, now=0)
+    assert d.changed and d.reason == "TruncationBelowBand" and d.state.direction == -1
+
+
+def test_mean_noise_is_the_standard_error_of_the_mean() -> None:
+    assert mean_noise([0.2, 0.6]) == pytest.approx(0.2)  # stdev 0.4/√2, over √2
+    assert mean_noise([0.3, 0.3, 0.3]) == 0.0 and mean_noise([0.5]) is None and mean_noise([]) is None
 
 
 def test_cooldown_and_settling_gate_changes() -> None:
@@ -262,3 +293,28 @@ def test_the_search_follows_a_drifting_peak() -> None:
         d = decide(o, knobs, CFG, state, now=i * 100.0)
         knobs, state = d.knobs, d.state
     assert abs(knobs.over_sampling - 3.5) <= CFG.over_sampling.max_step
+
+
+def _noisy_loop(seed: int, noise_known: bool, decisions: int = 80, se: float = 0.07) -> tuple[int, float]:
+    """The truncation loop on the toy plant with each window's mean rate off by N(0, se): changes, final rate."""
+    rng = random.Random(seed)
+    knobs, state, changes = Knobs(2.0, 0.5, "sigma"), TunerState(), 0
+    for i in range(decisions):
+        rate = min(1.0, max(0.0, _truncation_plant(knobs) + rng.gauss(0.0, se)))
+        o = Observation(truncation_rate=rate, truncation_noise=se if noise_known else None, steps=i * 3)
+        d = decide(o, knobs, CFG, state, now=i * 100.0)
+        changes += d.knobs.truncation != knobs.truncation
+        knobs, state = d.knobs, d.state
+    return changes, _truncation_plant(knobs)
+
+
+def test_a_noisy_rate_with_its_noise_known_moves_the_threshold_far_less() -> None:
+    """A window's mean rate as noisy as the band is wide (the 16-sample rounds of the cluster test): with its
+    standard error known the loop reaches the band in the 5 moves the distance needs and then seldom moves;
+    without it, it chases the noise. The CI failure that led here: 19 changes where 6 were needed."""
+    known = [_noisy_loop(seed, noise_known=True) for seed in range(20)]
+    unknown = [_noisy_loop(seed, noise_known=False) for seed in range(20)]
+    assert max(c for c, _ in known) <= 15 and sum(c for c, _ in known) * 3 < sum(c for c, _ in unknown)
+    finals = sorted(rate for _, rate in known)
+    assert CFG.band_low <= finals[len(finals) // 2] <= CFG.band_high  # the median run ends inside the band
+    assert all(CFG.band_low - 2 * 0.07 <= r <= CFG.band_high + 2 * 0.07 for r in finals)

@@ -20,10 +20,12 @@ on held-out arith-chain problems after the last step.
 Two phases. The *selection* runs the grid, the defaults and the autotuner, and picks the best fixed
 setting. The best of nine noisy goodputs is biased upwards (the winner's curse: two runs of one setting
 differ by about 2 %), so a *confirmation* then runs the selected setting, the defaults and the autotuner
-again, fresh and interleaved, and the headline comparisons are the confirmation's. Both are in the JSON.
+again, fresh and interleaved, `--repeats` times each (the autotuner's path from one start differs run to
+run far more than a fixed setting's goodput does), and the headline comparisons are the means of the
+confirmation's runs; each repeat's own ratios are beside them. Both phases are in the JSON.
 
 Prints a table, writes docs/benchmarks/autotune.json and autotune.png. Run: `python
-benchmarks/autotune.py` (about 8 minutes on 2 quiet cores with the defaults).
+benchmarks/autotune.py` (about 12 minutes on 2 quiet cores with the defaults).
 """
 
 from __future__ import annotations
@@ -228,17 +230,40 @@ async def side_by_side(configs: list[Config], base: RLJob, args: argparse.Namesp
             tuner_log.removeHandler(handler)  # the next phase's tuner logs to its own
 
 
-def comparison(best: dict[str, Any], default: dict[str, Any], auto: dict[str, Any]) -> dict[str, Any]:
-    """The three comparisons of one phase: autotune against the best fixed setting and the defaults."""
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def comparison(best: list[dict[str, Any]], default: list[dict[str, Any]], auto: list[dict[str, Any]]) -> dict[str, Any]:
+    """The three comparisons of one phase, on the mean of each side's runs: autotune against the best fixed
+    setting and the defaults."""
+    goodput = {side: _mean([r["goodput_tokens_per_s"] for r in rows])
+               for side, rows in (("auto", auto), ("best", best), ("default", default))}
+    reward = {side: _mean([r["eval_reward"] or 0.0 for r in rows])
+              for side, rows in (("auto", auto), ("best", best), ("default", default))}
     return {
-        "autotune_goodput": auto["goodput_tokens_per_s"],
-        "best_fixed_goodput": best["goodput_tokens_per_s"],
-        "default_goodput": default["goodput_tokens_per_s"],
-        "autotune_over_best_fixed": auto["goodput_tokens_per_s"] / best["goodput_tokens_per_s"],
-        "autotune_over_defaults": auto["goodput_tokens_per_s"] / default["goodput_tokens_per_s"],
-        "autotune_eval_reward": auto["eval_reward"],
-        "best_fixed_eval_reward": best["eval_reward"],
-        "default_eval_reward": default["eval_reward"],
+        "autotune_goodput": goodput["auto"],
+        "best_fixed_goodput": goodput["best"],
+        "default_goodput": goodput["default"],
+        "autotune_over_best_fixed": goodput["auto"] / goodput["best"],
+        "autotune_over_defaults": goodput["auto"] / goodput["default"],
+        "autotune_eval_reward": reward["auto"],
+        "best_fixed_eval_reward": reward["best"],
+        "default_eval_reward": reward["default"],
+    }
+
+
+def per_repeat(best: list[dict[str, Any]], default: list[dict[str, Any]], auto: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each confirmation repeat's own ratios (its three runs ran interleaved, under the same load), and
+    each side's goodputs: the spread the means hide."""
+    return {
+        "autotune_over_best_fixed": [a["goodput_tokens_per_s"] / b["goodput_tokens_per_s"] for a, b in zip(auto, best, strict=True)],
+        "autotune_over_defaults": [a["goodput_tokens_per_s"] / d["goodput_tokens_per_s"] for a, d in zip(auto, default, strict=True)],
+        "autotune_goodput": [a["goodput_tokens_per_s"] for a in auto],
+        "best_fixed_goodput": [b["goodput_tokens_per_s"] for b in best],
+        "default_goodput": [d["goodput_tokens_per_s"] for d in default],
+        "autotune_eval_reward": [a["eval_reward"] for a in auto],
+        "best_fixed_eval_reward": [b["eval_reward"] for b in best],
     }
 
 
@@ -253,10 +278,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         rows = [row(c) for c in configs]
         fixed = [r for r in rows if r["name"].startswith("os")]
         best = max(fixed, key=lambda r: r["goodput_tokens_per_s"])
-        again = [Config(f"again-{best['name']}", best["over_sampling_start"], best["k_start"]),
-                 Config("again-defaults", *DEFAULTS), Config("again-autotune", *DEFAULTS, autotune=True)]
+        again = [c for i in range(1, args.repeats + 1) for c in (
+            Config(f"again-{best['name']}-{i}", best["over_sampling_start"], best["k_start"]),
+            Config(f"again-defaults-{i}", *DEFAULTS), Config(f"again-autotune-{i}", *DEFAULTS, autotune=True))]
         await side_by_side(again, base, args, tmp / "confirmation", "confirmation")
     confirmation = [row(c) for c in again]
+    sides = [confirmation[0::3], confirmation[1::3], confirmation[2::3]]  # best, defaults, autotune
     by_name = {r["name"]: r for r in rows}
     same_setting = by_name[f"os{DEFAULTS[0]:g}-k{DEFAULTS[1]:g}"]
     return {
@@ -268,15 +295,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "steps": args.steps, "rollout_batch_size": args.batch, "samples_per_prompt": args.samples,
         "max_response_length": args.max_response, "eval_prompts": args.eval_prompts, "settle_rounds": args.settle,
         "goodput_tolerance": args.tolerance, "staleness_budget": args.staleness_budget,
-        "best_fixed": best["name"],
-        # The headline: the confirmation's fresh runs, the best setting chosen before they started.
-        **comparison(*confirmation),
-        "selection": comparison(best, by_name["defaults"], by_name["autotune"]),
+        "best_fixed": best["name"], "confirmation_repeats": args.repeats,
+        # The headline: the means of the confirmation's fresh runs, the best setting chosen before they started.
+        **comparison(*sides),
+        "confirmation_per_repeat": per_repeat(*sides),
+        "selection": comparison([best], [by_name["defaults"]], [by_name["autotune"]]),
         # The defaults are also a grid point: two runs of one setting, the noise of one comparison; and the
         # best setting's two runs: how much its selection overstated it.
         "noise_goodput_same_setting": abs(by_name["defaults"]["goodput_tokens_per_s"] - same_setting["goodput_tokens_per_s"]),
         "noise_eval_reward_same_setting": abs((by_name["defaults"]["eval_reward"] or 0.0) - (same_setting["eval_reward"] or 0.0)),
-        "best_fixed_selection_minus_confirmation": best["goodput_tokens_per_s"] - confirmation[0]["goodput_tokens_per_s"],
+        "best_fixed_selection_minus_confirmation": best["goodput_tokens_per_s"] - _mean([r["goodput_tokens_per_s"] for r in sides[0]]),
         "rows": rows + confirmation,
         "wall_seconds": time.perf_counter() - started,
         "machine": machine(),
@@ -303,23 +331,28 @@ def plot(path: Path, result: dict[str, Any]) -> None:
     """Goodput per configuration (bars) and the autotuner's knob trajectory."""
     fig, (bars, knobs) = plt.subplots(1, 2, figsize=(11, 4))
     rows = result["rows"]
-    colors = ["#c0504d" if r["autotune"] else "#2a7ab9" if r["name"].endswith("defaults") else
-              "#e0a030" if r["name"] == f"again-{result['best_fixed']}" else "#999999" for r in rows]
+    colors = ["#c0504d" if r["autotune"] else "#2a7ab9" if "defaults" in r["name"] else
+              "#e0a030" if r["name"].startswith(f"again-{result['best_fixed']}-") else "#999999" for r in rows]
     bars.bar([r["name"] for r in rows], [r["goodput_tokens_per_s"] for r in rows], color=colors)
     bars.set_ylabel("goodput (trained tokens / s)")
     bars.tick_params(axis="x", rotation=60, labelsize=7)
-    bars.set_title(f"confirmation: autotune / best fixed = {result['autotune_over_best_fixed']:.2f}, "
-                   f"/ defaults = {result['autotune_over_defaults']:.2f}", fontsize=9)
+    bars.set_title(f"confirmation (mean of {result['confirmation_repeats']}): autotune / best fixed = "
+                   f"{result['autotune_over_best_fixed']:.2f}, / defaults = {result['autotune_over_defaults']:.2f}",
+                   fontsize=9)
     bars.grid(axis="y", alpha=0.3)
-    auto = next(r for r in rows if r["name"] == "again-autotune")
-    steps = list(range(1, len(auto["over_sampling"]) + 1))
-    knobs.step(steps, auto["over_sampling"], where="post", label="over-sampling")
-    knobs.step(steps, auto["truncation_k"], where="post", label="k")
-    knobs.plot(steps, auto["truncation_rate"], marker=".", linewidth=0.8, label="truncation rate")
+    autos = [r for r in rows if r["name"].startswith("again-autotune-")]
+    steps = list(range(1, result["steps"] + 1))
+    for i, auto in enumerate(autos):
+        first = i == 0  # one legend entry per series
+        knobs.step(steps, auto["over_sampling"], where="post", color="#c0504d", alpha=0.8,
+                   label="over-sampling" if first else None)
+        knobs.step(steps, auto["truncation_k"], where="post", color="#2a7ab9", alpha=0.8, label="k" if first else None)
+        knobs.plot(steps, auto["truncation_rate"], marker=".", linewidth=0.5, color="#666666", alpha=0.6,
+                   label="truncation rate" if first else None)
     knobs.axvline(result["steps"] // 2 + 0.5, color="black", linestyle="--", linewidth=1, label="length drift")
     knobs.axhspan(0.15, 0.25, color="green", alpha=0.1, label="truncation band")
     knobs.set_xlabel("step")
-    knobs.set_title("autotuner (confirmation): knobs and truncation rate", fontsize=9)
+    knobs.set_title(f"the {len(autos)} autotuner runs of the confirmation: knobs and truncation rate", fontsize=9)
     knobs.legend(fontsize=7)
     knobs.grid(alpha=0.3)
     fig.tight_layout()
@@ -341,17 +374,25 @@ def main() -> None:
     parser.add_argument("--tolerance", type=float, default=0.1, help="autotune goodputTolerance")
     parser.add_argument("--staleness-budget", type=float, default=None,
                         help="autotune maxAbortedTokenShare (default: the spec's default)")
+    # One autotuner run against one fixed run measured the tuner's path, not the tuner: two runs from the
+    # same knobs ended 0.78 and 1.12 x the best fixed setting (docs/benchmarks/README.md, run 7).
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="confirmation runs of each side (best fixed, defaults, autotune), interleaved")
     parser.add_argument("--output", default=str(ROOT / "docs/benchmarks"), help="folder for JSON and plot")
     args = parser.parse_args()
     result = asyncio.run(run(args))
     console.print(table(result))
-    for phase, figures in (("selection", result["selection"]), ("confirmation", result)):
+    for phase, figures in (("selection", result["selection"]), (f"confirmation (mean of {args.repeats})", result)):
         console.print(
             f"{phase}: autotune goodput {figures['autotune_goodput']:.1f} tok/s = "
             f"{figures['autotune_over_best_fixed']:.2f} x best fixed ({result['best_fixed']}, "
             f"{figures['best_fixed_goodput']:.1f}), {figures['autotune_over_defaults']:.2f} x defaults "
             f"({figures['default_goodput']:.1f})"
         )
+    ratios = result["confirmation_per_repeat"]
+    console.print("per confirmation repeat: autotune / best fixed "
+                  + ", ".join(f"{x:.2f}" for x in ratios["autotune_over_best_fixed"]) + "; autotune / defaults "
+                  + ", ".join(f"{x:.2f}" for x in ratios["autotune_over_defaults"]))
     console.print(f"same-setting noise {result['noise_goodput_same_setting']:.1f} tok/s, held-out reward noise "
                   f"{result['noise_eval_reward_same_setting']:.3f}; the best setting's selection overstated it by "
                   f"{result['best_fixed_selection_minus_confirmation']:.1f} tok/s")

@@ -48,6 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what --nproc hands to torchrun
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s",
                         handlers=[RichHandler(console=console, show_path=False)])
+    code = _exit_code(args)
+    if run_job.is_rank_process(args):
+        run_job.end_rank_process(code)
+    return code
+
+
+def _exit_code(args: argparse.Namespace) -> int:
+    """Run the command; its exit code, errors mapped to theirs."""
     try:
         return int(args.func(args) or 0)
     except RLJobConfigError as err:

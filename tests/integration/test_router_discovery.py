@@ -41,7 +41,8 @@ from rljob.runtime.weights.buckets import module_buckets
 from tests.helpers.processes import free_port, spawn, stop, wait_http
 from tests.helpers.tiny_model import save_tiny_model
 from tests.helpers.waiting import wait_until
-from tests.integration.test_weight_transport_http import greedy_of, greedy_on, perturb, router_workers, served_versions
+from tests.helpers.greedy import greedy_of, greedy_on
+from tests.integration.test_weight_transport_http import perturb, router_workers, served_versions
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -69,7 +70,7 @@ async def _generated(url: str) -> float:
     async with httpx.AsyncClient() as http:
         text = (await http.get(url + "/metrics", timeout=5)).text
     for line in text.splitlines():
-        if line.startswith("sglang:generation_tokens_total") or line.startswith("sglang:generation_tokens{"):
+        if line.startswith(("sglang:generation_tokens_total", "sglang:generation_tokens{")):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{url}/metrics has no sglang:generation_tokens")
 

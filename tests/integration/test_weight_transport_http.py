@@ -21,17 +21,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rljob.runtime.engines.base import GenerateRequest
-from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
 from rljob.runtime.weights.disk import DiskTransport
 from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport
 from rljob.runtime.weights.buckets import module_buckets
+from tests.helpers.greedy import greedy_of, greedy_on
 from tests.helpers.processes import start_router, start_worker, stop, wait_http
 from tests.helpers.tiny_model import save_tiny_model
 from tests.helpers.waiting import wait_until
 
-PROMPT = [1, 5, 9, 2, 7]
 
 
 @dataclass
@@ -86,27 +84,6 @@ async def router_workers(router: str) -> set[str]:
     async with httpx.AsyncClient() as http:
         body = (await http.get(router + "/workers")).json()
     return {w["url"].rstrip("/") for w in body["workers"]}
-
-
-async def greedy_on(url: str, n: int = 12) -> list[int]:
-    async with httpx.AsyncClient() as http:
-        reply = (await http.post(url + "/generate", json={
-            "input_ids": PROMPT, "sampling_params": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True},
-        }, timeout=60)).json()
-    return list(reply["output_ids"])
-
-
-async def greedy_of(model: torch.nn.Module, n: int = 12) -> list[int]:
-    """The trainer's own greedy continuation (the same engine code, in process)."""
-    import copy
-
-    engine = EmbeddedEngine(copy.deepcopy(model), max_batch_size=1)
-    await engine.start()
-    try:
-        result = await engine.generate(GenerateRequest("ref", PROMPT, n, temperature=0.0))
-    finally:
-        await engine.close()
-    return result.output_ids
 
 
 def perturb(model: torch.nn.Module, seed: int) -> None:

@@ -780,11 +780,6 @@ async def test_router_generation_and_abort_fan_out_reach_every_worker(cluster: C
         assert sorted(client.workers) == sorted(cluster.workers)
         short = await client.generate(greedy("router-short", 5))
         assert short.finish_reason == "length" and len(short.output_ids) == 5
-        tasks = [asyncio.create_task(client.generate(greedy(f"rr-{i}", 400))) for i in range(6)]
-        sent = asyncio.get_running_loop().time()
-        ended: list[float] = []  # when each request came back (the failure message's timeline)
-        for task in tasks:
-            task.add_done_callback(lambda _t: ended.append(round(asyncio.get_running_loop().time() - sent, 1)))
 
         async def all_six_held() -> bool:  # none still in the router, where the abort cannot reach it
             async with httpx.AsyncClient() as http:
@@ -797,22 +792,34 @@ async def test_router_generation_and_abort_fan_out_reach_every_worker(cluster: C
                     path, body = ("/pause_generation", {"mode": "in_place"}) if paused else ("/continue_generation", {})
                     assert (await http.post(w + path, json=body, timeout=30)).status_code == 200
 
-        # Frozen at an observed point: both workers run requests and hold all six, and generation is paused
-        # (the reply comes after the step in flight), so no request can finish by length before the abort,
-        # however fast the machine decodes (an idle run finished some first: clean-clone run 26).
-        while True:
-            try:
-                await wait_all_workers_running(cluster.workers)
-            except AssertionError as exc:  # timed out: say what the client, the router and the workers saw
-                client_view = [(u, w.healthy, w.failures, w.last_error) for u, w in client.workers.items()]
-                outcomes = [repr(t.exception()) if t.done() and t.exception() else "done" if t.done() else "pending"
-                            for t in tasks]
-                raise AssertionError(f"{exc}\nclient workers {client_view}\nrequests {outcomes}, back after {ended} s\n"
-                                     f"{await cluster.describe()}") from exc
-            await pause_all(True)
-            if await all_six_held():
+        async def frozen(tasks: list[asyncio.Task[GenerateResult]]) -> bool:
+            """Freeze the six at an observed point: both workers run requests and, paused (the reply comes after
+            the step in flight), hold all six, so none can finish by length before the abort. False when all six
+            finished first: an idle machine decodes 400 tokens in about 2 s, and a poll of both workers, or a
+            pause that found some already done, can miss that window (clean-clone runs 26 and 32)."""
+            while not all(t.done() for t in tasks):
+                if not all([await worker_running(w) for w in cluster.workers]):
+                    await asyncio.sleep(0.005)
+                    continue
+                await pause_all(True)
+                if await all_six_held():
+                    return True
+                await pause_all(False)
+            return False
+
+        attempts: list[str] = []  # each batch's outcome (the failure message's timeline)
+        for attempt in range(5):  # a new batch only once the last one finished unfrozen: event-driven
+            tasks = [asyncio.create_task(client.generate(greedy(f"rr-{attempt}-{i}", 400))) for i in range(6)]
+            sent = asyncio.get_running_loop().time()
+            if await frozen(tasks):
                 break
-            await pause_all(False)
+            outcomes = [repr(t.exception()) if t.exception() else t.result().finish_reason for t in tasks]
+            attempts.append(f"batch {attempt}: {outcomes}, all back within {asyncio.get_running_loop().time() - sent:.1f} s")
+        else:
+            client_view = [(u, w.healthy, w.failures, w.last_error) for u, w in client.workers.items()]
+            raise AssertionError("no batch of six was ever held by both workers at once\n" + "\n".join(attempts)
+                                 + f"\nclient workers {client_view}\n{await cluster.describe()}")
+        print(f"frozen on batch {len(attempts)}", *attempts, sep="\n")
         await client.abort_all()
         await pause_all(False)
         results = await asyncio.wait_for(asyncio.gather(*tasks), 60)

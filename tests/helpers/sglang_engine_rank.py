@@ -2,8 +2,9 @@
 (read from a release's wheel at run time, see sglang_release.py), as SGLang's model runner calls it.
 
 Run: ``python -m tests.helpers.sglang_engine_rank VERSION ADDRESS PORT RANK WORLD GROUP NUMEL``.
-It joins, receives one float32 broadcast of NUMEL elements from rank 0, destroys the group as SGLang's
-``destroy_weights_update_group`` does, and prints the tensor as a JSON list.
+It joins, receives one float32 broadcast of NUMEL elements from rank 0, waits until every engine rank
+has received (``all_received``), destroys the group as SGLang's ``destroy_weights_update_group`` does,
+and prints the tensor as a JSON list.
 """
 
 from __future__ import annotations
@@ -64,6 +65,19 @@ def sglang_init_custom_process_group(version: str) -> Callable[..., dist.Process
     return namespace["init_custom_process_group"]  # type: ignore[no-any-return]
 
 
+def all_received(store: dist.Store, group: str, rank: int, world: int, timeout_s: float) -> None:
+    """Say this engine rank has received, then wait until every engine rank (1..world-1) has.
+
+    An engine rank leaves only after that. gloo forms a group pair by pair, and a rank's side of a
+    pair is done as soon as its connection is written, so a rank that received its broadcast may
+    leave while a slower peer is still connecting; that peer then reads the closed connection and
+    its connectFullMesh fails ("Connection closed by peer"). A real engine never leaves after one
+    broadcast; the tests' ranks, which do, agree on when to leave here.
+    """
+    store.set(f"{group}/received/{rank}", "1")
+    store.wait([f"{group}/received/{peer}" for peer in range(1, world)], timedelta(seconds=timeout_s))
+
+
 def main(argv: list[str]) -> None:
     """Join as SGLang's model runner does, receive one broadcast, print it."""
     version, address, port, rank, world, group, numel = argv
@@ -73,6 +87,8 @@ def main(argv: list[str]) -> None:
               group_name=group, timeout=timedelta(seconds=60))
     tensor = torch.empty(int(numel), dtype=torch.float32)
     dist.broadcast(tensor, src=0, group=pg)  # as update_weights_from_distributed receives
+    store = dist.TCPStore(address, int(port), is_master=False, timeout=timedelta(seconds=60))
+    all_received(store, group, int(rank), int(world), 60.0)
     dist.destroy_process_group(pg)
     print(json.dumps(tensor.tolist()), flush=True)
 

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from rljob.runtime.weight_group import create_group, join_group, open_store
+from tests.helpers.sglang_engine_rank import all_received
 from tests.helpers.sglang_release import NEWEST, PINNED, function_source
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,6 +76,7 @@ def test_the_cpu_servers_ranks_meet_sglangs_ranks_in_one_group(tmp_path: Path):
             member = join_group("127.0.0.1", store.port, 2, 3, group, TIMEOUT_S)
             mine["t"] = torch.empty(NUMEL)
             member.broadcast(mine["t"])
+            all_received(store, group, 2, 3, TIMEOUT_S)
             member.close()
 
         thread = threading.Thread(target=cpu_server_rank)

@@ -34,6 +34,8 @@ import argparse
 import asyncio
 import json
 import logging
+import math
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -267,6 +269,27 @@ def per_repeat(best: list[dict[str, Any]], default: list[dict[str, Any]], auto: 
     }
 
 
+def paired(ratios: list[float], goal: float) -> dict[str, Any]:
+    """One comparison over the confirmation's repeats: the mean of the per-repeat ratios (each repeat's sides
+    ran interleaved, so the pair shares its load), its standard error, and whether the mean clears `goal` by
+    two standard errors (`shown`) or misses it by two (`missed`); neither: inside the noise."""
+    mean = statistics.fmean(ratios)
+    se = statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else float("inf")
+    return {"goal": goal, "mean": mean, "standard_error": se, "repeats": len(ratios),
+            "shown": mean - 2 * se >= goal, "missed": mean + 2 * se < goal}
+
+
+def verdicts(per: dict[str, Any]) -> dict[str, Any]:
+    """The issue's goodput goals as tests on the paired ratios, and the headroom the defaults leave: the best
+    fixed setting over the defaults bounds how far any tuner that ends near it can beat them."""
+    best_over_defaults = [a / b for a, b in zip(per["best_fixed_goodput"], per["default_goodput"], strict=True)]
+    return {
+        "autotune_at_least_95pct_of_best_fixed": paired(per["autotune_over_best_fixed"], 0.95),
+        "autotune_beats_defaults": paired(per["autotune_over_defaults"], 1.0),
+        "best_fixed_beats_defaults": paired(best_over_defaults, 1.0),
+    }
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     base = load_rljob(args.job)
     configs = [Config(f"os{o:g}-k{k:g}", o, k) for o in OVER_SAMPLING for k in K]
@@ -299,6 +322,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         # The headline: the means of the confirmation's fresh runs, the best setting chosen before they started.
         **comparison(*sides),
         "confirmation_per_repeat": per_repeat(*sides),
+        # Beyond the noise or not: mean of the paired per-repeat ratios ± two standard errors against each goal.
+        "verdicts": verdicts(per_repeat(*sides)),
         "selection": comparison([best], [by_name["defaults"]], [by_name["autotune"]]),
         # The defaults are also a grid point: two runs of one setting, the noise of one comparison; and the
         # best setting's two runs: how much its selection overstated it.
@@ -360,6 +385,31 @@ def plot(path: Path, result: dict[str, Any]) -> None:
     plt.close(fig)
 
 
+def report(result: dict[str, Any]) -> None:
+    """The table, the comparisons of both phases, each repeat's ratios and the verdicts."""
+    console.print(table(result))
+    for phase, figures in (("selection", result["selection"]),
+                           (f"confirmation (mean of {result['confirmation_repeats']})", result)):
+        console.print(
+            f"{phase}: autotune goodput {figures['autotune_goodput']:.1f} tok/s = "
+            f"{figures['autotune_over_best_fixed']:.2f} x best fixed ({result['best_fixed']}, "
+            f"{figures['best_fixed_goodput']:.1f}), {figures['autotune_over_defaults']:.2f} x defaults "
+            f"({figures['default_goodput']:.1f})"
+        )
+    ratios = result["confirmation_per_repeat"]
+    console.print("per confirmation repeat: autotune / best fixed "
+                  + ", ".join(f"{x:.2f}" for x in ratios["autotune_over_best_fixed"]) + "; autotune / defaults "
+                  + ", ".join(f"{x:.2f}" for x in ratios["autotune_over_defaults"]))
+    for goal, v in result["verdicts"].items():
+        verdict = "shown" if v["shown"] else "missed" if v["missed"] else "inside the noise"
+        console.print(f"{goal}: {v['mean']:.3f} ± {2 * v['standard_error']:.3f} (2 SE, {v['repeats']} repeats) "
+                      f"against {v['goal']:g}: {verdict}")
+    console.print(f"same-setting noise {result['noise_goodput_same_setting']:.1f} tok/s, held-out reward noise "
+                  f"{result['noise_eval_reward_same_setting']:.3f}; the best setting's selection overstated it by "
+                  f"{result['best_fixed_selection_minus_confirmation']:.1f} tok/s")
+    console.print(f"machine: {result['machine']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--job", default=str(ROOT / "docs/examples/quickstart.yaml"), help="RLJob the runs derive from")
@@ -379,25 +429,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="confirmation runs of each side (best fixed, defaults, autotune), interleaved")
     parser.add_argument("--output", default=str(ROOT / "docs/benchmarks"), help="folder for JSON and plot")
+    parser.add_argument("--resummarize", action="store_true",
+                        help="only recompute the verdicts and the plot from the output's autotune.json (no runs)")
     args = parser.parse_args()
-    result = asyncio.run(run(args))
-    console.print(table(result))
-    for phase, figures in (("selection", result["selection"]), (f"confirmation (mean of {args.repeats})", result)):
-        console.print(
-            f"{phase}: autotune goodput {figures['autotune_goodput']:.1f} tok/s = "
-            f"{figures['autotune_over_best_fixed']:.2f} x best fixed ({result['best_fixed']}, "
-            f"{figures['best_fixed_goodput']:.1f}), {figures['autotune_over_defaults']:.2f} x defaults "
-            f"({figures['default_goodput']:.1f})"
-        )
-    ratios = result["confirmation_per_repeat"]
-    console.print("per confirmation repeat: autotune / best fixed "
-                  + ", ".join(f"{x:.2f}" for x in ratios["autotune_over_best_fixed"]) + "; autotune / defaults "
-                  + ", ".join(f"{x:.2f}" for x in ratios["autotune_over_defaults"]))
-    console.print(f"same-setting noise {result['noise_goodput_same_setting']:.1f} tok/s, held-out reward noise "
-                  f"{result['noise_eval_reward_same_setting']:.3f}; the best setting's selection overstated it by "
-                  f"{result['best_fixed_selection_minus_confirmation']:.1f} tok/s")
-    console.print(f"machine: {result['machine']}")
     out = Path(args.output)
+    if args.resummarize:
+        result = json.loads((out / "autotune.json").read_text())
+        result["verdicts"] = verdicts(result["confirmation_per_repeat"])
+    else:
+        result = asyncio.run(run(args))
+    report(result)
     out.mkdir(parents=True, exist_ok=True)
     (out / "autotune.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(out / "autotune.png", result)

@@ -233,6 +233,14 @@ def time_to(curve: list[dict[str, float]], target: float) -> float | None:
     return curve[0]["wall_s"] if curve and curve[0]["reward"] >= target else None
 
 
+def overlap_bound(sync_runs: list[dict]) -> float | None:
+    """The busier side's share of sync's wall time (seed mean): a perfect overlap of sync's engine and trainer
+    work still takes that long, so it bounds what async-APRIL can gain by overlap alone."""
+    if not sync_runs:
+        return None
+    return sum(max(1 - r["engine_idle_share"], 1 - r["trainer_idle_share"]) for r in sync_runs) / len(sync_runs)
+
+
 def summarize(args: argparse.Namespace, runs: list[dict], cores: tuple[int, int] | None, complete: bool) -> dict:
     # Compare like with like: only the seeds every strategy has finished enter the curves and ratios.
     seeds = [seed for seed in args.seeds if all(any(r["strategy"] == s and r["seed"] == seed for r in runs)
@@ -278,6 +286,11 @@ def summarize(args: argparse.Namespace, runs: list[dict], cores: tuple[int, int]
         "train_step_seconds": {s: sum((1 - r["trainer_idle_share"]) * r["wall_s"] / r["steps"] for r in rs) / len(rs)
                                for s, rs in by.items() if rs},
         "engine_idle_share": {s: sum(r["engine_idle_share"] for r in rs) / len(rs) for s, rs in by.items() if rs},
+        "overlap_bound_over_sync": overlap_bound(by["sync"]),
+        "overlap_bound_note": ("the least wall time, over sync's, that overlapping the two sides can give for sync's "
+                               "work: the busier side's share of sync's wall (max of engine and trainer busy), seed "
+                               "mean. Overlap alone cannot beat it; async-APRIL's time-to-reward ratio can only go "
+                               "below it by needing fewer steps or less work per step"),
         "trainer_idle_share": {s: sum(r["trainer_idle_share"] for r in rs) / len(rs) for s, rs in by.items() if rs},
         "mean_curves": curves,
         "runs": runs,
@@ -315,6 +328,10 @@ def plot(path: Path, result: dict) -> None:
     if target is not None:
         for ax in (ax_t, ax_s):
             ax.axhline(target, color="black", ls="--", lw=1)
+    bound, sync_wall = result.get("overlap_bound_over_sync"), result["mean_wall_s"].get("sync")
+    if bound is not None and sync_wall:  # where sync's last point would be with its two sides fully overlapped
+        ax_t.axvline(bound * sync_wall, color="#999999", ls=":", lw=1,
+                     label=f"overlap bound ({bound:.2f} of sync's wall)")
     ratios = ", ".join(f"{k.split('_')[0]}/sync {v:.2f}" for k, v in result.items()
                        if k.endswith("_over_sync_time_to_reward") and v is not None)
     ax_t.set_xlabel("wall seconds (training steps, evaluation excluded)")

@@ -1,0 +1,60 @@
+"""The benchmarks' verdicts on hand-computed cases: the autotune goals as paired tests against the noise of
+the confirmation's repeats, and the bound that overlap alone puts on async-APRIL's time to reward."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.helpers.scripts import load_script
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def script(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the scripts import their sibling machine_info
+
+    def load(name: str) -> ModuleType:
+        return load_script(BENCHMARKS / f"{name}.py")
+    return load
+
+
+def test_paired_ratio_is_shown_missed_or_inside_the_noise(script) -> None:  # type: ignore[no-untyped-def]
+    paired = script("autotune").paired
+    # 1.02, 1.04, 1.06: mean 1.04, sample stdev 0.02, standard error 0.02 / sqrt(3) = 0.011547.
+    v = paired([1.02, 1.04, 1.06], 1.0)
+    assert v["mean"] == pytest.approx(1.04) and v["standard_error"] == pytest.approx(0.02 / math.sqrt(3))
+    assert v["shown"] and not v["missed"]  # 1.04 - 0.0231 >= 1
+    # Run 8's autotune / defaults (0.97, 1.05, 1.00): mean 1.007, 2 SE 0.046: neither way.
+    v = paired([0.97, 1.05, 1.00], 1.0)
+    assert not v["shown"] and not v["missed"]
+    v = paired([0.80, 0.82, 0.84], 0.95)  # 0.82 + 0.0231 < 0.95
+    assert v["missed"] and not v["shown"]
+    v = paired([1.1], 1.0)  # one repeat has no spread to judge by
+    assert v["standard_error"] == math.inf and not v["shown"] and not v["missed"]
+
+
+def test_verdicts_pair_each_repeat_and_bound_the_headroom(script) -> None:  # type: ignore[no-untyped-def]
+    per = {"autotune_over_best_fixed": [0.9, 1.0], "autotune_over_defaults": [1.0, 1.1],
+           "best_fixed_goodput": [110.0, 90.0], "default_goodput": [100.0, 100.0]}
+    v = script("autotune").verdicts(per)
+    assert v["autotune_at_least_95pct_of_best_fixed"]["mean"] == pytest.approx(0.95)
+    assert v["autotune_beats_defaults"]["mean"] == pytest.approx(1.05)
+    # Paired per repeat: 110/100 and 90/100, not the ratio of the means.
+    assert v["best_fixed_beats_defaults"]["mean"] == pytest.approx(1.0)
+    assert v["best_fixed_beats_defaults"]["standard_error"] == pytest.approx(0.1)
+
+
+def test_overlap_bound_is_the_busier_sides_share_of_syncs_wall(script) -> None:  # type: ignore[no-untyped-def]
+    bound = script("time_to_reward").overlap_bound
+    # Engine busy 0.7 and 0.6 of the wall, the trainer 0.3 and 0.5: the busier side per seed, then the mean.
+    runs = [{"engine_idle_share": 0.3, "trainer_idle_share": 0.7},
+            {"engine_idle_share": 0.4, "trainer_idle_share": 0.5}]
+    assert bound(runs) == pytest.approx((0.7 + 0.6) / 2)
+    # A trainer busier than the engines bounds it instead.
+    assert bound([{"engine_idle_share": 0.9, "trainer_idle_share": 0.2}]) == pytest.approx(0.8)
+    assert bound([]) is None

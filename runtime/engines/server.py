@@ -57,10 +57,6 @@ SGLANG_RELEASES: tuple[SGLangRelease, ...] = ("0.5.23", "0.5.5.post3")
 LEGACY_RELEASE: SGLangRelease = "0.5.5.post3"
 HEALTH_POLL_S = 1.0  # SGLang's /health loop sleeps 1 s before each look at the scheduler's last output
 HEALTH_RID_PREFIX = "HEALTH_CHECK"
-# SGLang's uvicorn closes a connection idle for 5 s (srt/environ.py: SGLANG_TIMEOUT_KEEP_ALIVE = EnvInt(5);
-# entrypoints/http_server.py passes it as timeout_keep_alive). aiohttp's default is 75 s: a client's
-# pooled connection (the router's) then lives far longer here than against SGLang.
-KEEP_ALIVE_S = 5.0
 # SGLang's environment switches for /health (sglang/srt/environ.py) and their defaults.
 HEALTH_GENERATION_ENV = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
 HEALTH_TIMEOUT_ENV = "SGLANG_HEALTH_CHECK_TIMEOUT"
@@ -287,7 +283,7 @@ class SGLangProtocolServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0, wait_ready: bool = True) -> str:
         """Serve on ``host:port`` (0 = ephemeral) in this event loop; returns the base URL."""
-        self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=KEEP_ALIVE_S)
+        self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=proto.KEEP_ALIVE_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
@@ -850,7 +846,7 @@ def main(argv: list[str] | None = None) -> None:
     server = SGLangProtocolServer(engine, options)
     # A short shutdown grace: pods and tests stop workers often, and callers get aborts, not hangs.
     web.run_app(server.app, host=args.host, port=args.port, access_log=None, print=None, shutdown_timeout=3.0,
-                keepalive_timeout=KEEP_ALIVE_S)
+                keepalive_timeout=proto.KEEP_ALIVE_S)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@ from rljob.runtime.engines.protocol import (
     continue_generation_call,
     HEALTH,
     HEALTH_GENERATE,
+    CLIENT_KEEPALIVE_EXPIRY_S,
     Call,
     abort_call,
     attempt_rid,
@@ -114,7 +115,8 @@ class SGLangEngine(Engine):
         self._abort_epoch = 0  # bumped by abort_all: requests older than it must not be retried
         self._http = httpx.AsyncClient(
             # No connection cap of its own: the slots bound the calls, and their total grows with replicas.
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256,
+                                keepalive_expiry=CLIENT_KEEPALIVE_EXPIRY_S),  # below SGLang's keep-alive
             timeout=httpx.Timeout(config.control_timeout_s),
             headers=bearer_headers(config.api_key),
         )

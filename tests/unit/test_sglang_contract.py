@@ -26,10 +26,11 @@ from rljob.operator.builders.inference import effective_pools, pool_container
 from rljob.operator.builders.meta import JobRef
 from rljob.operator.builders.router import router_args
 from rljob.runtime.engines.base import GenerateRequest
-from rljob.runtime.engines.server import KEEP_ALIVE_S
 from rljob.runtime.engines.protocol import (
+    CLIENT_KEEPALIVE_EXPIRY_S,
     HEALTH,
     HEALTH_GENERATE,
+    KEEP_ALIVE_S,
     MODEL_INFO,
     SERVER_INFO_KEYS,
     V1_LOADS,
@@ -47,6 +48,7 @@ from rljob.runtime.engines.protocol import (
     update_weights_from_disk_call,
     update_weights_from_distributed_call,
 )
+from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
 from tests.helpers.releases import ROUTER_RELEASES, SGLANG_RELEASES, release_or_skip
 from tests.helpers.sglang_source import SGLangSource
 
@@ -177,9 +179,8 @@ def test_every_server_flag_and_env_the_operator_emits_exists(release: tuple[str,
             f"pool {pool.name}: sglang {version} reads none of {sorted(sglang_env)}")
 
 
-def test_the_cpu_server_closes_idle_connections_when_the_release_does(release: tuple[str, SGLangSource]) -> None:
-    """A client's pooled connection (the router's) must age as against SGLang: its uvicorn's keep-alive."""
-    version, source = release
+def release_keep_alive(version: str, source: SGLangSource) -> set[int]:
+    """The seconds the release's uvicorn keeps an idle connection open (timeout_keep_alive)."""
     server = (source.root / "srt" / "entrypoints" / "http_server.py").read_text()
     passed = set(re.findall(r"timeout_keep_alive[\"']?\s*[=:]\s*([\w.()]+)", server))
     assert passed, f"sglang {version}: http_server.py passes no timeout_keep_alive"
@@ -193,7 +194,29 @@ def test_the_cpu_server_closes_idle_connections_when_the_release_does(release: t
             found = re.search(rf"^\s*{name}\s*=\s*EnvInt\((\d+)\)", environ, re.M)
             assert found is not None, f"sglang {version}: no EnvInt default for {name}"
             seconds.add(int(found.group(1)))
+    return seconds
+
+
+def test_the_cpu_server_closes_idle_connections_when_the_release_does(release: tuple[str, SGLangSource]) -> None:
+    """A client's pooled connection (the router's) must age as against SGLang: its uvicorn's keep-alive."""
+    version, source = release
+    seconds = release_keep_alive(version, source)
     assert seconds == {KEEP_ALIVE_S}, f"sglang {version} keeps idle connections {seconds} s, the CPU server {KEEP_ALIVE_S} s"
+
+
+async def test_the_client_forgets_a_pooled_connection_before_the_release_closes_it(
+        release: tuple[str, SGLangSource]) -> None:
+    """With equal limits the client sends on a connection the server is closing ("connection lost"):
+    its pool must drop idle connections well before the release's keep-alive ends."""
+    version, source = release
+    seconds = min(release_keep_alive(version, source))
+    assert CLIENT_KEEPALIVE_EXPIRY_S <= seconds / 2, (
+        f"the client keeps idle connections {CLIENT_KEEPALIVE_EXPIRY_S} s, sglang {version} closes them at {seconds} s")
+    engine = SGLangEngine(SGLangClientConfig(worker_urls=["http://127.0.0.1:9"]))
+    try:  # the engine's own pool uses it (httpx keeps its httpcore pool on the transport)
+        assert engine._http._transport._pool._keepalive_expiry == CLIENT_KEEPALIVE_EXPIRY_S  # type: ignore[attr-defined]
+    finally:
+        await engine._http.aclose()
 
 
 def _typed_api(source: SGLangSource) -> Any:

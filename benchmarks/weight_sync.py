@@ -10,7 +10,9 @@ RSS (glibc told to unmap freed memory: tests/helpers/rss.py) for its peak above 
 
 The floor, on the same run: rank 0 broadcasts the same bytes, bucket by bucket, to rank 1 over the
 trainers' own gloo group (the same world size as the weight-update group: 1 sender, 1 receiver), with no
-gather, no HTTP and no engine. `over_floor` is sync seconds per GB over floor seconds per GB.
+gather, no HTTP and no engine. `over_floor` is sync seconds per GB over floor seconds per GB. The gather
+alone (every rank pulls the buckets from the shards, nothing is sent) is timed too: a sync costs about
+gather + floor + the HTTP calls and the worker's copy into its model.
 
 Everything shares the machine's cores and the "network" is loopback; see docs/benchmarks/README.md for what
 it says and does not say about a GPU cluster.
@@ -68,7 +70,18 @@ def floor_seconds(sizes: list[int], rank: int) -> float:
     return time.perf_counter() - started
 
 
-async def rank0_syncs(backend: Any, distributed: Any, url: str, bucket: int, syncs: int) -> list[dict[str, float]]:
+def gather_seconds(backend: Any, bucket: int) -> float:
+    """One pass of the shards' gathers, bucket by bucket, nothing sent (every rank calls it)."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    started = time.perf_counter()
+    for _ in backend.iter_full_weights(bucket):
+        pass
+    return time.perf_counter() - started
+
+
+async def rank0_syncs(backend: Any, distributed: Any, url: str, bucket: int, syncs: int) -> list[dict[str, Any]]:
     from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
     from rljob.runtime.ranks import GatheredWeights, OrderSender
     from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport
@@ -115,9 +128,10 @@ def bench_rank(rank: int, config: dict[str, int], url: str, bucket: int, syncs: 
                 pass
     floor_seconds(sizes, rank)  # warm-up
     floors = [floor_seconds(sizes, rank) for _ in range(syncs)]
+    gathers = [gather_seconds(backend, bucket) for _ in range(syncs)]
     if rank == 0:
         (out / "result.json").write_text(json.dumps({"syncs": rows, "floor_seconds": floors,
-                                                     "floor_bytes": sum(sizes)}))
+                                                     "gather_seconds": gathers, "floor_bytes": sum(sizes)}))
 
 
 def run_size(name: str, config: dict[str, int], args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -139,20 +153,23 @@ def run_size(name: str, config: dict[str, int], args: argparse.Namespace, work: 
     if any(s["bytes"] != nbytes for s in syncs) or raw["floor_bytes"] != nbytes:
         raise SystemExit(f"{name}: a sync or the floor did not move the model's {nbytes} bytes: {raw}")
     gb = nbytes / 2**30
-    median = statistics.median(s["seconds"] for s in syncs)
     floor = statistics.median(raw["floor_seconds"])
+    gather = statistics.median(raw["gather_seconds"])
+    median = statistics.median(s["seconds"] for s in syncs)
     peak = max(s["peak_extra_rss"] for s in syncs)
     return {
         "model": name, "parameters": sum(p.numel() for p in model.parameters()), "megabytes": round(nbytes / 2**20, 2),
         "bucket_megabytes": args.bucket_mb, "wire_dtype": "float32 (the CPU server serves float32)",
         "median_seconds": round(median, 4), "seconds_per_gb": round(median / gb, 2),
         "floor_median_seconds": round(floor, 4), "floor_seconds_per_gb": round(floor / gb, 2),
-        "over_floor": round(median / floor, 2),
+        "gather_median_seconds": round(gather, 4), "gather_seconds_per_gb": round(gather / gb, 2),
+        "over_floor": round(median / floor, 2), "gather_over_floor": round(gather / floor, 2),
         "peak_extra_rss": peak, "peak_extra_rss_megabytes": round(peak / 2**20, 2),
         "peak_rss_buckets": round(peak / bucket, 2), "model_buckets": round(nbytes / bucket, 2),
         "all_seconds": [round(s["seconds"], 4) for s in syncs],
         "all_peak_extra_rss": [s["peak_extra_rss"] for s in syncs],
         "all_floor_seconds": [round(s, 4) for s in raw["floor_seconds"]],
+        "all_gather_seconds": [round(s, 4) for s in raw["gather_seconds"]],
     }
 
 
@@ -173,11 +190,13 @@ def main() -> None:
         "load_average_1min_at_end": load_average(),
     }
     table = Table(title="streamed weight sync, 2 FSDP2 ranks -> 1 SGLang-protocol worker (medians)")
-    for col in ("model", "MB", "buckets", "sync s", "s/GB", "floor s/GB", "x floor", "peak extra RSS MB", "in buckets"):
+    for col in ("model", "MB", "buckets", "sync s", "s/GB", "floor s/GB", "gather s/GB", "x floor",
+                "peak extra RSS MB", "in buckets"):
         table.add_column(col)
     for r in runs:
         table.add_row(r["model"], str(r["megabytes"]), str(r["model_buckets"]), f"{r['median_seconds']:.3f}",
-                      f"{r['seconds_per_gb']:.1f}", f"{r['floor_seconds_per_gb']:.1f}", f"{r['over_floor']:.2f}",
+                      f"{r['seconds_per_gb']:.1f}", f"{r['floor_seconds_per_gb']:.1f}",
+                      f"{r['gather_seconds_per_gb']:.1f}", f"{r['over_floor']:.2f}",
                       f"{r['peak_extra_rss_megabytes']:.1f}", f"{r['peak_rss_buckets']:.2f}")
     console.print(table)
     console.print(f"peak_rss_within_buckets {result['peak_rss_within_buckets']}, "

@@ -6,6 +6,9 @@ SGLang-protocol server), the router image built from the sglang-router package, 
 trainer pod to the engine pod, worker discovery through the API server, status reported by the
 trainer. The operator runs on the host against the real node's API server; the runtime image is
 `runtime-thin` with the test run's virtualenv mounted read-only (`spec.pods.volumes`).
+
+Twice: with the example's `april` strategy, and with `async` (the engine pod keeps generating while the
+trainer gang trains; the weight sync interrupts it), whose trained tokens must stay within maxStaleness.
 """
 
 from __future__ import annotations
@@ -14,22 +17,25 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rljob.runtime.metrics import ledger_imbalance, read_jsonl
 from tests.cluster.kube import wait_until
 from tests.cluster.realnode import RealCluster
-from tests.helpers.real_node_rljob import real_node_job
+from tests.helpers.real_node_rljob import EXAMPLE, real_node_job
 
 pytestmark = [pytest.mark.realnode, pytest.mark.cluster, pytest.mark.slow]
 
 STEPS = 2
+MAX_STALENESS = yaml.safe_load(EXAMPLE.read_text())["spec"]["rollout"]["partial"]["maxStaleness"]  # the example's η
 
 
+@pytest.mark.parametrize("strategy", ["april", "async"])
 def test_cpu_rljob_trains_to_complete_on_the_real_node(real_cluster: RealCluster, real_namespace: str,
-                                                       tmp_path: Path) -> None:
+                                                       tmp_path: Path, strategy: str) -> None:
     with real_node_job(real_cluster, real_namespace, tmp_path) as job:
         try:
-            job.create(STEPS)
+            job.create(STEPS, rollout={"strategy": strategy})
             job.assert_completes()
             status = job.status()
             assert status["trainer"]["step"] == STEPS and status["trainer"]["policyVersion"] == STEPS
@@ -40,6 +46,8 @@ def test_cpu_rljob_trains_to_complete_on_the_real_node(real_cluster: RealCluster
             assert [r["policy_version"] for r in records] == list(range(1, STEPS + 1))
             assert all(r["engines_in_rotation"] == 1 and r["weight_sync_failures"] == 0 for r in records), records
             assert all(ledger_imbalance(r) == (0, 0) for r in records), records
+            # No trained token older than the bound (async's overlap makes older tokens possible).
+            assert max(r["staleness_max"] for r in records) <= MAX_STALENESS, records
 
             # Deletion: the API server's garbage collector removes every child (owner references).
             job.delete()

@@ -81,14 +81,15 @@ def all_received(store: dist.Store, group: str, rank: int, world: int, timeout_s
 def main(argv: list[str]) -> None:
     """Join as SGLang's model runner does, receive one broadcast, print it."""
     version, address, port, rank, world, group, numel = argv
+    timeout = timedelta(seconds=60)  # each wait: the group, the store, the peers' receipts
     init = sglang_init_custom_process_group(version)
     # model_runner.init_weights_update_group: rank = rank_offset + tp_rank, init_method tcp://addr:port
     pg = init(backend="gloo", init_method=f"tcp://{address}:{port}", world_size=int(world), rank=int(rank),
-              group_name=group, timeout=timedelta(seconds=60))
+              group_name=group, timeout=timeout)
     tensor = torch.empty(int(numel), dtype=torch.float32)
     dist.broadcast(tensor, src=0, group=pg)  # as update_weights_from_distributed receives
-    store = dist.TCPStore(address, int(port), is_master=False, timeout=timedelta(seconds=60))
-    all_received(store, group, int(rank), int(world), 60.0)
+    store = dist.TCPStore(address, int(port), is_master=False, timeout=timeout)
+    all_received(store, group, int(rank), int(world), timeout.total_seconds())
     dist.destroy_process_group(pg)
     print(json.dumps(tensor.tolist()), flush=True)
 

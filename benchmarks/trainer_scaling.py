@@ -105,7 +105,10 @@ def _rank(rank: int, world: int, port: int, threads: int, args: argparse.Namespa
         "seconds": seconds[1:], "cpu_seconds": cpu_seconds[1:], "samples": metrics.samples, "tokens": tokens,
         "loss": metrics.loss}))
     if distributed is not None:
+        from rljob.runtime.cli.run_job import end_rank_process
+
         distributed.close()
+        end_rank_process(0)  # skips the teardown that now and then aborts a finished rank (docs/distributed.md)
 
 
 def _free_port() -> int:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from rljob.runtime.cli.run_job import end_rank_process
 from tests.helpers.processes import free_port
 
 # A deadline for hung ranks, not a timing check: 4 ranks that each import torch and build a model took
@@ -37,6 +38,11 @@ def _entry(rank: int, fn: Callable[..., None], world_size: int, port: int, args:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+    # As a rank of `rljob run` ends: without the interpreter's teardown, where torch objects the FSDP
+    # model still holds were destroyed and a rank whose work was done now and then died of SIGABRT
+    # ("terminate called without an active exception", no Python frame; CI on stop 41's submission,
+    # the catch-up test's rank 1). A failure above still reaches torch's spawn wrapper, which reports it.
+    end_rank_process(0)
 
 
 def run_ranks(fn: Callable[..., None], world_size: int, *args: Any, timeout: float = RANKS_TIMEOUT_S,

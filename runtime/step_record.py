@@ -44,7 +44,6 @@ class RoundPart:
     partial_samples: int = 0
     resumed_samples: int = 0
     regenerated_samples: int = 0
-    stopped_doomed_samples: int = 0  # async: requests aborted once the batch was collected (over the bound next)
     resumed_prefix_tokens: int = 0
     fork_off_policy_ratio: float = 0.0
     buffer_groups: int = 0

@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from rljob.runtime.rollout.decisions import RoundCounts
-from rljob.runtime.rollout.sample import Group, Sample
+from rljob.runtime.rollout.sample import Group
 from rljob.runtime.rollout.workflow import Sampling
 
 
@@ -80,7 +80,6 @@ class RoundStats:
     resumed_samples: int = 0  # launched with a non-empty partial response
     regenerated_samples: int = 0  # ledger "regenerated": over the staleness bound, back to their prompt
     stale_at_acceptance_samples: int = 0  # of those, caught when their group was about to be accepted
-    stopped_doomed_samples: int = 0  # requests aborted at collection: over the bound at the next version
     regenerated_tokens: int = 0  # their responses, thrown away, never trained
     resumed_prefix_tokens: int = 0  # re-prefilled partial tokens (hidden cost of resuming)
     fork_off_policy_tokens: int = 0  # APRIL-fork counter: previous-segment tokens of resumed samples
@@ -189,8 +188,6 @@ class RoundState:
     accepted: list[Group] = field(default_factory=list)
     cut: list[Group] = field(default_factory=list)  # segment-cut, surplus and in-flight-at-abort groups
     retry: list[Group] = field(default_factory=list)  # engine failed, or over the bound at acceptance
-    # The segment each sample is generating now: its request id -> (sample, engine index).
-    running: dict[str, tuple[Sample, int]] = field(default_factory=dict)
 
     def counts(self, batch_size: int, buffered: int) -> RoundCounts:
         """The counts the launch decisions read (decisions.py)."""

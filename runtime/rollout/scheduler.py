@@ -207,7 +207,6 @@ class RolloutScheduler:
         start = self.clock()
         tokens_before = state.stats.tokens_generated
         try:
-            await self._stop_doomed(state)
             while not future.done():
                 self._launch_ahead(state)
                 self._update_progress(state)
@@ -231,20 +230,6 @@ class RolloutScheduler:
         state.stats.overlap_tokens = state.stats.tokens_generated - tokens_before
         return future.result()
 
-    async def _stop_doomed(self, state: RoundState) -> None:
-        """Abort the requests of samples that the next version could not train (the batch is collected).
-
-        Whatever generates from now on is trained at the next version at the earliest. A sample whose
-        oldest token is over the bound there would be regenerated after all this work; its request is
-        aborted now instead, so its batch slot serves work that can be trained. Its group comes back
-        cut, and `_launch_ahead` starts the sample over. A request the engine does not know yet (an
-        abort is matched by exact request id on SGLang) runs on and is regenerated later: waste, no error.
-        """
-        doomed = [(rid, engine_idx) for rid, (sample, engine_idx) in state.running.items()
-                  if over_bound(sample.versions, state.policy_version + 1, self.config.max_staleness)]
-        await asyncio.gather(*(self.engines[engine_idx].abort(rid) for rid, engine_idx in doomed))
-        state.stats.stopped_doomed_samples += len(doomed)
-
     def _launch_ahead(self, state: RoundState) -> None:
         """Top up while the trainer trains, on engines that need no waiting: retries first, then groups
         the segment cap cut (continued now: nothing waits for them before the sync), then buffered groups
@@ -262,9 +247,6 @@ class RolloutScheduler:
                 group = unfinished
             else:
                 group = self._next_group(state)
-            # What generates now is trained at the next version at the earliest: a sample over the
-            # bound there would be thrown away after all this work, so it starts over now instead.
-            self._regenerate(group, state.stats, state.policy_version + 1)
             self._launch(state, group, engine_idx, capped=False)
 
     async def _close_round(self, state: RoundState) -> None:
@@ -502,7 +484,6 @@ class RolloutScheduler:
             sampling=cfg.sampling(), aborting=state.aborting,
             group_prompt=sample.prompt_ids if not sample.response_length and cfg.samples_per_prompt > 1 else None,
         )
-        state.running[segment.rid] = (sample, engine_idx)
         try:
             result = await self.workflow.generate(sample, segment)
         except InvalidRequestError as err:
@@ -515,8 +496,6 @@ class RolloutScheduler:
             stats.engine_errors += 1
             self.pool.failed(engine_idx)
             return True
-        finally:
-            del state.running[segment.rid]
         stats.tokens_generated += result.generated
         self.progress.tokens += result.generated
         self._end_segment(sample, result.end, stats)

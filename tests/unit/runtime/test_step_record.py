@@ -29,7 +29,6 @@ EXPORTED_KEYS = {
     # issue 25: signals with one meaning each (docs/metrics.md)
     "partial_rate", "aborted_tokens", "aborted_token_share", "goodput_tokens_per_s", "trainer_idle_seconds",
     "engine_idle_seconds", "wall_seconds", "end_to_end_seconds",
-    "stopped_doomed_samples",  # issue 29: async stops what the next version could not train
 }
 
 

@@ -12,18 +12,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import pytest
 
 from rljob.runtime.engines.base import WeightUpdate
 from rljob.runtime.rollout.decisions import ahead_launches
 from rljob.runtime.rollout.round import RoundResult
-from rljob.runtime.rollout.sample import Sample
 from rljob.runtime.rollout.scheduler import RolloutScheduler
-from rljob.runtime.rollout.staleness import over_bound
 from rljob.runtime.rollout.strategy import AprilStrategy, AsyncStrategy, make_strategy
-from rljob.runtime.rollout.workflow import Segment, SegmentEnd, SegmentResult, SingleTurnWorkflow
 from tests.helpers.tiny_model import build_tiny_model
 from tests.unit.runtime.rollout.test_scheduler import Ledger, RecordingEngine, assert_conserved, make_scheduler
 
@@ -175,81 +171,3 @@ async def test_a_failed_training_step_stops_the_overlap_and_leaves_nothing_runni
     with pytest.raises(RuntimeError, match="out of memory"):
         await scheduler.generate_during(failing())
     await until(lambda: engine.current_load().total == 0, "engine idle after the failure")
-
-
-@dataclass
-class Call:
-    """One segment the workflow generated: the sample, its versions when the call began, how it ended."""
-
-    sample: Sample
-    rid: str
-    versions_at_start: list[int]
-    ahead: bool  # began after the batch was collected (while the trainer trains)
-    end: SegmentEnd | None = None
-
-
-@dataclass
-class RecordingWorkflow:
-    """The default workflow, remembering every call (the scheduler's per-sample extension point)."""
-
-    ahead: bool = False
-    calls: list[Call] = field(default_factory=list)
-
-    async def generate(self, sample: Sample, segment: Segment) -> SegmentResult:
-        call = Call(sample, segment.rid, list(sample.versions), self.ahead)
-        self.calls.append(call)
-        result = await SingleTurnWorkflow().generate(sample, segment)
-        call.end = result.end
-        return result
-
-
-class AbortRecordingEngine(RecordingEngine):
-    """The recording engine, remembering every single-request abort too."""
-
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.aborted: list[str] = []
-
-    async def abort(self, rid_prefix: str) -> None:
-        self.aborted.append(rid_prefix)
-        await super().abort(rid_prefix)
-
-
-async def test_nothing_generates_ahead_for_a_sample_the_next_version_could_not_train():
-    # η = 1: a response resumed at v with tokens of v - 1 may be trained at v, but not at v + 1. Once
-    # the batch of v is collected, such a sample still running is stopped at once, and none is launched
-    # ahead with its old prefix: it starts over from its prompt instead.
-    engine = AbortRecordingEngine(build_tiny_model(seed=1), max_batch_size=32, seed=0)
-    await engine.start()
-    workflow = RecordingWorkflow()
-    scheduler = make_scheduler(AsyncStrategy(over_sampling=2.0), [engine], staleness=1)
-    scheduler.workflow = workflow
-    ledger, doomed, stopped = Ledger(), 0, 0
-    try:
-        for v in range(6):
-            workflow.ahead = False
-            await engine.update_weights(WeightUpdate(version=v, module=engine.model))
-            result = await scheduler.run_round(v)
-            workflow.ahead = True
-            running = [c for c in workflow.calls if c.end is None]
-            late = [c for c in running if over_bound(c.versions_at_start, v + 1, 1)]
-            engine.aborted.clear()
-            await scheduler.generate_during(until(overlap_done(scheduler, result), "a group done ahead"))
-            assert sorted(engine.aborted) == sorted(c.rid for c in late), "not exactly the doomed requests stopped"
-            assert result.stats.stopped_doomed_samples == len(late)
-            doomed += len(late)
-            stopped += sum(1 for c in late if c.end is SegmentEnd.ABORT)
-            for call in workflow.calls:
-                if call.ahead:
-                    assert not over_bound(call.versions_at_start, v + 1, 1), \
-                        f"{call.rid} generated ahead from tokens of versions {set(call.versions_at_start)}"
-            workflow.calls = [c for c in workflow.calls if c.end is None]
-            ledger.trained += result.groups
-            ledger.generated_tokens += result.stats.tokens_generated
-            ledger.discarded_tokens += result.stats.regenerated_tokens
-            for g in result.groups:
-                assert all(v - 1 <= tv <= v for s in g.samples for tv in s.versions)
-    finally:
-        await engine.close()
-    assert doomed > 0 and stopped > 0, "no doomed request was running at a collection: nothing tested"
-    assert_conserved(scheduler, ledger)

@@ -119,8 +119,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def train_one(args: argparse.Namespace, strategy: str, seed: int, cores: tuple[int, int] | None) -> dict:
-    """One training run; returns its curves and idle shares."""
+async def train_one(args: argparse.Namespace, strategy: str, seed: int, cores: tuple[int, int] | None,
+                    adjust: Callable[[JobRunner], None] | None = None) -> dict:
+    """One training run; returns its curves and idle shares. `adjust` changes the runner once it is set up
+    (another benchmark's variant: benchmarks/async_ahead.py)."""
     job = load_rljob(args.job)
     job.spec.rollout.strategy = strategy
     assert job.spec.data.synthetic is not None
@@ -145,15 +147,17 @@ async def train_one(args: argparse.Namespace, strategy: str, seed: int, cores: t
                 if trainer_core is not None:
                     os.sched_setaffinity(0, {trainer_core})  # this whole process is the trainer's side
                 try:
-                    return await run_measured(args, job, strategy, seed, Path(tmp), lambda: cpu_seconds(pid), None)
+                    return await run_measured(args, job, strategy, seed, Path(tmp), lambda: cpu_seconds(pid), None,
+                                              adjust)
                 finally:
                     if trainer_core is not None:
                         os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
-        return await run_measured(args, job, strategy, seed, Path(tmp), None, cores)
+        return await run_measured(args, job, strategy, seed, Path(tmp), None, cores, adjust)
 
 
 async def run_measured(args: argparse.Namespace, job: Any, strategy: str, seed: int, tmp: Path,
-                       engine_cpu: Callable[[], float] | None, cores: tuple[int, int] | None) -> dict:
+                       engine_cpu: Callable[[], float] | None, cores: tuple[int, int] | None,
+                       adjust: Callable[[JobRunner], None] | None = None) -> dict:
     """Train `job` and measure it. `engine_cpu`: the engine process's CPU seconds (one process per side);
     None: embedded engines in this process, their steps pinned per thread to `cores`."""
     engine_core, trainer_core = cores if cores else (None, None)
@@ -162,6 +166,8 @@ async def run_measured(args: argparse.Namespace, job: Any, strategy: str, seed: 
         os.sched_setaffinity(0, {engine_core})  # the event loop drives the engines: their side
     try:
         await runner.setup()
+        if adjust is not None:
+            adjust(runner)
         engine_busy, trainer_busy = [0.0], [0.0]
         if engine_cpu is None:
             for engine in runner.engines:
@@ -192,7 +198,9 @@ async def run_measured(args: argparse.Namespace, job: Any, strategy: str, seed: 
         def on_step(rec: Any) -> None:
             wall[0] += rec.step_seconds
             steps.append({"step": rec.step, "wall_s": wall[0], "reward": rec.batch.reward_mean,
-                          "off_policy_token_ratio": rec.batch.off_policy_token_ratio})
+                          "off_policy_token_ratio": rec.batch.off_policy_token_ratio,
+                          "tokens_generated": rec.round.tokens_generated, "trained_tokens": rec.round.trained_tokens,
+                          "regenerated_tokens": rec.round.regenerated_tokens})
 
         runner.step_listeners.append(on_step)
         await runner.run()

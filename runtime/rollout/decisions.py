@@ -68,10 +68,8 @@ def chunk_launches(c: RoundCounts, chunk: int) -> int:
 def ahead_launches(in_flight: int, done_ahead: int, target: int) -> int:
     """While the trainer trains (Strategy.overlaps_training): how many groups to launch now.
 
-    The engines stay full: `target` groups are kept in flight or done ahead (finished, waiting for the
-    next step). Work ahead is bounded by the same `target` that bounds a round's over-sampling, so
-    groups done ahead never pile up faster than the steps can take them (each waits at most a step or
-    two, within any staleness bound of 1 or more).
+    `target` groups (Strategy.ahead_target: one batch) are kept in flight or done ahead (finished,
+    waiting for the next step), so groups done ahead never pile up faster than the steps take them.
     """
     return max(0, target - in_flight - done_ahead)
 

@@ -184,6 +184,7 @@ class RolloutScheduler:
         if self.strategy.overlaps_training:
             stats.rollout_seconds = self.clock() - start
             self._open = state
+            self._update_progress(state)  # the batch's last harvest moved groups out of flight
             self.progress.phase = "generating ahead"
         else:
             await self._close_round(state)
@@ -235,7 +236,8 @@ class RolloutScheduler:
         the segment cap cut (continued now: nothing waits for them before the sync), then buffered groups
         and fresh prompts, all without the cap."""
         done_ahead = sum(1 for g in state.cut if g.finished)
-        for _ in range(ahead_launches(len(state.tasks), done_ahead, state.target)):
+        target = self.strategy.ahead_target(self.config.batch_size)
+        for _ in range(ahead_launches(len(state.tasks), done_ahead, target)):
             engine_idx = self.pool.pick_now()
             if engine_idx is None:
                 return  # no engine in the rotation: the round after the sync waits for one, with its deadline

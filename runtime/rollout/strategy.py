@@ -30,6 +30,11 @@ class Strategy:
         del batch_size
         return self.refill_granularity
 
+    def ahead_target(self, batch_size: int) -> int:
+        """Groups to keep in flight or done ahead while the trainer trains (only asked of strategies
+        that overlap training): one batch."""
+        return batch_size
+
     @property
     def keeps_partials(self) -> bool:
         """Whether groups still unfinished (or surplus) at collection are buffered (True) or
@@ -69,16 +74,24 @@ class AprilStrategy(Strategy):
 
 @dataclass
 class AsyncStrategy(AprilStrategy):
-    """Asynchronous APRIL: APRIL's round, and the engines never idle while the trainer trains.
+    """Asynchronous APRIL: APRIL's round, and the engines keep generating while the trainer trains.
 
     The groups still in flight when the batch is collected keep generating under the weights they
-    started with, and more are launched so that `launch_target` groups are in flight or done ahead.
+    started with, and more are launched so that `ahead_target` groups are in flight or done ahead.
     When the trainer has stepped, the weight sync interrupts them (abort, drain); they resume next
     round under the new weights, so one response carries tokens of several versions, each stamped
     with its own. `maxStaleness` is enforced when a group is accepted (decisions.classify).
     """
 
     name: str = "async"
+    # Batches of work kept in flight or done ahead while the trainer trains. One: what generates while
+    # step v trains is trained at v + 1 at the earliest, v + 1 takes one batch, and its own round
+    # over-samples again. More waits longer in the pool, where it ages past maxStaleness and is thrown
+    # away (benchmarks/async_ahead.py measures one batch against the over-sampled target).
+    ahead_batches: float = 1.0
+
+    def ahead_target(self, batch_size: int) -> int:
+        return max(1, math.ceil(self.ahead_batches * batch_size))
 
     @property
     def overlaps_training(self) -> bool:

@@ -1,5 +1,6 @@
 """The benchmarks' verdicts on hand-computed cases: the autotune goals as paired tests against the noise of
-the confirmation's repeats, and the bound that overlap alone puts on async-APRIL's time to reward."""
+the confirmation's repeats, the bound that overlap alone puts on async-APRIL's time to reward, and what
+async_ahead.py sets and sums."""
 
 from __future__ import annotations
 
@@ -58,3 +59,24 @@ def test_overlap_bound_is_the_busier_sides_share_of_syncs_wall(script) -> None: 
     # A trainer busier than the engines bounds it instead.
     assert bound([{"engine_idle_share": 0.9, "trainer_idle_share": 0.2}]) == pytest.approx(0.8)
     assert bound([]) is None
+
+
+def test_async_ahead_sets_the_bound_on_the_runners_strategy_and_sums_a_runs_waste(script) -> None:  # type: ignore[no-untyped-def]
+    from types import SimpleNamespace
+
+    from rljob.runtime.rollout.strategy import AprilStrategy, AsyncStrategy
+
+    ahead = script("async_ahead")
+    runner = SimpleNamespace(scheduler=SimpleNamespace(strategy=AsyncStrategy(over_sampling=2.0)))
+    ahead.with_ahead(2.0)(runner)
+    assert runner.scheduler.strategy.ahead_target(16) == 32 and runner.scheduler.strategy.over_sampling == 2.0
+    with pytest.raises(AssertionError, match="async"):
+        ahead.with_ahead(1.0)(SimpleNamespace(scheduler=SimpleNamespace(strategy=AprilStrategy())))
+    run = {"seed": 2, "wall_s": 100.0, "engine_idle_share": 0.1, "trainer_idle_share": 0.4,
+           "eval": [{"step": 0, "reward": 0.5}, {"step": 30, "reward": 0.6}],
+           "train": [{"tokens_generated": 300, "trained_tokens": 200, "regenerated_tokens": 30},
+                     {"tokens_generated": 100, "trained_tokens": 200, "regenerated_tokens": 10}]}
+    row = ahead.measured(run, "one batch", 1.0)
+    # 40 of 400 generated tokens thrown away; 400 generated for 400 trained.
+    assert row["thrown_away_share"] == pytest.approx(0.1) and row["generated_over_trained"] == pytest.approx(1.0)
+    assert (row["heldout_start"], row["heldout_end"], row["seed"]) == (0.5, 0.6, 2)

@@ -69,6 +69,8 @@ def test_make_strategy_knows_async() -> None:
     strategy = make_strategy("async", over_sampling=1.5)
     assert isinstance(strategy, AsyncStrategy) and strategy.overlaps_training and strategy.keeps_partials
     assert strategy.launch_target(8) == 12
+    assert strategy.ahead_target(8) == 8  # one batch ahead by default, whatever the over-sampling
+    assert AsyncStrategy(ahead_batches=1.5).ahead_target(8) == 12
     assert not AprilStrategy().overlaps_training
     with pytest.raises(ValueError, match="sync, april, async"):
         make_strategy("fully-async")
@@ -113,6 +115,35 @@ async def test_engines_generate_during_training_and_the_sync_interrupts_mid_resp
         assert len(p.versions) == len(p.response_ids) == len(p.logprobs)
     assert mixed >= 1, "no response carries tokens of two versions"
     assert_conserved(scheduler, ledger)
+
+
+def kept_ahead(scheduler: RolloutScheduler, result: RoundResult, ahead: list[int]) -> Callable[[], bool]:
+    """The stand-in training step's condition (a group done ahead, or nothing left in flight), noting at
+    every poll how many groups are in flight or done ahead."""
+    def condition() -> bool:
+        ahead.append(scheduler.progress.in_flight_groups + result.stats.surplus_groups)
+        return result.stats.surplus_groups >= 1 or scheduler.progress.in_flight_groups == 0
+    return condition
+
+
+async def test_the_work_kept_ahead_while_the_trainer_trains_is_one_batch(engine):
+    # What generates while step v trains is trained at v + 1 at the earliest, which takes one batch: the
+    # groups in flight plus those done ahead stay within a batch (or within what was still in flight at
+    # collection, which runs on), though the round itself over-samples (target 5 for a batch of 4).
+    scheduler = make_scheduler(AsyncStrategy(over_sampling=1.25), [engine], batch=4, staleness=2)
+    launched_ahead = 0
+    for v in range(4):
+        await engine.update_weights(WeightUpdate(version=v, module=engine.model))
+        result = await scheduler.run_round(v)
+        assert scheduler.strategy.launch_target(4) == 5
+        bound = max(4, scheduler.progress.in_flight_groups)
+        launched = scheduler.progress.launched_groups
+        ahead: list[int] = []
+        await scheduler.generate_during(until(kept_ahead(scheduler, result, ahead), "a group done ahead"))
+        assert max(ahead) <= bound, f"step {v}: {max(ahead)} groups kept ahead, more than {bound}"
+        launched_ahead += scheduler.progress.launched_groups - launched
+        assert result.stats.overlap_tokens > 0
+    assert launched_ahead > 0, "nothing was launched while the trainer trained: the bound was never reached"
 
 
 async def test_async_conserves_every_token_over_several_steps(engine):

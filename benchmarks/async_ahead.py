@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,10 +66,6 @@ def measured(run: dict[str, Any], variant: str, batches: float) -> dict[str, Any
             "engine_idle_share": run["engine_idle_share"], "trainer_idle_share": run["trainer_idle_share"]}
 
 
-def mean(rows: list[dict[str, Any]], key: str) -> float:
-    return sum(r[key] for r in rows) / len(rows)
-
-
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     over = load_rljob(args.job).spec.rollout.partial.over_sampling
     variants = {"one batch": 1.0, "over-sampled target": over}
@@ -89,7 +86,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "async_ahead", "job": str(Path(args.job).relative_to(ROOT)) if Path(args.job).is_relative_to(ROOT)
         else args.job, "steps": args.steps, "seeds": args.seeds, "eval_prompts": args.eval_prompts,
         "disaggregation": disaggregation("processes", cores),
-        "summary": {v: {k: mean(rs, k) for k in ("wall_s", "thrown_away_share", "generated_over_trained",
+        "summary": {v: {k: statistics.fmean(r[k] for r in rs) for k in ("wall_s", "thrown_away_share", "generated_over_trained",
                                                   "heldout_end", "engine_idle_share", "trainer_idle_share")}
                     for v, rs in by.items()},
         "over_target_over_one_batch_wall": paired(ratios, 1.0) | {"per_seed": ratios},

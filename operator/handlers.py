@@ -154,7 +154,9 @@ def _status_request(
         log.info("trainer pod %s/%s terminated or disrupted: %s", namespace, pod.name, [e.reason for e in pod.exits])
         return [SeenPod(pod, kube.cache.generation(namespace, labels[LABEL_JOB]))], []
     if role == ROLE_INFERENCE and (event.get("type") == "DELETED" or pod.failures()):
-        log.info("inference pod %s/%s lost (%s)", namespace, pod.name, event.get("type"))
+        # The uid and creation time tell a second pod of the same name from a late event of an earlier one.
+        log.info("inference pod %s/%s lost (%s; uid %s, created %s)", namespace, pod.name, event.get("type"),
+                 pod.uid, body.get("metadata", {}).get("creationTimestamp"))
         return [], [SeenPod(pod, kube.cache.generation(namespace, labels[LABEL_JOB]))]
     return [], []
 

@@ -40,6 +40,8 @@ from rljob.runtime.runner import JobRunner
 from time_to_reward import ROOT, disaggregation, train_one  # benchmarks/time_to_reward.py: the same setup
 
 console = Console()
+SUMMARY_KEYS = ("wall_s", "thrown_away_share", "generated_over_trained", "heldout_end", "engine_idle_share",
+                "trainer_idle_share")
 
 
 def with_ahead(batches: float) -> Callable[[JobRunner], None]:
@@ -86,9 +88,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "async_ahead", "job": str(Path(args.job).relative_to(ROOT)) if Path(args.job).is_relative_to(ROOT)
         else args.job, "steps": args.steps, "seeds": args.seeds, "eval_prompts": args.eval_prompts,
         "disaggregation": disaggregation("processes", cores),
-        "summary": {v: {k: statistics.fmean(r[k] for r in rs) for k in ("wall_s", "thrown_away_share", "generated_over_trained",
-                                                  "heldout_end", "engine_idle_share", "trainer_idle_share")}
-                    for v, rs in by.items()},
+        "summary": {v: {k: statistics.fmean(r[k] for r in rs) for k in SUMMARY_KEYS} for v, rs in by.items()},
         "over_target_over_one_batch_wall": paired(ratios, 1.0) | {"per_seed": ratios},
         "runs": rows, "machine": describe(), "load_average_1min_at_end": load_average(),
     }

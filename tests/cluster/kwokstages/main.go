@@ -18,14 +18,15 @@ import (
 
 func main() {
 	// Node init keeps the capacity the node was created with and marks it Ready; the lease
-	// heartbeat keeps it Ready; pods on managed nodes become Running and Ready, Job pods
-	// complete with exit code 0, and deleted pods are removed.
+	// heartbeat keeps it Ready; pods on managed nodes become Running and Ready, and Job pods
+	// complete with exit code 0. Deleted pods are removed by localkube's pod reaper instead of
+	// kwok's pod-delete stage, which deletes by name and so could kill a StatefulSet's
+	// replacement of the same name (localkube/reaper.go).
 	stages := []string{
 		nodefast.DefaultNodeInit,
 		nodeheartbeat.DefaultNodeHeartbeatWithLease,
 		podfast.DefaultPodReady,
 		podfast.DefaultPodComplete,
-		podfast.DefaultPodDelete,
 	}
 	docs := make([]string, 0, len(stages))
 	for _, s := range stages {

@@ -146,6 +146,13 @@ func runUp(args []string) int {
 		log.Printf("startup failed: %v (component logs in %s)", err, filepath.Join(o.dir, "logs"))
 		return 1
 	}
+	// Runs until shutdown; cancelled (deferred last, so first) before the components stop.
+	reaperCtx, stopReaper := context.WithCancel(context.Background())
+	defer stopReaper()
+	if err := runPodReaper(reaperCtx, info.Kubeconfig); err != nil {
+		log.Printf("pod reaper: %v", err)
+		return 1
+	}
 	data, _ := json.Marshal(info)
 	if err := os.WriteFile(filepath.Join(o.dir, "ready"), data, 0o644); err != nil {
 		log.Print(err)

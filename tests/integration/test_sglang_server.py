@@ -755,6 +755,11 @@ def cluster(model_dirs: tuple[Path, Path], tmp_path_factory: pytest.TempPathFact
         stop(list(procs.values()))
 
 
+# Batches of 400-token requests to send until one is seen on both workers at once: a batch can be back
+# within a second, between two polls (the fan-out test saw two such batches in a row beside busy loops).
+BATCH_ATTEMPTS = 10
+
+
 async def worker_running(url: str) -> int:
     async with httpx.AsyncClient() as http:
         return int((await http.get(url + "/v1/loads")).json()["loads"][0]["num_running_reqs"])
@@ -766,11 +771,13 @@ async def _router_lists(router: str, workers: set[str]) -> bool:
     return {w["url"].rstrip("/") for w in listed} == workers
 
 
-async def wait_all_workers_running(workers: list[str]) -> None:
-    async def all_running() -> bool:
-        return all([await worker_running(w) for w in workers])
+async def running_everywhere_unless_done(workers: list[str], tasks: list[asyncio.Task[GenerateResult]]) -> bool:
+    """Wait until every worker runs requests (True) or every task has finished first (False)."""
+    async def settled() -> bool:
+        return all(t.done() for t in tasks) or all([await worker_running(w) for w in workers])
 
-    await wait_until(all_running, "requests running on every worker", interval=0.05)
+    await wait_until(settled, "requests running on every worker, or the batch finished", interval=0.05)
+    return not all(t.done() for t in tasks)
 
 
 async def test_router_generation_and_abort_fan_out_reach_every_worker(cluster: Cluster) -> None:
@@ -808,7 +815,7 @@ async def test_router_generation_and_abort_fan_out_reach_every_worker(cluster: C
             return False
 
         attempts: list[str] = []  # each batch's outcome (the failure message's timeline)
-        for attempt in range(5):  # a new batch only once the last one finished unfrozen: event-driven
+        for attempt in range(BATCH_ATTEMPTS):  # a new batch only once the last one finished unfrozen: event-driven
             tasks = [asyncio.create_task(client.generate(greedy(f"rr-{attempt}-{i}", 400))) for i in range(6)]
             sent = asyncio.get_running_loop().time()
             if await frozen(tasks):
@@ -847,11 +854,24 @@ async def test_worker_killed_mid_round_is_marked_unhealthy_without_hanging(clust
     for client in clients:
         await client.start()
     try:
-        tasks = [
-            asyncio.create_task(client.generate(greedy(f"kill-{n}-{i}", 400)))
-            for n, client in enumerate(clients) for i in range(3)
-        ]
-        await wait_all_workers_running(cluster.workers)
+        # Both workers must run requests at the kill. A batch may finish before a poll sees that (run 54, two
+        # busy loops beside the suite: 120 s of polls never saw both running); a new batch then follows.
+        attempts: list[str] = []  # each unseen batch's outcome (the failure message's timeline)
+        for attempt in range(BATCH_ATTEMPTS):
+            tasks = [
+                asyncio.create_task(client.generate(greedy(f"kill-{attempt}-{n}-{i}", 400)))
+                for n, client in enumerate(clients) for i in range(3)
+            ]
+            try:
+                if await running_everywhere_unless_done(cluster.workers, tasks):
+                    break
+            except AssertionError as exc:  # neither: say what each side held
+                views = [(c.table.router_url, [(u, w.healthy, w.in_flight) for u, w in c.workers.items()]) for c in clients]
+                raise AssertionError(f"{exc}\n" + "\n".join(attempts) + f"\nclients {views}\n{await cluster.describe()}") from None
+            attempts.append(f"batch {attempt}: {[repr(t.exception()) if t.exception() else t.result().finish_reason for t in tasks]}")
+        else:
+            raise AssertionError("no batch ever ran on both workers at once\n" + "\n".join(attempts)
+                                 + f"\n{await cluster.describe()}")
         victim, survivor = cluster.workers
         os.killpg(cluster.procs[victim].pid, signal.SIGKILL)
         cluster.procs[victim].wait(timeout=10)

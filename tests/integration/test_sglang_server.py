@@ -771,6 +771,11 @@ async def _router_lists(router: str, workers: set[str]) -> bool:
     return {w["url"].rstrip("/") for w in listed} == workers
 
 
+def batch_outcomes(tasks: list[asyncio.Task[GenerateResult]]) -> list[str]:
+    """How each finished request of a batch ended: its finish reason, or its exception."""
+    return [repr(t.exception()) if t.exception() else t.result().finish_reason for t in tasks]
+
+
 async def running_everywhere_unless_done(workers: list[str], tasks: list[asyncio.Task[GenerateResult]]) -> bool:
     """Wait until every worker runs requests (True) or every task has finished first (False)."""
     async def settled() -> bool:
@@ -820,7 +825,7 @@ async def test_router_generation_and_abort_fan_out_reach_every_worker(cluster: C
             sent = asyncio.get_running_loop().time()
             if await frozen(tasks):
                 break
-            outcomes = [repr(t.exception()) if t.exception() else t.result().finish_reason for t in tasks]
+            outcomes = batch_outcomes(tasks)
             attempts.append(f"batch {attempt}: {outcomes}, all back within {asyncio.get_running_loop().time() - sent:.1f} s")
         else:
             client_view = [(u, w.healthy, w.failures, w.last_error) for u, w in client.workers.items()]
@@ -868,7 +873,7 @@ async def test_worker_killed_mid_round_is_marked_unhealthy_without_hanging(clust
             except AssertionError as exc:  # neither: say what each side held
                 views = [(c.table.router_url, [(u, w.healthy, w.in_flight) for u, w in c.workers.items()]) for c in clients]
                 raise AssertionError(f"{exc}\n" + "\n".join(attempts) + f"\nclients {views}\n{await cluster.describe()}") from None
-            attempts.append(f"batch {attempt}: {[repr(t.exception()) if t.exception() else t.result().finish_reason for t in tasks]}")
+            attempts.append(f"batch {attempt}: {batch_outcomes(tasks)}")
         else:
             raise AssertionError("no batch ever ran on both workers at once\n" + "\n".join(attempts)
                                  + f"\n{await cluster.describe()}")

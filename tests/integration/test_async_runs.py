@@ -2,31 +2,41 @@
 SGLang-protocol worker processes behind the real sglang router (gloo `distributed` weight transport),
 with one trainer process and with two gloo trainer ranks (`rljob run --nproc 2`).
 
-Each must show: the engines generated while the trainer trained (one process: tokens harvested during
-`train_step`); trained responses whose tokens come from several versions, none more than
-`maxStaleness` behind the step's version, versions never decreasing along a response; every step's
-ledger balanced (the overlap's tokens included) and the engines serving each new version.
+Each must show: the engines generated while the trainer trained (one process: each `train_step` is held
+until the engines' own token counter has grown since the overlap began, and fails if it never does);
+trained responses whose tokens come from several versions, none more than `maxStaleness` behind the
+step's version, versions never decreasing along a response; every step's ledger balanced (the
+overlap's tokens included) and the engines serving each new version.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+import httpx
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from rljob.api import parse_rljob
 from rljob.runtime.metrics import ledger_imbalance, read_jsonl
 from rljob.runtime.rollout.sample import Group
+from rljob.runtime.rollout.strategy import AsyncStrategy
 from rljob.runtime.runner import JobRunner, RunOptions
 from tests.integration.test_run_weight_sync import check_ledger, http_pool, use_sglang_pool  # noqa: F401 (fixture)
 from tests.integration.test_runner_resume import job_doc, tiny_policy
 
 STEPS = 6
 ETA = 1
+# How long a training step is held for the engines' first token (a bound on a failure, not a wait).
+GENERATION_TIMEOUT_S = 300.0
 
 
 def async_doc(model: Path, tmp_path: Path, steps: int = STEPS) -> dict:
@@ -61,32 +71,76 @@ def mixed_responses(runner: JobRunner, trained: list[tuple[int, Group]]) -> int:
     return check_versions(trained) + sum(len(set(s.versions)) > 1 for s in buffered)
 
 
-async def run_in_process(doc: dict, tmp_path: Path) -> tuple[JobRunner, list[tuple[int, Group]], list[int]]:
-    """Run the job in this process; record every trained group (with the step's version) and the tokens
-    the scheduler harvested while each train_step ran."""
+def embedded_tokens(runner: JobRunner) -> Callable[[], int]:
+    """The embedded engines' generated-token counter (EngineStats.generated_tokens, one per decoded token)."""
+    return lambda: sum(e.stats.generated_tokens for e in runner.engines)  # type: ignore[attr-defined]
+
+
+def worker_tokens(workers: list[str]) -> Callable[[], int]:
+    """The workers' `sglang:generation_tokens_total` counters (their /metrics, as SGLang exports it)."""
+
+    def total() -> int:
+        count = 0.0
+        for url in workers:
+            for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text):
+                count += sum(s.value for s in family.samples if s.name == "sglang:generation_tokens_total")
+        return int(count)
+
+    return total
+
+
+def hold_until_generated(generated: Callable[[], int], before: int) -> None:
+    """Block the training step until the engines' counter passed `before` (read as the overlap began).
+
+    A wait on the event (a token generated while the step has not returned), bounded only to fail:
+    run_in_process makes every overlap start with groups launched ahead, so tokens must come while
+    the step trains; a scheduler that left the engines idle during training fails here, not hangs."""
+    start = time.monotonic()
+    while generated() <= before:
+        assert time.monotonic() - start < GENERATION_TIMEOUT_S, (
+            f"the engines generated no token in {GENERATION_TIMEOUT_S:.0f}s while the trainer trained")
+        time.sleep(0.01)
+
+
+async def run_in_process(doc: dict, tmp_path: Path,
+                         generated: Callable[[JobRunner], Callable[[], int]]) -> tuple[JobRunner, list[tuple[int, Group]]]:
+    """Run the job in this process; record every trained group (with the step's version) and hold each
+    train_step until the engines generated a token since its overlap began (`generated` reads their
+    counter, as generate_during starts: before it launches the groups ahead).
+
+    With the default one batch ahead, the engines may rightly idle through a step: when the round's
+    over-sampled surplus (2 x 3 groups launched, 3 accepted) has finished before the step starts, a
+    batch is already done ahead (run 57 of docs/development.md). Two batches ahead leave at least three
+    groups to launch as every step starts, each owing at least one token."""
     runner = JobRunner(parse_rljob(doc), RunOptions(output_dir=tmp_path / "out"))
     await runner.setup()
+    assert isinstance(runner.scheduler.strategy, AsyncStrategy)
+    runner.scheduler.strategy.ahead_batches = 2.0
+    tokens = generated(runner)
+    overlap_began_at = [0]
     trained: list[tuple[int, Group]] = []
-    during: list[int] = []
-    real = runner.trainer.train_step
+    real_step, real_during = runner.trainer.train_step, runner.scheduler.generate_during
 
     def train_step(groups: list[Group], version: int):  # type: ignore[no-untyped-def]
-        before = runner.scheduler.progress.tokens
         trained.extend((version, g) for g in groups)
-        metrics = real(groups, version)
-        during.append(runner.scheduler.progress.tokens - before)
+        metrics = real_step(groups, version)
+        hold_until_generated(tokens, overlap_began_at[0])
         return metrics
 
+    async def generate_during(training):  # type: ignore[no-untyped-def]
+        overlap_began_at[0] = await asyncio.to_thread(tokens)
+        return await real_during(training)
+
     runner.trainer.train_step = train_step  # type: ignore[method-assign]
+    runner.scheduler.generate_during = generate_during  # type: ignore[method-assign]
     summary = await runner.run()
     assert summary.policy_version == doc["spec"]["trainer"]["steps"]
-    return runner, trained, during
+    return runner, trained
 
 
 async def test_async_run_on_the_embedded_engine(tmp_path: Path) -> None:
     doc = async_doc(tiny_policy(tmp_path / "model"), tmp_path)
-    runner, trained, during = await run_in_process(doc, tmp_path)
-    assert sum(during) > 0, f"the engines generated nothing while the trainer trained: {during}"
+    runner, trained = await run_in_process(doc, tmp_path, embedded_tokens)
     assert mixed_responses(runner, trained) >= 1, "no response carries tokens of two versions"
     records = read_jsonl(tmp_path / "out" / "metrics.jsonl")
     assert [r["policy_version"] for r in records] == list(range(1, STEPS + 1))
@@ -98,8 +152,7 @@ async def test_async_run_on_sglang_workers(tmp_path: Path, http_pool) -> None:  
     model, workers, router = http_pool
     doc = async_doc(model, tmp_path)
     use_sglang_pool(doc, router, workers)
-    runner, trained, during = await run_in_process(doc, tmp_path)
-    assert sum(during) > 0, f"the workers generated nothing while the trainer trained: {during}"
+    runner, trained = await run_in_process(doc, tmp_path, lambda _runner: worker_tokens(workers))
     # Versions within the bound and non-decreasing; a response of two versions is likely, not certain,
     # here (the workers often finish what is in flight before the tiny model's step ends): the
     # embedded test and tests/unit/runtime/rollout/test_scheduler_async.py require one.

@@ -14,7 +14,12 @@ export RLJOB_CACHE ?= $(HOME)/.cache/rljob
 
 .PHONY: install quickstart test unit lint cluster-build cluster-images cluster-up cluster-down benchmark crds images
 
+# A fresh virtualenv holds 5.6 GB (torch's CUDA wheels), and pip keeps its downloads meanwhile: with
+# less free than the venv itself, stop at once with what to do instead of pip's ENOSPC half-way.
+VENV_GB := 6
 $(STAMP):
+	@test -x $(BIN)/python || { free=$$(df -Pk . | awk 'NR==2 {print int($$4 / 1048576)}'); test $$free -ge $(VENV_GB) || \
+	  { echo "make install: a fresh $(VENV) needs $(VENV_GB) GB free here (about 9 GB while pip downloads), and $$free GB is: free some (df -h .) and rerun" >&2; exit 1; }; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'

@@ -54,6 +54,10 @@ class RecordingEngine(EmbeddedEngine):
         self.peak_load = max(self.peak_load, self.current_load().total + 1)
         return await super().generate(request)
 
+    def mid_response(self) -> int:
+        """Sequences running with at least one token out: what an abort now interrupts mid-response."""
+        return sum(1 for s in self._running if s.finish_reason is None and s.output_ids)
+
 
 class DownEngine(EmbeddedEngine):
     """The real embedded engine with its workers gone: every generate fails and health is False."""

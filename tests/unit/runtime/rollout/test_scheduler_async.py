@@ -3,8 +3,8 @@ generating while a (stand-in) training step runs, the weight sync interrupts the
 next round resumes each response under the new weights, and every token carries the version that
 generated it.
 
-The stand-in training step ends on observed events (the overlap generated tokens and finished a group
-ahead), never after a fixed time.
+The stand-in training step ends on observed events (the overlap finished a group ahead and the engine
+holds a response mid-way), never after a fixed time.
 """
 
 from __future__ import annotations
@@ -24,6 +24,17 @@ from tests.helpers.tiny_model import build_tiny_model
 from tests.unit.runtime.rollout.test_scheduler import Ledger, RecordingEngine, assert_conserved, make_scheduler
 
 DEADLINE_S = 120.0
+# Batches kept ahead by the schedulers whose stand-in step waits for `overlap_done`. With the default
+# one, the engine may rightly run dry during the step: when the round's over-sampled surplus has
+# finished before the step starts, a batch is done ahead and nothing is launched, so no response is
+# ever mid-way (clean-clone run 59 of docs/development.md hung so). Four batches (48 samples, for an
+# engine of 32 slots) keep it full until the condition is seen.
+AHEAD_BATCHES = 4.0
+
+
+def async_scheduler(engine: RecordingEngine, staleness: int) -> RolloutScheduler:
+    """A scheduler of async APRIL (over-sampling 2) that keeps the engine busy through every step."""
+    return make_scheduler(AsyncStrategy(over_sampling=2.0, ahead_batches=AHEAD_BATCHES), [engine], staleness=staleness)
 
 
 async def until(condition: Callable[[], bool], what: str) -> str:
@@ -36,9 +47,10 @@ async def until(condition: Callable[[], bool], what: str) -> str:
 
 
 def overlap_done(scheduler: RolloutScheduler, result: RoundResult) -> Callable[[], bool]:
-    """The overlap finished a group ahead and has requests in flight (so the sync interrupts some)."""
+    """A group finished ahead, and a response is mid-way on an engine (so the sync interrupts it)."""
     stats = result.stats
-    return lambda: stats.surplus_groups >= 1 and scheduler.progress.in_flight_groups >= 1
+    engines = [e for e in scheduler.engines if isinstance(e, RecordingEngine)]
+    return lambda: stats.surplus_groups >= 1 and any(e.mid_response() for e in engines)
 
 
 @pytest.fixture
@@ -87,7 +99,7 @@ def test_ahead_launches_keep_target_groups_in_flight_or_done(in_flight, done_ahe
 
 
 async def test_engines_generate_during_training_and_the_sync_interrupts_mid_response(engine):
-    scheduler = make_scheduler(AsyncStrategy(over_sampling=2.0), [engine], staleness=2)
+    scheduler = async_scheduler(engine, staleness=2)
     ledger = Ledger()
     first = await async_step(scheduler, 0, ledger)
     s = first.stats
@@ -147,7 +159,7 @@ async def test_the_work_kept_ahead_while_the_trainer_trains_is_one_batch(engine)
 
 
 async def test_async_conserves_every_token_over_several_steps(engine):
-    scheduler = make_scheduler(AsyncStrategy(over_sampling=2.0), [engine], staleness=2)
+    scheduler = async_scheduler(engine, staleness=2)
     ledger = Ledger()
     overlap = 0
     for v in range(4):
@@ -168,7 +180,7 @@ async def test_async_conserves_every_token_over_several_steps(engine):
 async def test_staleness_bound_zero_regenerates_every_group_done_ahead(engine):
     # η = 0: a group finished while the trainer trained at v is one version old at v + 1, over the
     # bound: it is regenerated (counted), never trained.
-    scheduler = make_scheduler(AsyncStrategy(over_sampling=2.0), [engine], staleness=0)
+    scheduler = async_scheduler(engine, staleness=0)
     ledger = Ledger()
     regenerated = 0
     for v in range(3):

@@ -130,18 +130,26 @@ async def test_engines_generate_during_training_and_the_sync_interrupts_mid_resp
 
 
 def kept_ahead(scheduler: RolloutScheduler, result: RoundResult, ahead: list[int]) -> Callable[[], bool]:
-    """The stand-in training step's condition (a group done ahead, or nothing left in flight), noting at
-    every poll how many groups are in flight or done ahead."""
+    """The stand-in training step's condition (the engine generated since the step began, and a group is
+    done ahead or nothing is left in flight), noting at every poll how many groups are in flight or done
+    ahead. Without the first part, a round whose last harvest brought its surplus group in ended the step
+    at once, before the groups launched ahead had a token (overlap_tokens 0)."""
+    engine = scheduler.engines[0]
+    began_at = engine.stats.generated_tokens  # type: ignore[attr-defined]
+
     def condition() -> bool:
         ahead.append(scheduler.progress.in_flight_groups + result.stats.surplus_groups)
-        return result.stats.surplus_groups >= 1 or scheduler.progress.in_flight_groups == 0
+        generated = engine.stats.generated_tokens > began_at  # type: ignore[attr-defined]
+        return generated and (result.stats.surplus_groups >= 1 or scheduler.progress.in_flight_groups == 0)
     return condition
 
 
 async def test_the_work_kept_ahead_while_the_trainer_trains_is_one_batch(engine):
     # What generates while step v trains is trained at v + 1 at the earliest, which takes one batch: the
     # groups in flight plus those done ahead stay within a batch (or within what was still in flight at
-    # collection, which runs on), though the round itself over-samples (target 5 for a batch of 4).
+    # collection, which runs on), though the round itself over-samples (target 5 for a batch of 4). As a
+    # step starts, fewer than a batch are done ahead (the round's surplus), so groups are in flight or
+    # launched: the engine has work through every step, and kept_ahead waits for its tokens.
     scheduler = make_scheduler(AsyncStrategy(over_sampling=1.25), [engine], batch=4, staleness=2)
     launched_ahead = 0
     for v in range(4):

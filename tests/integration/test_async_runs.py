@@ -15,12 +15,10 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,6 +28,7 @@ from rljob.runtime.metrics import ledger_imbalance, read_jsonl
 from rljob.runtime.rollout.sample import Group
 from rljob.runtime.rollout.strategy import AsyncStrategy
 from rljob.runtime.runner import JobRunner, RunOptions
+from tests.cluster.kube import wait_until
 from tests.integration.test_run_weight_sync import check_ledger, http_pool, use_sglang_pool  # noqa: F401 (fixture)
 from tests.integration.test_runner_resume import job_doc, tiny_policy
 
@@ -95,11 +94,8 @@ def hold_until_generated(generated: Callable[[], int], before: int) -> None:
     A wait on the event (a token generated while the step has not returned), bounded only to fail:
     run_in_process makes every overlap start with groups launched ahead, so tokens must come while
     the step trains; a scheduler that left the engines idle during training fails here, not hangs."""
-    start = time.monotonic()
-    while generated() <= before:
-        assert time.monotonic() - start < GENERATION_TIMEOUT_S, (
-            f"the engines generated no token in {GENERATION_TIMEOUT_S:.0f}s while the trainer trained")
-        time.sleep(0.01)
+    wait_until(lambda: generated() > before, GENERATION_TIMEOUT_S, "a token generated while the trainer trained",
+               interval=0.01)
 
 
 async def run_in_process(doc: dict, tmp_path: Path,

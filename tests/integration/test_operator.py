@@ -801,7 +801,7 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(
     assert job["status"]["rollout"]["summary"] == "4/4", partial
     assert children(kube_cluster, namespace, "phoenix") == expected_children("phoenix")
     # Killing it again at a steady state and restarting changes nothing. Running is not yet steady for
-    # kopf: the update for the patched spec may still be in progress (run 65 killed it there, and the
+    # kopf: the update for the patched spec may still be in progress (CI run 64b killed it there, and the
     # restart then rightly logged "Updating", not "Resuming").
     wait_for(lambda: kopf_settled(get(api, namespace, "phoenix")), "kopf done with every handler of phoenix")
     operator.kill()

@@ -36,9 +36,6 @@ from rljob.runtime.weights.buckets import Bucket, drain
 
 log = logging.getLogger(__name__)
 
-# Full weights gathered from the FSDP2 shards for a sync, at most this much at a time per bucket.
-SYNC_BUCKET_BYTES = 64 << 20
-
 
 @dataclass
 class Order:
@@ -147,6 +144,7 @@ class TrainingRank:
         self.job = job
         self.distributed = distributed
         settings = loop_settings(job, steps=None, resume=None, metrics_port=None)
+        self.sync_bucket_bytes = settings.sync_bucket_bytes  # rank 0's (GatheredWeights): the same buckets
         self.checkpoints = build_checkpoints(job, distributed)
         self.trainer = build_trainer(job, open_policy_for_training(job).model, distributed)
         self.steps_trained = 0
@@ -206,5 +204,5 @@ class TrainingRank:
                 set_rng_state(loaded.rng)
 
     def _join_weight_sync(self) -> None:
-        for _ in self.trainer.backend.iter_full_weights(SYNC_BUCKET_BYTES):
+        for _ in self.trainer.backend.iter_full_weights(self.sync_bucket_bytes):
             pass  # the gathers run; the buckets go to rank 0 only

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from rljob.runtime.training.distributed import Distributed
 from rljob.runtime.weights.buckets import Bucket, PlannedBuckets, named_buckets
@@ -51,6 +51,36 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
         raise ValueError(f"{type(model).__name__}: no decoder layers (model.get_decoder().layers) to shard")
     return list(layers)
+
+
+def _unique(bucket: Bucket) -> list[torch.Tensor]:
+    """The bucket's tensors, each once (a tied tensor is listed under several names)."""
+    return list({id(t): t for _, t in bucket}.values())
+
+
+def _row_sharded(tensor: torch.Tensor) -> TypeGuard[DTensor]:
+    """A DTensor split by rows over a 1-D mesh: what fully_shard makes of every parameter."""
+    return isinstance(tensor, DTensor) and tensor.device_mesh.ndim == 1 and tensor.placements == (Shard(0),)
+
+
+def _rows_of(full: torch.Tensor, world_size: int) -> list[torch.Tensor]:
+    """Each rank's rows of `full` as views, as fully_shard splits them (torch.chunk, then empty
+    chunks for the ranks past the last row), so a shard is received straight into its place."""
+    parts = list(full.chunk(world_size, dim=0))
+    return parts + [full[:0]] * (world_size - len(parts))
+
+
+def _run_p2p(ops: list[dist.P2POp]) -> None:
+    # Point-to-point into rank 0, not an all-gather: over gloo an all-gather moves every shard to
+    # every rank and costs 2.5-3x a broadcast of the same bytes (benchmarks/weight_sync.py).
+    for work in dist.batch_isend_irecv(ops) if ops else []:
+        work.wait()
+
+
+def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """Collective for a DTensor not sharded by rows (every rank calls it); anything else as it is."""
+    value = tensor.detach()
+    return value.full_tensor() if isinstance(value, DTensor) else value
 
 
 def _shard(model: nn.Module, mp_policy: MixedPrecisionPolicy) -> nn.Module:
@@ -128,16 +158,21 @@ class FSDP2Backend:
     def iter_full_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
         """Collective: the full, unsharded state of the model on rank 0, `bucket_bytes` at a time.
 
-        Every rank must iterate this generator to its end, in step with the others: each parameter
-        is all-gathered (`DTensor.full_tensor()`) when reached. Rank 0 receives buckets of
-        (Hugging Face parameter name, full tensor on the CPU, in the training dtype) of at most
-        `bucket_bytes` each (a larger tensor comes alone; weights/buckets.py); the other ranks
-        take part in the gathers and receive no bucket. A bucket is planned from the shards' full
-        sizes before any of it is gathered, so rank 0 holds one bucket of full tensors at a time
+        Every rank must iterate this generator to its end, in step with the others. Rank 0 receives
+        buckets of (Hugging Face parameter name, full tensor on the CPU, in the training dtype) of at
+        most `bucket_bytes` each (a larger tensor comes alone; weights/buckets.py); the other ranks
+        send their shards of each bucket and receive no bucket. A bucket is planned from the shards'
+        full sizes before any of it is gathered, so rank 0 holds one bucket of full tensors at a time
         (plus what its consumer keeps), never the whole model. Tied weights (an output head sharing
         the embedding) are gathered once and listed under each of their names, in the same bucket.
         """
-        return self._full_buckets(bucket_bytes) if self.rank == 0 else self._drain()
+        plan = list(named_buckets(self._sharded(), bucket_bytes, key=id))
+        # A tag per tensor of the whole pass, not per bucket: a shard meets its receive by tag, so ranks
+        # whose buckets were cut differently still pair every shard with its place (no deadlock).
+        tags = {id(t): tag for tag, t in enumerate(t for bucket in plan for t in _unique(bucket))}
+        if self.rank == 0:
+            return PlannedBuckets(plan, lambda planned: self._gather_bucket(planned, tags))
+        return self._send_buckets(plan, tags)
 
     def _sharded(self) -> Iterator[tuple[str, torch.Tensor]]:
         # State-dict order, every name of a tied tensor right after its first (FSDP2 ties share the object).
@@ -151,29 +186,37 @@ class FSDP2Backend:
                 done.add(id(tensor))
                 yield from ((alias, tensor) for alias in aliases[id(tensor)])
 
-    @staticmethod
-    def _gather(tensor: torch.Tensor) -> torch.Tensor:
-        value = tensor.detach()
-        return (value.full_tensor() if isinstance(value, DTensor) else value).cpu()
+    def _gather_bucket(self, planned: Bucket, tags: dict[int, int]) -> Bucket:
+        """Rank 0: one bucket of full tensors, received from the other ranks' shards in one batch."""
+        gathered = {id(t): t for t in _unique(planned)}
+        receives: list[dist.P2POp] = []
+        for tensor in list(gathered.values()):
+            if _row_sharded(tensor):
+                full = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.to_local().device)
+                parts = _rows_of(full, self.world_size)
+                parts[0].copy_(tensor.to_local().detach())
+                group = tensor.device_mesh.get_group()
+                receives += [dist.P2POp(dist.irecv, part, group=group, group_peer=r, tag=tags[id(tensor)])
+                             for r, part in enumerate(parts) if r > 0 and part.numel()]
+                gathered[id(tensor)] = full
+        _run_p2p(receives)
+        for key, tensor in gathered.items():  # anything not sharded by rows: a plain collective
+            gathered[key] = _full_tensor(tensor)
+        return [(name, gathered[id(tensor)].cpu()) for name, tensor in planned]
 
-    def _full_buckets(self, bucket_bytes: int) -> PlannedBuckets:
-        def gather(planned: Bucket) -> Bucket:
-            gathered: dict[int, torch.Tensor] = {}
-            for _, tensor in planned:
-                if id(tensor) not in gathered:
-                    gathered[id(tensor)] = self._gather(tensor)
-            return [(name, gathered[id(tensor)]) for name, tensor in planned]
-
-        # Planned from the shards' full sizes (references, no memory), gathered one bucket per next().
-        return PlannedBuckets(list(named_buckets(self._sharded(), bucket_bytes, key=id)), gather)
-
-    def _drain(self) -> Iterator[Bucket]:
-        # Runs every gather in step with rank 0 (the same tensors in the same order) and yields nothing.
-        done: set[int] = set()
-        for _, tensor in self._sharded():
-            if id(tensor) not in done:
-                done.add(id(tensor))
-                self._gather(tensor)
+    def _send_buckets(self, plan: list[Bucket], tags: dict[int, int]) -> Iterator[Bucket]:
+        """Ranks > 0: each bucket's shards to rank 0, in step with its _gather_bucket; no bucket here."""
+        for planned in plan:
+            sends: list[dist.P2POp] = []
+            unique = _unique(planned)
+            for tensor in unique:
+                if _row_sharded(tensor) and (local := tensor.to_local().detach()).numel():
+                    sends.append(dist.P2POp(dist.isend, local.contiguous(), group=tensor.device_mesh.get_group(),
+                                            group_peer=0, tag=tags[id(tensor)]))
+            _run_p2p(sends)
+            for tensor in unique:
+                if not _row_sharded(tensor):
+                    _full_tensor(tensor)
         yield from ()
 
     def checkpoint_state(self) -> dict[str, Any]:

@@ -106,6 +106,33 @@ def test_two_gloo_ranks_take_the_update_of_one_process(tmp_path: Path, n_groups:
         assert moved > 1e3 * WEIGHT_ATOL, "the update did not move the weights: the comparison proves nothing"
 
 
+UNEVEN = {"vocab_size": 4, "hidden_size": 40}  # 3 ranks: 4 rows split 2/2/0 (an empty shard), 40 rows 14/14/12
+
+
+def _gather_on_ranks(rank: int, out: Path) -> None:
+    from rljob.runtime.training.distributed import DistEnv, Distributed
+    from rljob.runtime.training.fsdp import FSDP2Backend
+
+    env = DistEnv.from_environ()
+    assert env is not None
+    backend = FSDP2Backend(build_tiny_model(seed=5, **UNEVEN), 1e-3, 0.0, Distributed(env, "cpu"))
+    buckets = list(backend.iter_full_weights(1 << 12))  # small buckets: many, some holding several tensors
+    if rank == 0:
+        torch.save({n: t.clone() for bucket in buckets for n, t in bucket}, out / "weights.pt")
+    else:
+        assert buckets == [], "iter_full_weights gave a bucket to a rank other than 0"
+
+
+def test_three_ranks_with_uneven_and_empty_shards_give_rank_0_the_exact_weights(tmp_path: Path) -> None:
+    # Rank 0 receives each shard straight into its rows of the full tensor (fsdp._rows_of): a wrong
+    # split of uneven rows, or a rank past the last row, would misplace or drop rows.
+    run_ranks(_gather_on_ranks, 3, tmp_path)
+    got = torch.load(tmp_path / "weights.pt")
+    expected = build_tiny_model(seed=5, **UNEVEN).state_dict()
+    assert list(got) == list(expected)
+    assert [n for n, t in expected.items() if not torch.equal(got[n], t)] == []
+
+
 # ---------------------------------------------------------------------------------------------
 # resharding: a checkpoint resumes at another world size (2 -> 1, 2 -> 4, and a bf16 one of 1 -> 2)
 

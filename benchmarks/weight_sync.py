@@ -11,8 +11,9 @@ RSS (glibc told to unmap freed memory: tests/helpers/rss.py) for its peak above 
 The floor, on the same run: rank 0 broadcasts the same bytes, bucket by bucket, to rank 1 over the
 trainers' own gloo group (the same world size as the weight-update group: 1 sender, 1 receiver), with no
 gather, no HTTP and no engine. `over_floor` is sync seconds per GB over floor seconds per GB. The gather
-alone (every rank pulls the buckets from the shards, nothing is sent) is timed too: a sync costs about
-gather + floor + the HTTP calls and the worker's copy into its model.
+alone (every rank pulls the buckets from the shards, nothing is sent) is timed too: the transport gathers
+bucket k+1 while it broadcasts bucket k, so a sync costs about the larger of the gather and the floor,
+plus each bucket's HTTP call and the worker's copy into its model (the worker takes one bucket at a time).
 
 Everything shares the machine's cores and the "network" is loopback; see docs/benchmarks/README.md for what
 it says and does not say about a GPU cluster.

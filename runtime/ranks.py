@@ -32,7 +32,7 @@ from rljob.runtime.rollout.sample import Group
 from rljob.runtime.training.backend import TrainingBackend
 from rljob.runtime.training.balance import balance_by_tokens
 from rljob.runtime.training.distributed import Distributed
-from rljob.runtime.weights.buckets import Bucket, drain
+from rljob.runtime.weights.buckets import Bucket, CountedBuckets, drain
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,12 @@ class _Pass:
     def __next__(self) -> Bucket:
         with self._lock:
             return next(self._buckets)
+
+    @property
+    def remaining(self) -> int | None:
+        """The planned buckets not pulled yet (weights/buckets.py's with_last then needs no bucket
+        of look-ahead, which a transport would hold beside the one it sends); None when unplanned."""
+        return self._buckets.remaining if isinstance(self._buckets, CountedBuckets) else None
 
 
 @dataclass

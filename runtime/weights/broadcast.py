@@ -229,10 +229,14 @@ class DistributedTransport(WeightTransport):
         await self._all(members, *_post(pause_generation_call()))
         wire = self._wire
         buckets = with_last(weights())
+        # Each bucket is pulled in a thread (with a sharded trainer, pulling it runs the gathers), the
+        # next one while this one is broadcast: rank 0 holds at most two buckets, and the gathers
+        # overlap the broadcasts and the workers' copies instead of adding to them.
+        ahead = asyncio.create_task(asyncio.to_thread(next, buckets, None))
         try:
-            # Each bucket is pulled in a thread: with a sharded trainer, pulling it runs the all-gathers.
-            while (item := await asyncio.to_thread(next, buckets, None)) is not None:
+            while (item := await ahead) is not None:
                 bucket, last = item
+                ahead = asyncio.create_task(asyncio.to_thread(next, buckets, None))
                 call = update_weights_from_distributed_call(
                     [n for n, _ in bucket], [dtype_name(wire_dtype_of(t, wire)) for _, t in bucket],
                     [list(t.shape) for _, t in bucket], self._group.group_name if self._group else "",
@@ -248,12 +252,14 @@ class DistributedTransport(WeightTransport):
                     replies.update(bad)
                     raise RuntimeError(f"{len(bad)} engine ranks failed a bucket")
                 report.bytes_sent += wire_bytes(bucket, wire)
-                del bucket, item  # before the next bucket is gathered: one bucket of full tensors at a time
+                del bucket, item  # this bucket's tensors go before the one after next is gathered
         except RuntimeError as exc:
             log.error("weight sync of version %d over the weight-update group failed: %s; the group is rebuilt "
                       "at the next sync", version, exc)
             for url in members:
                 replies[url] = replies[url] or str(exc)
+            with contextlib.suppress(RuntimeError):  # a failed gather: drain below meets it again
+                await ahead  # the pull in flight ends before the rest is drained (one generator, one thread)
             await asyncio.to_thread(drain, buckets)
             await self._destroy()
         finally:

@@ -11,7 +11,7 @@ once and keeps all its names in the bucket it started.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -64,6 +64,18 @@ def bucket_bytes(bucket: Bucket) -> int:
     return sum(t.numel() * t.element_size() for _, t in bucket)
 
 
+@runtime_checkable
+class CountedBuckets(Protocol):
+    """Buckets that can say how many are left before producing them (None: they cannot)."""
+
+    @property
+    def remaining(self) -> int | None:
+        """Buckets not produced yet, or None when unknown."""
+
+    def __next__(self) -> Bucket:
+        """The next bucket."""
+
+
 class PlannedBuckets(Iterator[Bucket]):
     """Buckets planned from sizes before any is produced (a sharded trainer plans from its shards and
     gathers a bucket only when asked), so a consumer knows which is the last without holding the next."""
@@ -85,12 +97,13 @@ class PlannedBuckets(Iterator[Bucket]):
 
 
 def with_last(buckets: Iterable[Bucket]) -> Iterator[tuple[Bucket, bool]]:
-    """Each bucket with a flag telling whether it is the last: from the plan of PlannedBuckets, else
-    with one bucket of look-ahead (which a consumer then holds next to the current one)."""
+    """Each bucket with a flag telling whether it is the last: from the count of CountedBuckets (a
+    PlannedBuckets), else with one bucket of look-ahead (which a consumer then holds next to the
+    current one)."""
     it = iter(buckets)
-    if isinstance(it, PlannedBuckets):
-        while it.remaining:  # no local keeps a bucket while the next one is produced
-            yield next(it), it.remaining == 0
+    if isinstance(it, CountedBuckets) and it.remaining is not None:
+        for bucket in it:  # no local keeps a bucket while the next one is produced
+            yield bucket, it.remaining == 0
         return
     try:
         current = next(it)

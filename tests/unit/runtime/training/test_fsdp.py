@@ -10,9 +10,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from rljob.runtime.ranks import GatheredWeights, OrderSender
 from rljob.runtime.training.backend import SingleProcessBackend, build_backend
 from rljob.runtime.training.distributed import DistEnv, Distributed
 from rljob.runtime.training.fsdp import FSDP2Backend, decoder_layers
+from rljob.runtime.weights.buckets import with_last
 
 from tests.helpers.processes import free_port
 from tests.helpers.tiny_model import build_tiny_model
@@ -106,3 +108,18 @@ def test_one_rank_fsdp2_checkpoint_state_round_trips(one_rank: Distributed):
     backend.load_checkpoint_state(template)
     restored = full_weights(backend)
     assert all(torch.equal(restored[n], saved[n]) for n in saved)
+
+
+def test_rank0_sync_source_is_planned_so_a_transport_holds_no_bucket_ahead(one_rank: Distributed):
+    # The distributed transport gathers bucket k+1 while it broadcasts bucket k; with one bucket of
+    # look-ahead on top (with_last's fallback for a source it cannot count), rank 0 would hold three.
+    backend = FSDP2Backend(build_tiny_model(seed=0), learning_rate=1e-3, weight_decay=0.0, distributed=one_rank)
+    total = len(list(backend.iter_full_weights(1 << 14)))
+    assert total > 2, "the tiny model must span several buckets for this test"
+    gathered = GatheredWeights(backend, 1 << 14, OrderSender(None))
+    pulls = with_last(gathered())
+    seen = []
+    for _, last in pulls:
+        assert gathered.current is not None and gathered.current.remaining == total - len(seen) - 1
+        seen.append(last)
+    assert seen == [False] * (total - 1) + [True]

@@ -77,10 +77,15 @@ def _run_p2p(ops: list[dist.P2POp]) -> None:
         work.wait()
 
 
-def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """Collective for a DTensor not sharded by rows (every rank calls it); anything else as it is."""
-    value = tensor.detach()
-    return value.full_tensor() if isinstance(value, DTensor) else value
+def _gather_the_rest(unique: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Collective (every rank, in plan order): the full value of each tensor not sharded by rows
+    (a DTensor of another placement is all-gathered; a plain tensor is itself), keyed by id."""
+    rest = {}
+    for tensor in unique:
+        if not _row_sharded(tensor):
+            value = tensor.detach()
+            rest[id(tensor)] = value.full_tensor() if isinstance(value, DTensor) else value
+    return rest
 
 
 def _shard(model: nn.Module, mp_policy: MixedPrecisionPolicy) -> nn.Module:
@@ -188,35 +193,28 @@ class FSDP2Backend:
 
     def _gather_bucket(self, planned: Bucket, tags: dict[int, int]) -> Bucket:
         """Rank 0: one bucket of full tensors, received from the other ranks' shards in one batch."""
-        gathered = {id(t): t for t in _unique(planned)}
+        unique = _unique(planned)
+        full: dict[int, torch.Tensor] = {}
         receives: list[dist.P2POp] = []
-        for tensor in list(gathered.values()):
-            if _row_sharded(tensor):
-                full = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.to_local().device)
-                parts = _rows_of(full, self.world_size)
-                parts[0].copy_(tensor.to_local().detach())
-                group = tensor.device_mesh.get_group()
-                receives += [dist.P2POp(dist.irecv, part, group=group, group_peer=r, tag=tags[id(tensor)])
-                             for r, part in enumerate(parts) if r > 0 and part.numel()]
-                gathered[id(tensor)] = full
+        for tensor in filter(_row_sharded, unique):
+            local = tensor.to_local().detach()
+            full[id(tensor)] = torch.empty(tensor.shape, dtype=tensor.dtype, device=local.device)
+            parts = _rows_of(full[id(tensor)], self.world_size)
+            parts[0].copy_(local)
+            receives += [dist.P2POp(dist.irecv, part, group=tensor.device_mesh.get_group(), group_peer=r,
+                                    tag=tags[id(tensor)]) for r, part in enumerate(parts) if r > 0 and part.numel()]
         _run_p2p(receives)
-        for key, tensor in gathered.items():  # anything not sharded by rows: a plain collective
-            gathered[key] = _full_tensor(tensor)
-        return [(name, gathered[id(tensor)].cpu()) for name, tensor in planned]
+        full.update(_gather_the_rest(unique))
+        return [(name, full[id(tensor)].cpu()) for name, tensor in planned]
 
     def _send_buckets(self, plan: list[Bucket], tags: dict[int, int]) -> Iterator[Bucket]:
         """Ranks > 0: each bucket's shards to rank 0, in step with its _gather_bucket; no bucket here."""
         for planned in plan:
-            sends: list[dist.P2POp] = []
             unique = _unique(planned)
-            for tensor in unique:
-                if _row_sharded(tensor) and (local := tensor.to_local().detach()).numel():
-                    sends.append(dist.P2POp(dist.isend, local.contiguous(), group=tensor.device_mesh.get_group(),
-                                            group_peer=0, tag=tags[id(tensor)]))
-            _run_p2p(sends)
-            for tensor in unique:
-                if not _row_sharded(tensor):
-                    _full_tensor(tensor)
+            _run_p2p([dist.P2POp(dist.isend, local.contiguous(), group=tensor.device_mesh.get_group(), group_peer=0,
+                                 tag=tags[id(tensor)])
+                      for tensor in filter(_row_sharded, unique) if (local := tensor.to_local().detach()).numel()])
+            _gather_the_rest(unique)
         yield from ()
 
     def checkpoint_state(self) -> dict[str, Any]:

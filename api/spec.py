@@ -631,6 +631,13 @@ class WeightTransportSpec(ApiModel):
         "else <output>/weights.",
     )
     keep_last: int = Field(default=2, ge=1, le=1000, description="Snapshots kept in diskDir (disk); older ones are deleted.")
+    flush_cache: bool = Field(
+        default=True,
+        description="Flush the engines' KV (radix) cache with each weight update (SGLang's flush_cache; distributed "
+        "and tensor). false keeps it: samples interrupted at the sync resume without prefilling their prompt and "
+        "partial response again, their earlier tokens' keys and values still those of the old weights "
+        "(docs/weight_sync.md#keeping-the-cache). The disk mode always flushes.",
+    )
 
 
 _TOLERATION_EXISTS_VALUE = "tolerations[].value must be empty when operator is Exists (Kubernetes refuses the pod)"

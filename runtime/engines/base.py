@@ -77,6 +77,9 @@ class WeightUpdate:
     module: torch.nn.Module | None = None
     path: str | None = None
     tensors: dict[str, torch.Tensor] | None = None
+    # False: the engine keeps the keys and values it holds (interrupted rows resume without a prefill,
+    # their earlier tokens' keys and values from the old weights); SGLang's ``flush_cache``.
+    flush_cache: bool = True
 
 
 class EngineError(RuntimeError):
@@ -169,9 +172,12 @@ class TensorTarget(Protocol):
 
     name: str
 
-    async def load_named_tensors(self, tensors: list[tuple[str, torch.Tensor]], version: int | None) -> None:
+    async def load_named_tensors(
+        self, tensors: list[tuple[str, torch.Tensor]], version: int | None, flush_cache: bool = True
+    ) -> None:
         """Copy one bucket of full named tensors into the served model; ``version`` (with the last
-        bucket) becomes the served version. EngineError when a name or shape does not fit."""
+        bucket) becomes the served version; ``flush_cache`` False keeps the engine's cached keys and
+        values (WeightUpdate). EngineError when a name or shape does not fit."""
         ...
 
     def served_version(self) -> int | None:

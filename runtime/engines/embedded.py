@@ -13,8 +13,12 @@ while a step computes; weight updates take the same lock as a step, so they land
 Abort follows SGLang: a waiting request finishes at once with no tokens; a running one finishes after
 the step in flight, with every token generated so far (log-probs included). Log-probs follow the
 convention of ``sampling.py``: log_softmax(logits / temperature) of the chosen token, before top-k/top-p.
+With a prefix cache, an aborted row's keys and values are kept, as SGLang's radix cache keeps an aborted
+request's: the sample resumed from it (its ids + the tokens it got) decodes on with no prefill. A
+weight install drops them unless told to keep the cache (``flush_cache`` False,
+docs/weight_sync.md#keeping-the-cache).
 
-Why one module of about 800 lines: the decode loop, admission, aborts, the weight install and both
+Why one module of about 870 lines: the decode loop, admission, aborts, the weight install and both
 kinds of step (prefill then decode, or chunks mixed into the decode) share one lock and one table of
 running sequences; the KV cache (slot_cache.py), the prefix cache (prefix_cache.py), the mixed forward
 and its chunk plan (chunked_prefill.py), sampling (sampling.py) and the HTTP face (server.py) already
@@ -52,7 +56,7 @@ from rljob.runtime.engines.chunked_prefill import (
     enable_mixed_attention,
     plan_pieces,
 )
-from rljob.runtime.engines.prefix_cache import Prefill, PrefillCache
+from rljob.runtime.engines.prefix_cache import Interrupted, Prefill, PrefillCache
 from rljob.runtime.engines.sampling import SamplingParams, sample_tokens
 from rljob.runtime.engines.slot_cache import SlotKVCache
 
@@ -71,6 +75,7 @@ class EngineStats:
     generated_tokens: int = 0
     prefill_tokens: int = 0  # prompt tokens run through the model
     cached_prefill_tokens: int = 0  # prompt tokens taken from a shared prefill instead (prefix_cache.py)
+    resumed_without_prefill: int = 0  # requests that took an interrupted row's keys and values
     prefill_steps: int = 0  # forwards that ran prompt tokens (with chunked prefill: steps carrying a chunk)
     mixed_steps: int = 0  # of those, forwards that also decoded running sequences (chunked prefill only)
     decode_steps: int = 0
@@ -221,7 +226,10 @@ class EmbeddedEngine(Engine):
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._cache: SlotKVCache | None = None  # allocated on the first prefill
-        self._prefixes = PrefillCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        self._prefixes: PrefillCache[Prefill] | None = PrefillCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        # Rows of sequences aborted part-way, for the samples that resume them (same budget, own entries).
+        self._interrupted: PrefillCache[Interrupted] | None = (
+            PrefillCache(prefix_cache_tokens) if prefix_cache_tokens else None)
         self.chunked_prefill_tokens = chunked_prefill_tokens
         self._partials: dict[_GroupKey, PartialPrefill] = {}  # prompts part-way through a chunked prefill
         self._wake = asyncio.Event()
@@ -292,9 +300,11 @@ class EmbeddedEngine(Engine):
         return self._prefixes is not None
 
     def flush_prefix_cache(self) -> None:
-        """Forget every cached prefill (SGLang's ``/flush_cache``; weight installs do it themselves)."""
-        if self._prefixes is not None:
-            self._prefixes.clear()
+        """Forget every cached prefill and interrupted row (SGLang's ``/flush_cache``; weight installs do
+        it themselves unless told to keep the cache)."""
+        for cache in (self._prefixes, self._interrupted):
+            if cache is not None:
+                cache.clear()
 
     # ----------------------------------------------------------------- requests
 
@@ -425,21 +435,30 @@ class EmbeddedEngine(Engine):
         """The version of the weights in this process's model."""
         return self.weight_version
 
-    async def load_named_tensors(self, tensors: list[tuple[str, torch.Tensor]], version: int | None) -> None:
+    async def load_named_tensors(
+        self, tensors: list[tuple[str, torch.Tensor]], version: int | None, flush_cache: bool = True
+    ) -> None:
         """Copy some full named parameters into the served model (one bucket of a weight sync);
-        ``version``, given with the last bucket, becomes the served weight version.
+        ``version``, given with the last bucket, becomes the served weight version; ``flush_cache``:
+        see _copy_named.
 
         Raises EngineError naming parameters the model does not have or whose shape differs.
         """
         async with self._step_lock:
-            await asyncio.to_thread(self._copy_named, tensors, "a weight sync", False)
+            await asyncio.to_thread(self._copy_named, tensors, "a weight sync", False, flush_cache)
             if version is not None:
                 self.weight_version = version
         if version is not None:
             log.info("embedded engine now serves weight version %s", version)
 
-    def _copy_named(self, tensors: list[tuple[str, torch.Tensor]], source: str, whole: bool) -> None:
+    def _copy_named(
+        self, tensors: list[tuple[str, torch.Tensor]], source: str, whole: bool, flush_cache: bool = True
+    ) -> None:
         """Copy named tensors into the model's parameters and persistent buffers, by name.
+
+        ``flush_cache`` False keeps the interrupted rows (their keys and values stay those of the old
+        weights, as SGLang's radix cache does with ``flush_cache`` false); the cached prompt prefills
+        go either way, since they hold logits a first token would be sampled from.
 
         Every name of a tied weight is a target: a sharded trainer's full weights (its state dict) list
         the output head of a tied model (lm_head.weight) beside the embedding it shares (Qwen3 up to
@@ -449,7 +468,12 @@ class EmbeddedEngine(Engine):
         targets = self.model.state_dict(keep_vars=True)
         # Cached prefills were computed under the old weights: a first token sampled from them would be
         # stamped with the new version (SGLang flushes its radix cache on every weight update too).
-        self.flush_prefix_cache()
+        if flush_cache:
+            with torch.inference_mode():  # the KV cache's tensors are inference tensors
+                self._compact()  # rows aborted since the last step are kept by it: drop them with the rest
+            self.flush_prefix_cache()
+        elif self._prefixes is not None:
+            self._prefixes.clear()
         self._partials.clear()  # part-way prefills too: those prompts start over under the new weights
         tied = {"lm_head.weight", "model.embed_tokens.weight"} if whole else set()
         given = {n for n, _ in tensors}
@@ -474,7 +498,7 @@ class EmbeddedEngine(Engine):
         else:
             assert update.path is not None
             state, source = _load_model(update.path, self._device, self._dtype).state_dict(), update.path
-        self._copy_named(list(state.items()), source, whole=True)
+        self._copy_named(list(state.items()), source, whole=True, flush_cache=update.flush_cache)
 
     def sampling_state(self) -> torch.Tensor | None:
         """The sampling generator's state (None before start())."""
@@ -559,6 +583,7 @@ class EmbeddedEngine(Engine):
         """Free finished rows, prefill ``admitted``, decode one token for all; returns tokens produced."""
         with torch.inference_mode():
             self._compact()
+            admitted = self._resume_interrupted(admitted)
             if self.chunked_prefill_tokens:
                 return self._chunked_step(admitted)
             produced = 0
@@ -580,9 +605,35 @@ class EmbeddedEngine(Engine):
             if seq.finish_reason is None:
                 kept.append(seq)
             elif seq.slot is not None:
+                if seq.finish_reason == "abort" and seq.output_ids and self._interrupted is not None:
+                    # The row holds every token but the last sampled one: what the resumed sample needs.
+                    keys, values = self._kv().row(seq.slot)
+                    self._interrupted.put([*seq.request.input_ids, *seq.output_ids], Interrupted(keys, values))
                 self._kv().release(seq.slot)
                 seq.slot = None
         self._running = kept
+
+    def _resume_interrupted(self, admitted: list[_Sequence]) -> list[_Sequence]:
+        """Put the admitted sequences that resume an interrupted row (all their ids but the last held)
+        straight into slots: no prefill, their last id is fed by this step's decode. Returns the others."""
+        if self._interrupted is None or not len(self._interrupted):
+            return admitted
+        rest: list[_Sequence] = []
+        for seq in admitted:
+            ids = seq.request.input_ids
+            # Kept after use, as in a radix tree: identical samples (greedy ones) resume from one row.
+            entry = self._interrupted.get(ids) if seq.request.max_new_tokens > 0 else None
+            if entry is None:
+                rest.append(seq)
+                continue
+            kv = self._kv()
+            kv.reserve(len(ids) + seq.request.max_new_tokens)
+            seq.slot = kv.allocate()
+            kv.admit([seq.slot], entry.keys, entry.values, torch.tensor([ids[-1]], dtype=torch.long, device=self._device))
+            seq.cached_tokens = entry.tokens
+            self.stats.cached_prefill_tokens += entry.tokens
+            self.stats.resumed_without_prefill += 1
+        return rest
 
     def _forward(
         self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache | SlotKVCache

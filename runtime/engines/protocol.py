@@ -218,13 +218,15 @@ def init_weights_update_group_call(
 
 
 def update_weights_from_distributed_call(
-    names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str, version: int | None
+    names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str, version: int | None,
+    flush_cache: bool = True,
 ) -> Call:
     """``POST /update_weights_from_distributed`` of one bucket; ``version`` on the last bucket only (it
-    flushes the cache and stamps the version)."""
+    stamps the version and, unless ``flush_cache`` is False, flushes the cache)."""
     last = version is not None
     return Call("POST", "/update_weights_from_distributed", _wire(UpdateWeightsFromDistributedBody(
-        names=names, dtypes=dtypes, shapes=shapes, group_name=group_name, flush_cache=last, abort_all_requests=False,
+        names=names, dtypes=dtypes, shapes=shapes, group_name=group_name, flush_cache=last and flush_cache,
+        abort_all_requests=False,
         weight_version=str(version) if last else None)))
 
 

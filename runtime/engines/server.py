@@ -649,7 +649,8 @@ class SGLangProtocolServer:
             )
         version = self._engine_version_for(body.weight_version)
         try:
-            await self.engine.update_weights(WeightUpdate(version=version, path=body.model_path))
+            await self.engine.update_weights(WeightUpdate(version=version, path=body.model_path,
+                                                          flush_cache=body.flush_cache))
         except Exception as exc:  # any load failure is the caller's checkpoint problem: report, keep serving
             log.warning("update_weights_from_disk %s failed: %s", body.model_path, exc)
             return web.json_response({"success": False, "message": f"failed to load {body.model_path}: {exc}"}, status=400)
@@ -697,7 +698,7 @@ class SGLangProtocolServer:
             return web.json_response({"success": False, "message": str(exc)}, status=400)
         version = self._engine_version_for(body.weight_version) if body.weight_version is not None else None
         try:
-            await self.engine.load_named_tensors(tensors, version)
+            await self.engine.load_named_tensors(tensors, version, flush_cache=body.flush_cache)
         except EngineError as exc:
             return web.json_response({"success": False, "message": str(exc)}, status=400)
         if body.weight_version is not None:

@@ -131,6 +131,13 @@ class SlotKVCache:
         self.positions[idx] = length
         self.next_tokens[idx] = first_token
 
+    def row(self, slot: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of a live slot's keys and values, per layer ``[kv_heads, tokens, head_dim]``: its
+        columns up to the cursor (every token it was fed), the layout ``admit`` takes back."""
+        lo = self._start[slot]
+        return ([k[slot, :, lo : self.cursor].clone() for k in self.keys],
+                [v[slot, :, lo : self.cursor].clone() for v in self.values])
+
     # ----------------------------------------------------------------- decode
 
     def decode_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

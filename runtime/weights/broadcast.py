@@ -55,6 +55,7 @@ class DistributedOptions:
     master_port: int = 0  # 0: a free port per rebuild
     backend: Backend = "gloo"
     timeout_s: float = 300.0
+    flush_cache: bool = True  # False: the workers keep their KV cache across the update (WeightUpdate)
 
     def address(self) -> str:
         """The address engines dial to reach rank 0's store: the spec's, the pod's IP (POD_IP, set
@@ -240,7 +241,7 @@ class DistributedTransport(WeightTransport):
                 call = update_weights_from_distributed_call(
                     [n for n, _ in bucket], [dtype_name(wire_dtype_of(t, wire)) for _, t in bucket],
                     [list(t.shape) for _, t in bucket], self._group.group_name if self._group else "",
-                    version if last else None)
+                    version if last else None, self.options.flush_cache)
                 posts = self._all(members, *_post(call))
                 sent = asyncio.to_thread(self._broadcast, bucket)
                 outcome = await asyncio.gather(posts, sent, return_exceptions=True)

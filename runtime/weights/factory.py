@@ -25,7 +25,7 @@ def build_transport(
         from rljob.runtime.engines.embedded import EmbeddedEngine
         from rljob.runtime.weights.tensor import TensorTransport
 
-        return TensorTransport([e for e in engines if isinstance(e, EmbeddedEngine)])
+        return TensorTransport([e for e in engines if isinstance(e, EmbeddedEngine)], t.flush_cache)
     from rljob.runtime.engines.sglang_client import SGLangEngine
 
     http = [e for e in engines if isinstance(e, SGLangEngine)]
@@ -39,7 +39,8 @@ def build_transport(
     from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport
 
     backend = t.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    return DistributedTransport(http, DistributedOptions(t.master_address, t.master_port, backend, t.timeout_seconds))
+    return DistributedTransport(
+        http, DistributedOptions(t.master_address, t.master_port, backend, t.timeout_seconds, t.flush_cache))
 
 
 async def sync_until_served(

@@ -19,8 +19,9 @@ class TensorTransport(WeightTransport):
 
     mode = "tensor"
 
-    def __init__(self, engines: Sequence[TensorTarget]) -> None:
+    def __init__(self, engines: Sequence[TensorTarget], flush_cache: bool = True) -> None:
         self.engines = list(engines)
+        self.flush_cache = flush_cache  # False: the engines keep their cached keys and values (WeightUpdate)
 
     async def sync(self, version: int, weights: WeightSource) -> SyncReport:
         """One pass over the buckets; an engine that rejects one keeps its old version."""
@@ -36,7 +37,8 @@ class TensorTransport(WeightTransport):
                 if name in report.failed:
                     continue
                 try:
-                    await engine.load_named_tensors(bucket, version if last else None)
+                    await engine.load_named_tensors(bucket, version if last else None,
+                                                    flush_cache=self.flush_cache)
                 except EngineError as exc:
                     log.error("weight sync of version %d to %s failed: %s", version, name, exc)
                     report.failed[name] = str(exc)

@@ -183,3 +183,62 @@ async def test_disk_sync_loads_the_snapshot_everywhere_and_keeps_the_last_k(pool
     finally:
         await transport.close()
         await engine.close()
+
+
+async def _generated_tokens(http: httpx.AsyncClient, url: str) -> float:
+    text = (await http.get(url + "/metrics")).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("sglang:generation_tokens"))
+
+
+async def _interrupted(http: httpx.AsyncClient, url: str, prompt: list[int]) -> list[int]:
+    """A long greedy /generate aborted once the worker has generated a few of its tokens: its partial output."""
+    start = await _generated_tokens(http, url)
+    call = asyncio.create_task(http.post(url + "/generate", json={
+        "input_ids": prompt, "sampling_params": {"max_new_tokens": 200, "temperature": 0.0, "ignore_eos": True},
+    }, timeout=60))
+
+    async def some_tokens() -> bool:
+        return await _generated_tokens(http, url) >= start + 4
+
+    await wait_until(some_tokens, "4 tokens generated", timeout=60, interval=0.01)
+    await http.post(url + "/abort_request", json={"rid": "", "abort_all": True})
+    reply = (await call).json()
+    assert reply["meta_info"]["finish_reason"]["type"] == "abort"
+    return list(reply["output_ids"])
+
+
+async def test_a_sync_that_keeps_the_cache_lets_an_interrupted_sample_resume_without_a_prefill(tmp_path: Path):
+    """weightTransport.flushCache: the distributed sync's last bucket carries it to the worker, which
+    drops the aborted sample's keys and values (true, the default) or keeps them (false): the resumed
+    sample (prompt + partial output) then reports everything but its last token as cached."""
+    model = save_tiny_model(tmp_path / "model", seed=1)
+    url, proc = start_worker(model, tmp_path / "w.log", max_batch_size=8)
+    trainer = AutoModelForCausalLM.from_pretrained(model)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    try:
+        wait_http(url + "/health_generate", 180, proc, tmp_path / "w.log")
+        engine = SGLangEngine(SGLangClientConfig(worker_urls=[url], retries=1, backoff_s=0.05, backoff_max_s=0.1,
+                                                 probe_timeout_s=1.0, probe_interval_s=0.2))
+        await engine.start()
+        cached = {}
+        async with httpx.AsyncClient() as http:
+            for version, flush in ((1, True), (2, False)):
+                transport = DistributedTransport([engine], DistributedOptions(
+                    master_address="127.0.0.1", backend="gloo", timeout_s=60, flush_cache=flush))
+                try:
+                    partial = await _interrupted(http, url, prompt)
+                    perturb(trainer, version)
+                    report = await transport.sync(version, lambda: module_buckets(trainer, 16 * 1024))
+                    assert report.updated == [url] and not report.failed
+                finally:
+                    await transport.close()
+                reply = (await http.post(url + "/generate", json={
+                    "input_ids": prompt + partial, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                }, timeout=60)).json()
+                assert reply["meta_info"]["weight_version"] == str(version)
+                cached[flush] = (reply["meta_info"]["cached_tokens"], len(prompt + partial))
+        await engine.close()
+    finally:
+        stop([proc])
+    assert cached[True][0] == 0
+    assert cached[False][0] == cached[False][1] - 1

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 import torch
 
-from rljob.runtime.engines.base import GenerateRequest, WeightUpdate
+from rljob.runtime.engines.base import GenerateRequest, GenerateResult, WeightUpdate
 from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.engines.prefix_cache import Prefill, PrefillCache
 from tests.helpers.engine_runs import run_all
@@ -146,3 +146,73 @@ def test_prefill_cache_evicts_least_recently_used_within_its_token_budget() -> N
     assert len(cache) == 0 and cache.held_tokens == 0
     with pytest.raises(ValueError, match="capacity_tokens"):
         PrefillCache(-1)
+
+
+async def _interrupt(eng: EmbeddedEngine, n: int, budget: int) -> list[GenerateResult]:
+    """Start ``n`` greedy samples of PROMPT_A and abort them once every one of the first four (the
+    batch) has a few tokens: those are cut mid-way while running."""
+    tasks = [asyncio.create_task(eng.generate(GenerateRequest(f"s{i}", PROMPT_A, budget, temperature=0.0)))
+             for i in range(n)]
+    await wait_until(lambda: eng.stats.generated_tokens >= 12, "12 generated tokens")
+    await eng.abort_all()
+    return list(await asyncio.gather(*tasks))
+
+
+async def test_an_interrupted_row_resumes_without_a_prefill() -> None:
+    """The samples aborted while running keep their rows (SGLang's radix cache keeps an aborted request's
+    keys and values): resumed as prompt + partial response, they run no prompt token through the model
+    and count all of it but the last token as cached; the samples aborted while waiting prefill as usual."""
+    budget = 20
+    eng = engine(4, prefix_cache_tokens=1024)
+    try:
+        await eng.start()
+        first = await _interrupt(eng, 6, budget)
+        cut = [r for r in first if r.output_ids]
+        assert cut and all(len(r.output_ids) < budget for r in cut)
+        before = eng.stats.prefill_tokens
+        second = await asyncio.gather(*(
+            eng.generate(GenerateRequest(f"r{i}", PROMPT_A + r.output_ids, budget - len(r.output_ids), temperature=0.0))
+            for i, r in enumerate(cut)))
+    finally:
+        await eng.close()
+    assert eng.stats.resumed_without_prefill == len(cut)
+    assert eng.stats.prefill_tokens == before  # nothing prefilled for them
+    assert [r.cached_tokens for r in second] == [len(PROMPT_A) + len(r.output_ids) - 1 for r in cut]
+
+
+async def test_a_weight_update_drops_interrupted_rows_unless_told_to_keep_them() -> None:
+    """flush_cache (the default) drops the rows: the resumed sample is prefilled under the new weights.
+    flush_cache False keeps them: the resumed sample's first token comes from the new weights reading the
+    old weights' keys and values, exactly as Hugging Face computes it with that cache, and is stamped with
+    the new version; the cached prompt prefill goes either way (it holds old logits)."""
+    budget = 20
+    new_model = build_tiny_model(1).double()
+    outcomes = {}
+    for flush in (True, False):
+        eng = engine(4, prefix_cache_tokens=1024)
+        try:
+            await eng.start()
+            cut = next(r for r in await _interrupt(eng, 4, budget) if r.output_ids)
+            await eng.update_weights(WeightUpdate(version=1, module=new_model, flush_cache=flush))
+            before = eng.stats.prefill_tokens
+            resumed_ids = PROMPT_A + cut.output_ids
+            resumed = await eng.generate(GenerateRequest("r", resumed_ids, 1, temperature=0.0))
+            prefilled = eng.stats.prefill_tokens - before
+            fresh_prompt = await eng.generate(GenerateRequest("p", PROMPT_A, 1, temperature=0.0))
+        finally:
+            await eng.close()
+        outcomes[flush] = (resumed_ids, resumed, prefilled, fresh_prompt)
+    resumed_ids, resumed, prefilled, prompt_again = outcomes[True]
+    assert prefilled == len(resumed_ids) and resumed.cached_tokens == 0
+    assert prompt_again.cached_tokens == 0
+    resumed_ids, resumed, prefilled, prompt_again = outcomes[False]
+    assert prefilled == 0 and resumed.cached_tokens == len(resumed_ids) - 1 and resumed.weight_version == 1
+    assert prompt_again.cached_tokens == 0
+    ids = torch.tensor([resumed_ids])
+    with torch.no_grad():
+        old = build_tiny_model(0).double()(ids[:, :-1], use_cache=True)
+        logits = new_model(ids[:, -1:], past_key_values=old.past_key_values, use_cache=True).logits[0, -1]
+    logprobs = torch.log_softmax(logits, dim=-1)
+    token = int(logits.argmax())
+    assert resumed.output_ids == [token]
+    assert resumed.output_logprobs == pytest.approx([float(logprobs[token])], abs=EXACT_ATOL)

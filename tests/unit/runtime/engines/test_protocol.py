@@ -1,11 +1,11 @@
-"""Pure parsing of SGLang replies of several versions (no I/O)."""
+"""Pure building and parsing of SGLang requests and replies of several versions (no I/O)."""
 
 from __future__ import annotations
 
 import pytest
 
 from rljob.runtime.engines.base import EngineLoad
-from rljob.runtime.engines.protocol import parse_generate_reply, parse_load
+from rljob.runtime.engines.protocol import parse_generate_reply, parse_load, update_weights_from_distributed_call
 
 
 @pytest.mark.parametrize(
@@ -57,3 +57,15 @@ def test_parse_generate_reply_rejects_inconsistent_counts() -> None:
              "output_token_logprobs": [[-1.0, 1, None]]}}
     with pytest.raises(ValueError, match="2 output ids but 1 log-probs"):
         parse_generate_reply(reply, "r", None)
+
+
+def test_only_the_last_bucket_flushes_and_only_when_the_job_lets_it() -> None:
+    """SGLang flushes its radix cache on an update with ``flush_cache`` true: the last bucket (the one that
+    stamps the version) asks for it, unless ``weightTransport.flushCache`` is false (interrupted samples
+    then resume from the cache)."""
+    def flush(version: int | None, flush_cache: bool = True) -> object:
+        call = update_weights_from_distributed_call(["w"], ["bfloat16"], [[2]], "g", version, flush_cache)
+        return (call.body or {})["flush_cache"]
+
+    assert (flush(None), flush(3)) == (False, True)
+    assert (flush(None, False), flush(3, False)) == (False, False)

@@ -8,8 +8,9 @@ a plot. Run: `python benchmarks/rollout_throughput.py` (or `make benchmark`).
 `--engine-variants` compares the options of issue 29 item 4 instead, each on its own and together, for
 `april` and `async` side by side in one run (rounds interleaved): baseline, +chunked prefill (the
 embedded engine's `chunked_prefill_tokens`, one budget per `--chunked-prefill-tokens`), +fill (the
-scheduler's `fill_engines`: the batch kept full to the end of a round), both; writes
-docs/benchmarks/engine_prefill.json.
+scheduler's `fill_engines`: the batch kept full to the end of a round), both, and +keepcache (the weight
+sync keeps the engines' KV cache, `weightTransport.flushCache: false`: the samples interrupted at the
+sync resume without a prefill); writes docs/benchmarks/engine_prefill.json.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ def engine_variants(budgets: list[int]) -> tuple[Variant, ...]:
     full = [Variant(f"{s}+fill", s, fill_engines=True) for s in strategies]
     both = [Variant(f"{s}+chunked{budgets[0]}+fill", s, chunked_prefill_tokens=budgets[0], fill_engines=True)
             for s in strategies]
-    return (*chunked, *full, *both)
+    kept = [Variant(f"{s}+keepcache", s, flush_cache=False) for s in strategies]
+    return (*chunked, *full, *both, *kept)
 
 
 def step_profile(stats: list[dict]) -> dict[str, float]:
@@ -149,8 +151,9 @@ async def run_variants(args: argparse.Namespace) -> dict:
         "benchmark": "engine_prefill",
         "job": _display_path(Path(args.job)),
         "what": "chunked prefill (engine option chunked_prefill_tokens) and a full batch to the end of the round "
-                "(scheduler option fill_engines) for APRIL and async, each on its own and both, rounds "
-                "interleaved in one run; the plain april/async rows are the baselines",
+                "(scheduler option fill_engines) for APRIL and async, each on its own and both, and the KV cache "
+                "kept across the weight sync (weightTransport.flushCache false: interrupted samples resume "
+                "without a prefill), rounds interleaved in one run; the plain april/async rows are the baselines",
         "rollout_batch_size": job.spec.rollout.rollout_batch_size,
         "samples_per_prompt": job.spec.rollout.samples_per_prompt,
         "max_batch_size": job.spec.rollout.embedded.max_batch_size,
@@ -197,8 +200,9 @@ def main() -> None:
     parser.add_argument("--output", default=str(ROOT / "docs/benchmarks"), help="folder for JSON and plot")
     parser.add_argument("--train-seconds", type=float, default=None, help="the async strategy's overlap per "
                         "round (default: the quickstart's train step measured in time_to_reward.json)")
-    parser.add_argument("--engine-variants", action="store_true", help="compare chunked prefill and "
-                        "fill_engines for april and async instead; writes engine_prefill.json")
+    parser.add_argument("--engine-variants", action="store_true", help="compare chunked prefill, "
+                        "fill_engines and a KV cache kept across the weight sync for april and async instead; "
+                        "writes engine_prefill.json")
     parser.add_argument("--chunked-prefill-tokens", type=int, nargs="+", default=[512],
                         help="chunked prefill budgets (prompt tokens per step) compared with --engine-variants")
     args = parser.parse_args()

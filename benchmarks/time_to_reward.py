@@ -19,7 +19,8 @@ Reports per strategy: held-out reward against wall time and against step for eac
 time to reach sync's final held-out reward (seed-averaged curves, linear interpolation between
 evaluations); the engine's and the trainer's idle shares. Writes docs/benchmarks/time_to_reward.json
 and .png. Run: `python benchmarks/time_to_reward.py` (the JSON is rewritten after every run, marked
-`complete: false` until the last).
+`complete: false` until the last). `--keep-cache`: every strategy's weight sync keeps the engines' KV
+cache (docs/weight_sync.md#keeping-the-cache).
 """
 
 from __future__ import annotations
@@ -129,6 +130,8 @@ async def train_one(args: argparse.Namespace, strategy: str, seed: int, cores: t
     job.spec.data.synthetic.seed = seed
     job.spec.evaluation.every_steps = args.eval_every
     job.spec.evaluation.prompts = args.eval_prompts
+    keep_cache = getattr(args, "keep_cache", False)  # benchmarks/async_ahead.py's runs keep the default
+    job.spec.rollout.weight_transport.flush_cache = not keep_cache
     engine_core, trainer_core = cores if cores else (None, None)
     with tempfile.TemporaryDirectory() as tmp:
         job.spec.checkpoint.dir = str(Path(tmp) / "ckpt")
@@ -142,7 +145,8 @@ async def train_one(args: argparse.Namespace, strategy: str, seed: int, cores: t
                     "rollout": {**job.spec.rollout.model_dump(by_alias=True, exclude_none=True, exclude={"embedded"}),
                                 "engine": "sglang", "sglang": {"workerUrls": [url]},
                                 "weightTransport": {"mode": "distributed", "backend": "gloo",
-                                                    "masterAddress": "127.0.0.1", "masterPort": 0}},
+                                                    "masterAddress": "127.0.0.1", "masterPort": 0,
+                                                    "flushCache": not keep_cache}},
                 })
                 if trainer_core is not None:
                     os.sched_setaffinity(0, {trainer_core})  # this whole process is the trainer's side
@@ -279,6 +283,8 @@ def summarize(args: argparse.Namespace, runs: list[dict], cores: tuple[int, int]
         "eval_prompts": args.eval_prompts,
         "sides": args.sides,
         "disaggregation": disaggregation(args.sides, cores),
+        # weightTransport.flushCache of every strategy's job (false: --keep-cache, docs/weight_sync.md#keeping-the-cache)
+        "flush_cache": not args.keep_cache,
         "sync_final_heldout_reward": target,
         "time_to_sync_final_reward_s": ttr,
         "async_over_sync_time_to_reward": ratio("async"),
@@ -363,6 +369,7 @@ def resummarize(args: argparse.Namespace) -> None:
     args.steps, args.seeds = old["steps"], old["seeds"]
     args.eval_every, args.eval_prompts = old["eval_every"], old["eval_prompts"]
     args.sides = old.get("sides", "threads")  # runs before --sides were threads
+    args.keep_cache = not old.get("flush_cache", True)  # runs before --keep-cache flushed
     cores = None if old["disaggregation"].startswith("not pinned") else (0, 1)
     complete = len(runs) == len(args.seeds) * len(STRATEGIES)
     result = summarize(args, runs, cores, complete)
@@ -409,6 +416,8 @@ def main() -> None:
     parser.add_argument("--sides", choices=("processes", "threads"), default="processes",
                         help="processes: the engine in its own server process, as on a cluster (default); "
                         "threads: the embedded engine in this process, a thread per side")
+    parser.add_argument("--keep-cache", action="store_true", help="every strategy's weight sync keeps the engines' "
+                        "KV cache (weightTransport.flushCache false: interrupted samples resume without a prefill)")
     parser.add_argument("--output", default=str(ROOT / "docs/benchmarks"))
     parser.add_argument("--resummarize", action="store_true", help="only rebuild summary and plot from the runs "
                         "already in the output's time_to_reward.json")

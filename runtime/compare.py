@@ -38,6 +38,7 @@ class Variant:
     strategy: str
     chunked_prefill_tokens: int = 0  # the embedded engines' chunked prefill budget (0: off)
     fill_engines: bool = False  # keep the engines' batches full to the end of a round (RolloutConfig)
+    flush_cache: bool = True  # False: the engines keep interrupted rows across the weight sync (WeightUpdate)
 
 
 @dataclass
@@ -124,6 +125,7 @@ async def compare_rollouts(
     on_round: Callable[[str, int, RoundResult], None] = lambda _s, _i, _r: None,
     weights: torch.nn.Module | None = None,
     train_seconds: float = 0.0,
+    kept_cache: set[str] | None = None,
 ) -> dict[str, StrategyResult]:
     """Run `rounds` measured rounds per scheduler, interleaved; warm-up rounds are not counted
     (they also fill APRIL's buffer, which is its steady state).
@@ -134,7 +136,8 @@ async def compare_rollouts(
 
     With `weights`, every round is followed by a weight sync of those (unchanged) weights under the
     next policy version, outside the measured rollout time: the version cadence of training, so the
-    off-policy ratio is the one a training run with these strategies would see.
+    off-policy ratio is the one a training run with these strategies would see. The schedulers named in
+    `kept_cache` sync with ``flush_cache`` False (their engines keep the interrupted rows).
     """
     results = {name: StrategyResult(strategy=name) for name in schedulers}
     for i in range(warmup_rounds + rounds):
@@ -145,7 +148,7 @@ async def compare_rollouts(
             if i >= warmup_rounds:
                 results[name].add(result, i)
             if weights is not None:
-                update = WeightUpdate(version=i + 1, module=weights)
+                update = WeightUpdate(version=i + 1, module=weights, flush_cache=name not in (kept_cache or set()))
                 await asyncio.gather(*(e.update_weights(update) for e in scheduler.engines))
     return results
 
@@ -208,6 +211,7 @@ async def compare_strategies(
         results = await compare_rollouts(
             schedulers, rounds, warmup_rounds=warmup_rounds, on_round=on_round, weights=model,
             train_seconds=train_seconds,
+            kept_cache={v.name for v in variants if not v.flush_cache},
         )
         first = runner.prompts.records[0]
         prompt_ids = runner.prompts.renderer.render(first.prompt, first.messages).ids

@@ -74,7 +74,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     cores = (0, 1)
     torch.set_num_threads(1)
     ns = argparse.Namespace(job=args.job, steps=args.steps, eval_every=args.steps, eval_prompts=args.eval_prompts,
-                            sides="processes")
+                            sides="processes", keep_cache=False)
     rows: list[dict[str, Any]] = []
     for seed in args.seeds:
         for variant, batches in variants.items():

@@ -130,7 +130,7 @@ async def train_one(args: argparse.Namespace, strategy: str, seed: int, cores: t
     job.spec.data.synthetic.seed = seed
     job.spec.evaluation.every_steps = args.eval_every
     job.spec.evaluation.prompts = args.eval_prompts
-    keep_cache = getattr(args, "keep_cache", False)  # benchmarks/async_ahead.py's runs keep the default
+    keep_cache = args.keep_cache
     job.spec.rollout.weight_transport.flush_cache = not keep_cache
     engine_core, trainer_core = cores if cores else (None, None)
     with tempfile.TemporaryDirectory() as tmp:

@@ -125,7 +125,7 @@ async def compare_rollouts(
     on_round: Callable[[str, int, RoundResult], None] = lambda _s, _i, _r: None,
     weights: torch.nn.Module | None = None,
     train_seconds: float = 0.0,
-    kept_cache: set[str] | None = None,
+    kept_cache: frozenset[str] = frozenset(),
 ) -> dict[str, StrategyResult]:
     """Run `rounds` measured rounds per scheduler, interleaved; warm-up rounds are not counted
     (they also fill APRIL's buffer, which is its steady state).
@@ -148,7 +148,7 @@ async def compare_rollouts(
             if i >= warmup_rounds:
                 results[name].add(result, i)
             if weights is not None:
-                update = WeightUpdate(version=i + 1, module=weights, flush_cache=name not in (kept_cache or set()))
+                update = WeightUpdate(version=i + 1, module=weights, flush_cache=name not in kept_cache)
                 await asyncio.gather(*(e.update_weights(update) for e in scheduler.engines))
     return results
 
@@ -211,7 +211,7 @@ async def compare_strategies(
         results = await compare_rollouts(
             schedulers, rounds, warmup_rounds=warmup_rounds, on_round=on_round, weights=model,
             train_seconds=train_seconds,
-            kept_cache={v.name for v in variants if not v.flush_cache},
+            kept_cache=frozenset(v.name for v in variants if not v.flush_cache),
         )
         first = runner.prompts.records[0]
         prompt_ids = runner.prompts.renderer.render(first.prompt, first.messages).ids

@@ -470,7 +470,7 @@ class EmbeddedEngine(Engine):
         # stamped with the new version (SGLang flushes its radix cache on every weight update too).
         if flush_cache:
             with torch.inference_mode():  # the KV cache's tensors are inference tensors
-                self._compact()  # rows aborted since the last step are kept by it: drop them with the rest
+                self._compact(keep_interrupted=False)  # free the rows aborted since the last step, unkept
             self.flush_prefix_cache()
         elif self._prefixes is not None:
             self._prefixes.clear()
@@ -598,14 +598,15 @@ class EmbeddedEngine(Engine):
             self._cache = SlotKVCache(self.model.config, self.max_batch_size, self._device, self._dtype)
         return self._cache
 
-    def _compact(self) -> None:
-        """Release the slots of sequences that finished (by stop/length/abort) since the last step."""
+    def _compact(self, keep_interrupted: bool = True) -> None:
+        """Release the slots of sequences that finished (by stop/length/abort) since the last step; the
+        rows of aborted ones are kept for their resumption unless ``keep_interrupted`` is False."""
         kept: list[_Sequence] = []
         for seq in self._running:
             if seq.finish_reason is None:
                 kept.append(seq)
             elif seq.slot is not None:
-                if seq.finish_reason == "abort" and seq.output_ids and self._interrupted is not None:
+                if keep_interrupted and seq.finish_reason == "abort" and seq.output_ids and self._interrupted is not None:
                     # The row holds every token but the last sampled one: what the resumed sample needs.
                     keys, values = self._kv().row(seq.slot)
                     self._interrupted.put([*seq.request.input_ids, *seq.output_ids], Interrupted(keys, values))

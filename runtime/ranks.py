@@ -22,7 +22,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from rljob.api.spec import RLJob
 from rljob.runtime.checkpoint import rng_state, set_rng_state
@@ -33,6 +33,9 @@ from rljob.runtime.training.backend import TrainingBackend
 from rljob.runtime.training.balance import balance_by_tokens
 from rljob.runtime.training.distributed import Distributed
 from rljob.runtime.weights.buckets import Bucket, CountedBuckets, drain
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +128,13 @@ class GatheredWeights:
     calls: int = 0
     current: _Pass | None = None
 
-    def __call__(self) -> Iterator[Bucket]:
-        """The buckets of one pass (a collective: pull it to its end)."""
+    def __call__(self, dtype: torch.dtype | None = None) -> Iterator[Bucket]:
+        """The buckets of one pass, floating-point tensors gathered in ``dtype`` (None: the trainer's)
+        (a collective: pull it to its end)."""
         if self.calls:
             self.orders.send(Order("sync"))
         self.calls += 1
-        self.current = _Pass(self.backend.iter_full_weights(self.bucket_bytes))
+        self.current = _Pass(self.backend.iter_full_weights(self.bucket_bytes, dtype))
         return self.current
 
     def finish_pass(self) -> None:

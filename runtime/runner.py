@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 from rljob.api.spec import RLJob
@@ -36,6 +36,9 @@ from rljob.runtime.rollout.scoring import dynamic_sampling_filter
 from rljob.runtime.step_record import StepRecord, step_record
 from rljob.runtime.training.distributed import Distributed
 from rljob.runtime.weights.transport import SyncReport, WeightTransport
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -392,7 +395,9 @@ class JobRunner:
         assert self.transport is not None
         bucket, timeout = self.settings.sync_bucket_bytes, self.settings.sync_timeout_s
         if self.distributed is None:
-            source: Callable[[], Iterator[Bucket]] = lambda: module_buckets(self.trainer.model, bucket)  # noqa: E731
+            def source(dtype: torch.dtype | None) -> Iterator[Bucket]:
+                return module_buckets(self.trainer.model, bucket, dtype)
+
             report = await self._push(sync_until_served(self.transport, self.version, source, timeout), stoppable)
         else:
             gathered = GatheredWeights(self.trainer.backend, bucket, self.orders)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -98,7 +99,15 @@ class WeightGroup:
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Broadcast ``tensor`` from rank 0 in place (receivers pass an empty tensor of the right shape)."""
-        self._pg.broadcast(tensor, 0, self.timeout).wait(self.timeout)
+        self.broadcast_all([tensor])
+
+    def broadcast_all(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Broadcast each of ``tensors`` from rank 0, in order: every broadcast is posted, then all are
+        waited on, as SGLang's ``update_weights_from_distributed`` receives a bucket (``async_op=True``),
+        so the tensors of a bucket do not each wait for the one before to be acknowledged."""
+        works = [self._pg.broadcast(tensor, 0, self.timeout) for tensor in tensors]
+        for work in works:
+            work.wait(self.timeout)
 
     def close(self) -> None:
         """Drop the group (peers that still wait on it time out)."""
@@ -150,10 +159,9 @@ def join_group(master_address: str, master_port: int, rank: int, world_size: int
 
 def receive_tensors(group: WeightGroup, names: list[str], dtypes: list[str],
                     shapes: list[list[int]]) -> list[tuple[str, torch.Tensor]]:
-    """Receive one bucket: one broadcast per tensor, in the order the trainer listed them."""
-    out = []
-    for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
-        tensor = torch.empty(shape, dtype=dtype_of(dtype), device=group.device)
-        group.broadcast(tensor)
-        out.append((name, tensor))
+    """Receive one bucket: one broadcast per tensor, in the order the trainer listed them, all posted
+    before any is waited on (SGLang's model_runner.update_weights_from_distributed, 0.5.5.post3)."""
+    out = [(name, torch.empty(shape, dtype=dtype_of(dtype), device=group.device))
+           for name, dtype, shape in zip(names, dtypes, shapes, strict=True)]
+    group.broadcast_all([tensor for _, tensor in out])
     return out

@@ -172,6 +172,11 @@ class TensorTarget(Protocol):
 
     name: str
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype it serves its weights in (a sync's tensors are copied into that)."""
+        ...
+
     async def load_named_tensors(
         self, tensors: list[tuple[str, torch.Tensor]], version: int | None, flush_cache: bool = True
     ) -> None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+import torch
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry, generate_latest
@@ -55,6 +56,8 @@ SERVER_VERSION = "rljob-cpu-sglang-protocol-0.1"
 SGLangRelease = Literal["0.5.23", "0.5.5.post3"]
 SGLANG_RELEASES: tuple[SGLangRelease, ...] = ("0.5.23", "0.5.5.post3")
 LEGACY_RELEASE: SGLangRelease = "0.5.5.post3"
+# SGLang's --dtype names that a CPU server serves well (its half/float16 would decode slowly on a CPU).
+SERVED_DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16}
 HEALTH_POLL_S = 1.0  # SGLang's /health loop sleeps 1 s before each look at the scheduler's last output
 HEALTH_RID_PREFIX = "HEALTH_CHECK"
 # SGLang's environment switches for /health (sglang/srt/environ.py) and their defaults.
@@ -789,6 +792,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "every broadcast (decoding stays on one CPU engine)",
     )
     p.add_argument("--context-length", type=int, default=None, help="max prompt + generation tokens (default: model's)")
+    p.add_argument("--dtype", choices=sorted(SERVED_DTYPES), default="float32",
+                   help="the dtype the weights are served in, as SGLang's flag (this CPU server takes these of its "
+                   "choices); /get_server_info reports it, and a weight sync sends that dtype")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     p.add_argument("--weight-version", default="0", help="initial weight version reported in meta_info")
     p.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
@@ -832,6 +838,7 @@ def main(argv: list[str] | None = None) -> None:
         max_context_len=args.context_length,
         detokenize=tokenizer.decode if tokenizer is not None else None,  # stop strings
         prefix_cache_tokens=0 if args.disable_radix_cache else DEFAULT_PREFIX_CACHE_TOKENS,
+        dtype=SERVED_DTYPES[args.dtype],
     )
     options = ServerOptions(
         model_path=args.model_path,

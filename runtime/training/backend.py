@@ -63,8 +63,9 @@ class TrainingBackend(Protocol):
         """Collective: clip the gradients to a global L2 norm of `max_norm`; returns the norm before clipping."""
         ...
 
-    def iter_full_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
-        """Collective: the full (unsharded) named parameters and buffers, in buckets of at most `bucket_bytes` of distinct tensors."""
+    def iter_full_weights(self, bucket_bytes: int, dtype: torch.dtype | None = None) -> Iterator[Bucket]:
+        """Collective: the full (unsharded) named parameters and buffers, in buckets of at most `bucket_bytes` of
+        distinct tensors as they travel in rank 0's `dtype` (None: the training dtype; a WeightSource's)."""
         ...
 
     def checkpoint_state(self) -> dict[str, Any]:
@@ -100,9 +101,11 @@ class SingleProcessBackend:
         """torch's clip_grad_norm_ over the model's parameters."""
         return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
 
-    def iter_full_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
-        """The model's state dict (the live tensors, detached), bucketed by weights/buckets.py."""
-        return named_buckets(((n, t.detach()) for n, t in self.model.state_dict().items()), bucket_bytes)
+    def iter_full_weights(self, bucket_bytes: int, dtype: torch.dtype | None = None) -> Iterator[Bucket]:
+        """The model's state dict (the live tensors, detached: a consumer casts them to `dtype` as it
+        sends them), bucketed by their bytes in `dtype` (weights/buckets.py)."""
+        return named_buckets(((n, t.detach()) for n, t in self.model.state_dict().items()), bucket_bytes,
+                             dtype=dtype)
 
     def checkpoint_state(self) -> dict[str, Any]:
         """{"model", "optim"} in torch.distributed.checkpoint's layout (parameter names as keys), the

@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from rljob.runtime.training.distributed import Distributed
 from rljob.runtime.weights.buckets import Bucket, PlannedBuckets, named_buckets
+from rljob.runtime.weights.wire_dtype import as_wire, wire_dtype_of
 
 if TYPE_CHECKING:
     # backend.py builds this backend (a lazy import there), so the protocol's types come type-only.
@@ -160,24 +161,36 @@ class FSDP2Backend:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
-    def iter_full_weights(self, bucket_bytes: int) -> Iterator[Bucket]:
+    def iter_full_weights(self, bucket_bytes: int, dtype: torch.dtype | None = None) -> Iterator[Bucket]:
         """Collective: the full, unsharded state of the model on rank 0, `bucket_bytes` at a time.
 
         Every rank must iterate this generator to its end, in step with the others. Rank 0 receives
-        buckets of (Hugging Face parameter name, full tensor on the CPU, in the training dtype) of at
-        most `bucket_bytes` each (a larger tensor comes alone; weights/buckets.py); the other ranks
-        send their shards of each bucket and receive no bucket. A bucket is planned from the shards'
-        full sizes before any of it is gathered, so rank 0 holds one bucket of full tensors at a time
-        (plus what its consumer keeps), never the whole model. Tied weights (an output head sharing
-        the embedding) are gathered once and listed under each of their names, in the same bucket.
+        buckets of (Hugging Face parameter name, full tensor on the CPU) of at most `bucket_bytes` each
+        (a larger tensor comes alone; weights/buckets.py); the other ranks send their shards of each
+        bucket and receive no bucket. Floating-point tensors travel and arrive in rank 0's `dtype` (None:
+        the training dtype): every rank casts its shard before sending it, so an fp32 trainer gathers
+        half the bytes for bf16 engines. The other ranks join a sync without being told that dtype:
+        rank 0's is broadcast first. A bucket is planned from the shards' full sizes before any of it
+        is gathered, so rank 0 holds one bucket of full tensors at a time (plus what its consumer
+        keeps), never the whole model. Tied weights (an output head sharing the embedding) are gathered
+        once and listed under each of their names, in the same bucket.
         """
-        plan = list(named_buckets(self._sharded(), bucket_bytes, key=id))
+        dtype = self._rank0_dtype(dtype)
+        plan = list(named_buckets(self._sharded(), bucket_bytes, key=id, dtype=dtype))
         # A tag per tensor of the whole pass, not per bucket: a shard meets its receive by tag, so ranks
         # whose buckets were cut differently still pair every shard with its place (no deadlock).
         tags = {id(t): tag for tag, t in enumerate(t for bucket in plan for t in _unique(bucket))}
         if self.rank == 0:
-            return PlannedBuckets(plan, lambda planned: self._gather_bucket(planned, tags))
-        return self._send_buckets(plan, tags)
+            return PlannedBuckets(plan, lambda planned: self._gather_bucket(planned, tags, dtype))
+        return self._send_buckets(plan, tags, dtype)
+
+    def _rank0_dtype(self, dtype: torch.dtype | None) -> torch.dtype | None:
+        """Collective: rank 0's `dtype` on every rank."""
+        if self.world_size == 1:
+            return dtype
+        box = [dtype if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     def _sharded(self) -> Iterator[tuple[str, torch.Tensor]]:
         # State-dict order, every name of a tied tensor right after its first (FSDP2 ties share the object).
@@ -191,28 +204,28 @@ class FSDP2Backend:
                 done.add(id(tensor))
                 yield from ((alias, tensor) for alias in aliases[id(tensor)])
 
-    def _gather_bucket(self, planned: Bucket, tags: dict[int, int]) -> Bucket:
-        """Rank 0: one bucket of full tensors, received from the other ranks' shards in one batch."""
+    def _gather_bucket(self, planned: Bucket, tags: dict[int, int], dtype: torch.dtype | None) -> Bucket:
+        """Rank 0: one bucket of full tensors in `dtype`, received from the other ranks' shards in one batch."""
         unique = _unique(planned)
         full: dict[int, torch.Tensor] = {}
         receives: list[dist.P2POp] = []
         for tensor in filter(_row_sharded, unique):
             local = tensor.to_local().detach()
-            full[id(tensor)] = torch.empty(tensor.shape, dtype=tensor.dtype, device=local.device)
+            full[id(tensor)] = torch.empty(tensor.shape, dtype=wire_dtype_of(tensor, dtype), device=local.device)
             parts = _rows_of(full[id(tensor)], self.world_size)
-            parts[0].copy_(local)
+            parts[0].copy_(local)  # cast in the copy
             receives += [dist.P2POp(dist.irecv, part, group=tensor.device_mesh.get_group(), group_peer=r,
                                     tag=tags[id(tensor)]) for r, part in enumerate(parts) if r > 0 and part.numel()]
         _run_p2p(receives)
-        full.update(_gather_the_rest(unique))
+        full.update({key: as_wire(value, dtype) for key, value in _gather_the_rest(unique).items()})
         return [(name, full[id(tensor)].cpu()) for name, tensor in planned]
 
-    def _send_buckets(self, plan: list[Bucket], tags: dict[int, int]) -> Iterator[Bucket]:
-        """Ranks > 0: each bucket's shards to rank 0, in step with its _gather_bucket; no bucket here."""
+    def _send_buckets(self, plan: list[Bucket], tags: dict[int, int], dtype: torch.dtype | None) -> Iterator[Bucket]:
+        """Ranks > 0: each bucket's shards to rank 0 in `dtype`, in step with its _gather_bucket; no bucket here."""
         for planned in plan:
             unique = _unique(planned)
-            _run_p2p([dist.P2POp(dist.isend, local.contiguous(), group=tensor.device_mesh.get_group(), group_peer=0,
-                                 tag=tags[id(tensor)])
+            _run_p2p([dist.P2POp(dist.isend, as_wire(local, dtype).contiguous(), group=tensor.device_mesh.get_group(),
+                                 group_peer=0, tag=tags[id(tensor)])
                       for tensor in filter(_row_sharded, unique) if (local := tensor.to_local().detach()).numel()])
             _gather_the_rest(unique)
         yield from ()

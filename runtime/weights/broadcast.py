@@ -182,8 +182,10 @@ class DistributedTransport(WeightTransport):
 
     def _broadcast(self, bucket: Bucket) -> None:
         assert self._group is not None
-        for _, tensor in bucket:  # cast one tensor at a time: a bucket is never held twice
-            self._group.broadcast(as_wire(tensor.detach(), self._wire).to(self._group.device).contiguous())
+        # Every broadcast of the bucket posted, then waited on, as the members receive it. A tensor not
+        # yet in the wire dtype (a source that does not gather in it) is cast here: for that source the
+        # bucket is held twice while it is sent.
+        self._group.broadcast_all([as_wire(t.detach(), self._wire).to(self._group.device).contiguous() for _, t in bucket])
 
     async def sync(self, version: int, weights: WeightSource) -> SyncReport:
         """See the module docstring; never raises for a worker's failure."""
@@ -212,7 +214,7 @@ class DistributedTransport(WeightTransport):
         if members:
             replies = await self._push(version, weights, members, report)
         else:
-            await asyncio.to_thread(drain, weights())
+            await asyncio.to_thread(lambda: drain(weights(self._wire)))
         for engine in self.engines:
             result = await engine.commit(version, {u: r for u, r in replies.items() if u in engine.members()})
             report.updated += result.updated
@@ -229,7 +231,9 @@ class DistributedTransport(WeightTransport):
         replies: dict[str, str | None] = dict.fromkeys(members)
         await self._all(members, *_post(pause_generation_call()))
         wire = self._wire
-        buckets = with_last(weights())
+        # Gathered in the wire dtype where the source gathers (half the bytes of fp32 masters for bf16
+        # engines); made in a thread, since making a sharded trainer's source is a collective.
+        buckets = with_last(await asyncio.to_thread(weights, wire))
         # Each bucket is pulled in a thread (with a sharded trainer, pulling it runs the gathers), the
         # next one while this one is broadcast: rank 0 holds at most two buckets, and the gathers
         # overlap the broadcasts and the workers' copies instead of adding to them.

@@ -25,9 +25,18 @@ def memory_key(tensor: torch.Tensor) -> Hashable:
     return (tensor.data_ptr(), tuple(tensor.shape), str(tensor.dtype))
 
 
+def travel_bytes(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> int:
+    """Bytes of ``tensor`` in full, as it travels: floating-point tensors in ``dtype`` (None: their own;
+    weights/wire_dtype.py decides the dtype, this module only counts)."""
+    itemsize = dtype.itemsize if dtype is not None and tensor.is_floating_point() else tensor.element_size()
+    return tensor.numel() * itemsize
+
+
 def named_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
-                  key: Callable[[torch.Tensor], Hashable] = memory_key) -> Iterator[Bucket]:
-    """Named tensors, in order, grouped into buckets of at most ``bucket_bytes`` of distinct tensors.
+                  key: Callable[[torch.Tensor], Hashable] = memory_key,
+                  dtype: torch.dtype | None = None) -> Iterator[Bucket]:
+    """Named tensors, in order, grouped into buckets of at most ``bucket_bytes`` of distinct tensors,
+    counted as they travel (``dtype``: see travel_bytes).
 
     A tensor larger than a bucket travels alone; another name of a tensor already in the current
     bucket (the same ``key``) joins it without counting again. Only sizes are read, so the tensors
@@ -43,7 +52,7 @@ def named_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
         if identity in held:
             bucket.append((name, tensor))
             continue
-        nbytes = tensor.numel() * tensor.element_size()
+        nbytes = travel_bytes(tensor, dtype)
         if bucket and size + nbytes > bucket_bytes:
             yield bucket
             bucket, held, size = [], set(), 0
@@ -54,9 +63,11 @@ def named_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
         yield bucket
 
 
-def module_buckets(module: torch.nn.Module, bucket_bytes: int) -> Iterator[Bucket]:
-    """A module's parameters (tied ones once), in order, grouped into buckets (see named_buckets)."""
-    return named_buckets(((name, param.detach()) for name, param in module.named_parameters()), bucket_bytes)
+def module_buckets(module: torch.nn.Module, bucket_bytes: int, dtype: torch.dtype | None = None) -> Iterator[Bucket]:
+    """A module's parameters (tied ones once), in order, grouped into buckets (see named_buckets).
+    The tensors are the live ones: a consumer casts them to ``dtype`` as it sends them."""
+    return named_buckets(((name, param.detach()) for name, param in module.named_parameters()), bucket_bytes,
+                         dtype=dtype)
 
 
 def bucket_bytes(bucket: Bucket) -> int:

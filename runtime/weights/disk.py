@@ -111,7 +111,9 @@ class DiskTransport(WeightTransport):
         path = self.folder / snapshot_name(version)
         dtype = await self._served_dtype()
         try:
-            report.bytes_sent = await asyncio.to_thread(write_snapshot, path, weights(), self.write_config, dtype)
+            # In a thread, the source too: making a sharded trainer's source is a collective.
+            report.bytes_sent = await asyncio.to_thread(
+                lambda: write_snapshot(path, weights(dtype), self.write_config, dtype))
         except OSError as exc:
             reason = f"snapshot {path} could not be written ({exc}); check rollout.weightTransport.diskDir"
             log.error("weight sync of version %d: %s", version, reason)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from rljob.runtime.engines.base import EngineError, TensorTarget
 from rljob.runtime.weights.buckets import bucket_bytes, with_last
 from rljob.runtime.weights.transport import SyncReport, WeightSource, WeightTransport
+from rljob.runtime.weights.wire_dtype import common_dtype
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +29,12 @@ class TensorTransport(WeightTransport):
         started = time.perf_counter()
         report = SyncReport(version=version, mode=self.mode)
         names = [f"{e.name}[{i}]" for i, e in enumerate(self.engines)]
-        buckets = with_last(weights())
-        # Pulled in a thread: with a sharded trainer, pulling a bucket runs the all-gathers.
+        # Made in a thread: with a sharded trainer, making the source and pulling a bucket are collectives.
+        source = await asyncio.to_thread(weights, common_dtype(e.dtype for e in self.engines))
+        buckets = with_last(source)
         while (item := await asyncio.to_thread(next, buckets, None)) is not None:
             bucket, last = item
-            report.bytes_sent += bucket_bytes(bucket)
+            report.bytes_sent += bucket_bytes(bucket)  # as given: each engine's copy casts what is not its dtype
             for name, engine in zip(names, self.engines, strict=True):
                 if name in report.failed:
                     continue

@@ -14,12 +14,20 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rljob.runtime.weights.buckets import Bucket
 
-# Called once per sync attempt; yields the buckets in a fixed order. A collective source (every
-# trainer rank takes part in gathering each bucket) must be called on every rank for each attempt.
-WeightSource = Callable[[], Iterable[Bucket]]
+if TYPE_CHECKING:
+    import torch
+
+# Called once per sync attempt with the dtype the weights travel in (None: the trainer's); yields the
+# buckets in a fixed order, cut by their bytes in that dtype. A source that copies the tensors anyway
+# (a sharded trainer's gather) makes them in that dtype, which halves what an fp32 trainer gathers for
+# bf16 engines; a consumer casts whatever still is not (wire_dtype.as_wire: a no-op on the others).
+# A collective source (every trainer rank takes part in gathering each bucket) must be called on every
+# rank for each attempt.
+WeightSource = Callable[["torch.dtype | None"], Iterable[Bucket]]
 
 
 @dataclass
@@ -47,9 +55,9 @@ class WeightTransport(abc.ABC):
 
     @abc.abstractmethod
     async def sync(self, version: int, weights: WeightSource) -> SyncReport:
-        """Install the weights of ``weights()`` as ``version`` on every engine that can take them.
+        """Install the weights of ``weights(dtype)`` as ``version`` on every engine that can take them.
 
-        Calls ``weights()`` exactly once and consumes it to the end, whatever fails, so a collective
+        Calls ``weights`` exactly once and consumes it to the end, whatever fails, so a collective
         source stays in step with the trainer ranks that gather it. Never raises because one engine
         failed: failures are in the report, and an engine that failed is out of the rotation until a
         later sync catches it up.

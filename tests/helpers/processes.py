@@ -77,15 +77,17 @@ def start_worker(
 
 def start_workers(model_dir: Path, logs: Path, count: int, procs: list[subprocess.Popen[bytes]], *,
                   prefix: str = "w", max_batch_size: int = 8, ready_path: str = "/health",
-                  timeout: float = 180, tp_size: int = 1) -> list[str]:
+                  timeout: float = 180, tp_size: int = 1, extra_args: tuple[str, ...] = ()) -> list[str]:
     """``count`` workers over ``model_dir``, each waited on until ``ready_path`` answers; returns their URLs.
+    ``extra_args``: more server flags for each (start_worker).
 
     Each process is appended to ``procs`` as soon as it starts, so the caller's ``stop(procs)`` also
     stops the ones started before a later worker failed to come up. Logs: ``logs/<prefix><i>.log``.
     """
     urls = []
     for i in range(count):
-        url, proc = start_worker(model_dir, logs / f"{prefix}{i}.log", max_batch_size=max_batch_size, tp_size=tp_size)
+        url, proc = start_worker(model_dir, logs / f"{prefix}{i}.log", max_batch_size=max_batch_size, tp_size=tp_size,
+                                 extra_args=extra_args)
         urls.append(url)
         procs.append(proc)
     for i, url in enumerate(urls):

@@ -117,13 +117,19 @@ def _gather_on_ranks(rank: int, out: Path) -> None:
     assert env is not None
     backend = FSDP2Backend(build_tiny_model(seed=5, **UNEVEN), 1e-3, 0.0, Distributed(env, "cpu"))
     buckets = list(backend.iter_full_weights(1 << 12))  # small buckets: many, some holding several tensors
+    # Rank 0 alone names the wire dtype, as in a sync (the others join it after training, untold).
+    halves = list(backend.iter_full_weights(1 << 12, torch.bfloat16 if rank == 0 else None))
     if rank == 0:
         torch.save({n: t.clone() for bucket in buckets for n, t in bucket}, out / "weights.pt")
+        torch.save({n: t.clone() for bucket in halves for n, t in bucket}, out / "bf16.pt")
+        shared = [list({id(t): t for _, t in b}.values()) for b in halves]  # buckets of several tensors
+        sizes = [sum(t.numel() * t.element_size() for t in ts) for ts in shared if len(ts) > 1]
+        (out / "bf16_bucket_bytes.txt").write_text(" ".join(map(str, sizes)))
     else:
-        assert buckets == [], "iter_full_weights gave a bucket to a rank other than 0"
+        assert buckets == halves == [], "iter_full_weights gave a bucket to a rank other than 0"
 
 
-def test_three_ranks_with_uneven_and_empty_shards_give_rank_0_the_exact_weights(tmp_path: Path) -> None:
+def test_three_ranks_with_uneven_and_empty_shards_give_rank_0_the_exact_weights_in_the_asked_dtype(tmp_path: Path) -> None:
     # Rank 0 receives each shard straight into its rows of the full tensor (fsdp._rows_of): a wrong
     # split of uneven rows, or a rank past the last row, would misplace or drop rows.
     run_ranks(_gather_on_ranks, 3, tmp_path)
@@ -131,6 +137,13 @@ def test_three_ranks_with_uneven_and_empty_shards_give_rank_0_the_exact_weights(
     expected = build_tiny_model(seed=5, **UNEVEN).state_dict()
     assert list(got) == list(expected)
     assert [n for n, t in expected.items() if not torch.equal(got[n], t)] == []
+    # In bfloat16 every rank sends its shard cast: the exact cast of the full tensor, in half the buckets.
+    halves = torch.load(tmp_path / "bf16.pt")
+    assert list(halves) == list(expected)
+    assert [n for n, t in expected.items() if not torch.equal(halves[n], t.to(torch.bfloat16))] == []
+    sizes = [int(n) for n in (tmp_path / "bf16_bucket_bytes.txt").read_text().split()]
+    # Cut by fp32 bytes, no bucket of several bf16 tensors would pass half a bucket (2 KiB).
+    assert sizes and 1 << 11 < max(sizes) <= 1 << 12, sizes
 
 
 # ---------------------------------------------------------------------------------------------

@@ -154,7 +154,7 @@ async def test_a_scaled_in_worker_gets_traffic_only_once_it_holds_the_current_we
         await wait_until(lambda: _is(router_workers(base), set(urls[:2])), "the runtime to add the two workers",
                          timeout=60, interval=0.1)
         perturb(trainer, 1)
-        report = await transport.sync(1, lambda: module_buckets(trainer, 16 * 1024))
+        report = await transport.sync(1, lambda _dtype: module_buckets(trainer, 16 * 1024))
         assert sorted(report.updated) == urls[:2] and not report.failed
 
         # Scale 2 -> 3: a ready pod whose server still holds its start-up weights (version 0).
@@ -170,7 +170,7 @@ async def test_a_scaled_in_worker_gets_traffic_only_once_it_holds_the_current_we
         # The next sync rebuilds the weight-update group with the new member and gives it the weights.
         perturb(trainer, 2)
         expected = await greedy_of(trainer)
-        report = await transport.sync(2, lambda: module_buckets(trainer, 16 * 1024))
+        report = await transport.sync(2, lambda _dtype: module_buckets(trainer, 16 * 1024))
         assert report.group_rebuilt and sorted(report.updated) == urls and not report.failed
         assert await served_versions(urls) == ["2", "2", "2"]
         assert await greedy_on(urls[2]) == expected, "the new worker serves the trainer's weights"

@@ -63,7 +63,7 @@ def _sync_on_ranks(rank: int, out: Path) -> None:
     gc.collect()
     with PeakRss() as whole:  # the runner's former path: every bucket gathered into one dict first
         full = {n: t for bucket in backend.iter_full_weights(BUCKET) for n, t in bucket}
-        asyncio.run(transport.sync(4, lambda: named_buckets(full.items(), BUCKET)))
+        asyncio.run(transport.sync(4, lambda _dtype: named_buckets(full.items(), BUCKET)))
     (out / "result.json").write_text(json.dumps({
         "streamed": min(streamed), "streamed_both": streamed, "whole": whole.extra, "model_bytes": model_bytes,
         "bytes_sent": report.bytes_sent,

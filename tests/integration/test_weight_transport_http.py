@@ -106,7 +106,7 @@ async def test_distributed_sync_reaches_every_worker_and_a_restarted_one_waits_o
         expected = await greedy_of(trainer)
         assert expected != before, "the perturbation must change the greedy output, or the check proves nothing"
 
-        report = await transport.sync(1, lambda: module_buckets(trainer, 16 * 1024))
+        report = await transport.sync(1, lambda _dtype: module_buckets(trainer, 16 * 1024))
         assert report.group_rebuilt and sorted(report.updated) == sorted(pool.workers) and not report.failed
         assert report.bytes_sent == sum(p.numel() * p.element_size() for p in trainer.parameters())
         assert await served_versions(pool.workers) == ["1", "1"]
@@ -116,7 +116,7 @@ async def test_distributed_sync_reaches_every_worker_and_a_restarted_one_waits_o
 
         # Same members, same versions: the group is reused.
         perturb(trainer, 2)
-        report = await transport.sync(2, lambda: module_buckets(trainer, 16 * 1024))
+        report = await transport.sync(2, lambda _dtype: module_buckets(trainer, 16 * 1024))
         assert not report.group_rebuilt and len(report.updated) == 2
 
         # A worker dies and comes back on its port with its start-up weights.
@@ -134,7 +134,7 @@ async def test_distributed_sync_reaches_every_worker_and_a_restarted_one_waits_o
 
         perturb(trainer, 3)
         expected = await greedy_of(trainer)
-        report = await transport.sync(3, lambda: module_buckets(trainer, 16 * 1024))
+        report = await transport.sync(3, lambda _dtype: module_buckets(trainer, 16 * 1024))
         assert report.group_rebuilt, "a restarted member needs a new group"
         assert sorted(report.updated) == sorted(pool.workers)
         assert await served_versions(pool.workers) == ["3", "3"]
@@ -160,7 +160,7 @@ async def test_disk_sync_loads_the_snapshot_everywhere_and_keeps_the_last_k(pool
     try:
         for version in (1, 2, 3):
             perturb(trainer, version)
-            report = await transport.sync(version, lambda: module_buckets(trainer, 16 * 1024))
+            report = await transport.sync(version, lambda _dtype: module_buckets(trainer, 16 * 1024))
             assert sorted(report.updated) == sorted(pool.workers), report.failed
             assert await served_versions(pool.workers) == [str(version)] * 2
         expected = await greedy_of(trainer)
@@ -228,7 +228,7 @@ async def test_a_sync_that_keeps_the_cache_lets_an_interrupted_sample_resume_wit
                 try:
                     partial = await _interrupted(http, url, prompt)
                     perturb(trainer, version)
-                    report = await transport.sync(version, lambda: module_buckets(trainer, 16 * 1024))
+                    report = await transport.sync(version, lambda _dtype: module_buckets(trainer, 16 * 1024))
                     assert report.updated == [url] and not report.failed
                 finally:
                     await transport.close()
@@ -242,3 +242,49 @@ async def test_a_sync_that_keeps_the_cache_lets_an_interrupted_sample_resume_wit
         stop([proc])
     assert cached[True][0] == 0
     assert cached[False][0] == cached[False][1] - 1
+
+
+async def test_a_bfloat16_worker_gets_the_weights_in_bfloat16_and_serves_what_a_bfloat16_checkpoint_serves(
+    tmp_path: Path,
+):
+    """An fp32 trainer and a worker started with ``--dtype bfloat16`` (SGLang's default for RL checkpoints):
+    the transport asks its source for bf16 (a sharded trainer gathers in it), sends half the fp32 bytes, and
+    the worker then decodes exactly as a second bf16 worker that loaded the trainer's weights from disk."""
+    model = save_tiny_model(tmp_path / "model", seed=1)
+    trainer = AutoModelForCausalLM.from_pretrained(model)
+    perturb(trainer, 4)
+    trainer.to(torch.bfloat16).save_pretrained(tmp_path / "perturbed")
+    trainer.to(torch.float32)  # the round trip is exact: the perturbed fp32 weights are what the sync sends
+    procs: list[subprocess.Popen[bytes]] = []
+    asked: list[torch.dtype | None] = []
+
+    def source(dtype: torch.dtype | None) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        asked.append(dtype)
+        return module_buckets(trainer, 16 * 1024, dtype)
+
+    try:
+        synced, procs_a = start_worker(model, tmp_path / "bf16.log", extra_args=("--dtype", "bfloat16"))
+        loaded, procs_b = start_worker(tmp_path / "perturbed", tmp_path / "loaded.log", extra_args=("--dtype", "bfloat16"))
+        procs += [procs_a, procs_b]
+        wait_http(synced + "/health_generate", 180, procs_a, tmp_path / "bf16.log")
+        wait_http(loaded + "/health_generate", 180, procs_b, tmp_path / "loaded.log")
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(synced + "/get_server_info")).json()["dtype"] == "bfloat16"
+        before = await greedy_on(synced)
+        expected = await greedy_on(loaded)
+        assert expected != before, "the perturbation must change the greedy output, or the check proves nothing"
+        engine = SGLangEngine(SGLangClientConfig(worker_urls=[synced], retries=1, backoff_s=0.05, backoff_max_s=0.1))
+        await engine.start()
+        transport = DistributedTransport([engine], DistributedOptions(master_address="127.0.0.1", backend="gloo",
+                                                                       timeout_s=60))
+        try:
+            report = await transport.sync(1, source)
+        finally:
+            await transport.close()
+            await engine.close()
+        assert report.updated == [synced] and not report.failed
+        assert asked == [torch.bfloat16]
+        assert report.bytes_sent == sum(p.numel() * 2 for p in trainer.parameters())
+        assert await greedy_on(synced) == expected
+    finally:
+        stop(procs)

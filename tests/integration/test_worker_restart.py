@@ -92,7 +92,7 @@ async def test_restarted_worker_serves_no_trained_token_before_it_holds_the_curr
             check_round(scheduler, result, version)
             perturb(trainer, step)
             version += 1
-            report = await sync_until_served(transport, version, lambda: module_buckets(trainer, 32 * 1024), 120)
+            report = await sync_until_served(transport, version, lambda _dtype: module_buckets(trainer, 32 * 1024), 120)
             assert engine.served_version() == version
             if restarted and victim in report.updated:
                 break

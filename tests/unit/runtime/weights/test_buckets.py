@@ -22,6 +22,14 @@ def test_a_bucket_never_exceeds_the_limit_unless_one_tensor_does():
     assert all(bucket_bytes(b) <= 80 or len(b) == 1 for b in buckets)
 
 
+def test_buckets_are_cut_by_the_bytes_that_travel_in_the_wire_dtype():
+    named = [*tensors(10, 10, 10, 10), ("steps", torch.zeros(10, dtype=torch.int64))]
+    # float32 counted as bfloat16: 20 bytes each, four to an 80-byte bucket; the int64 tensor keeps its 80.
+    buckets = list(named_buckets(named, 80, dtype=torch.bfloat16))
+    assert [[n for n, _ in b] for b in buckets] == [["t0", "t1", "t2", "t3"], ["steps"]]
+    assert all(t.dtype == torch.float32 for _, t in buckets[0]), "only counted: the tensors are not cast here"
+
+
 def test_every_name_of_a_tied_tensor_stays_in_its_bucket_and_counts_once():
     shared = torch.zeros(16)
     named = [("embed", shared), ("head", shared.detach()), ("norm", torch.zeros(4)), ("last", torch.zeros(16))]

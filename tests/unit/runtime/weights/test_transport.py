@@ -89,7 +89,7 @@ async def test_tensor_transport_moves_weights_and_version(tmp_path: Path):
         with torch.no_grad():
             for p in trainer.parameters():
                 p.mul_(0.5)
-        report = await TensorTransport(engines).sync(7, lambda: module_buckets(trainer, 32 * 1024))
+        report = await TensorTransport(engines).sync(7, lambda _dtype: module_buckets(trainer, 32 * 1024))
         assert report.ok and len(report.updated) == 2 and not report.failed
         for e in engines:
             assert e.served_version() == 7
@@ -97,7 +97,7 @@ async def test_tensor_transport_moves_weights_and_version(tmp_path: Path):
             for name, param in trainer.named_parameters():
                 assert torch.equal(param, served[name]), name
         bad = [[("no.such.weight", torch.zeros(1))]]
-        report = await TensorTransport(engines).sync(8, lambda: bad)
+        report = await TensorTransport(engines).sync(8, lambda _dtype: bad)
         assert not report.ok and len(report.failed) == 2 and "no.such.weight" in next(iter(report.failed.values()))
         assert all(e.served_version() == 7 for e in engines), "a failed sync never moves the version"
     finally:
@@ -121,7 +121,7 @@ async def test_tensor_transport_takes_both_names_of_a_tied_weight(tmp_path: Path
             trainer.get_input_embeddings().weight.mul_(0.5)
         state = [(n, t.detach()) for n, t in trainer.state_dict().items()]
         assert "lm_head.weight" in dict(state)
-        report = await TensorTransport([engine]).sync(3, lambda: [state])
+        report = await TensorTransport([engine]).sync(3, lambda _dtype: [state])
         assert report.ok and engine.served_version() == 3, report.failed
         assert torch.equal(engine.model.get_output_embeddings().weight, trainer.get_input_embeddings().weight)
     finally:
@@ -146,7 +146,7 @@ async def test_disk_transport_reports_an_unwritable_folder_and_consumes_the_sour
     engine = SGLangEngine(SGLangClientConfig(worker_urls=["http://127.0.0.1:9"]))
     consumed = []
 
-    def source():  # type: ignore[no-untyped-def]
+    def source(_dtype: torch.dtype | None):  # type: ignore[no-untyped-def]
         for i in range(3):
             consumed.append(i)
             yield [(f"w{i}", torch.zeros(4))]
@@ -176,5 +176,5 @@ async def test_a_sync_after_a_group_member_left_discovery_reports_instead_of_cra
     transport = DistributedTransport([engine], DistributedOptions(master_address="127.0.0.1", backend="gloo"))
     # The state after an earlier sync to the departed worker; no group object: its rank is dead anyway.
     transport._members = ["http://127.0.0.1:9"]
-    report = await transport.sync(2, lambda: iter([]))
+    report = await transport.sync(2, lambda _dtype: iter([]))
     assert not report.ok and report.updated == [] and transport._members == []

@@ -10,10 +10,21 @@ RSS (glibc told to unmap freed memory: tests/helpers/rss.py) for its peak above 
 
 The floor, on the same run: rank 0 broadcasts the same bytes, bucket by bucket, to rank 1 over the
 trainers' own gloo group (the same world size as the weight-update group: 1 sender, 1 receiver), with no
-gather, no HTTP and no engine. `over_floor` is sync seconds per GB over floor seconds per GB. The gather
+gather, no HTTP and no engine. `over_floor` is sync seconds per GB over floor seconds per GB. The floor
+broadcasts a bucket at once; SGLang's protocol (0.5.5.post3, the pinned image) cannot: its worker receives
+one broadcast per tensor. So a second floor sends the same bytes one broadcast per tensor (a bucket's posted
+together, as the worker does), and `over_tensor_floor` is the sync over that one: what the trainer's side
+adds to what the protocol itself costs. The gather
 alone (every rank pulls the buckets from the shards, nothing is sent) is timed too: the transport gathers
 bucket k+1 while it broadcasts bucket k, so a sync costs about the larger of the gather and the floor,
 plus each bucket's HTTP call and the worker's copy into its model (the worker takes one bucket at a time).
+
+The 3 sizes run with a float32 worker (the CPU server's default). The large model runs twice more with a
+worker that serves bfloat16 (`--dtype bfloat16`, SGLang's `auto` for RL checkpoints), the production case
+of an fp32 trainer and bf16 engines: once as the trainer syncs now (every rank casts its shard and rank 0
+gathers bf16, buckets cut by the bf16 bytes) and once as before (an fp32 gather, each tensor cast as it is
+sent), side by side. The summary fields (`peak_rss_within_buckets`, `worst_over_floor`) cover the runs of
+the path as it is, not the "before" one.
 
 Everything shares the machine's cores and the "network" is loopback; see docs/benchmarks/README.md for what
 it says and does not say about a GPU cluster.
@@ -31,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,44 +57,80 @@ from tests.helpers.processes import start_workers, stop  # noqa: E402
 from tests.helpers.ranks import run_ranks  # noqa: E402
 from tests.helpers.tiny_model import build_tiny_model  # noqa: E402
 
-console = Console()
+console = Console(width=150)
 # No tensor above the default 8 MB bucket (the embedding is 4096 x 512 fp32 = 8 MB); ~35, ~73, ~148 MB fp32.
 SIZES = {"small": {"hidden_size": 512, "layers": 2, "vocab_size": 4096},
          "medium": {"hidden_size": 512, "layers": 6, "vocab_size": 4096},
          "large": {"hidden_size": 512, "layers": 14, "vocab_size": 4096}}
 
 
-def bucket_sizes(config: dict[str, int], bucket: int) -> list[int]:
-    """Bytes of each bucket a sync of this model sends (the same bucketing as the sync's)."""
-    from rljob.runtime.weights.buckets import bucket_bytes, module_buckets
+@dataclass(frozen=True)
+class Case:
+    """One measured configuration: a model size, the dtype its worker serves, and whether the trainer
+    gathers in that dtype (since the wire-dtype gather) or in its fp32 and casts each tensor as it sends
+    it (before)."""
 
-    return [bucket_bytes(b) for b in module_buckets(build_tiny_model(seed=0, **config), bucket)]
+    name: str
+    size: str
+    served: str = "float32"  # the worker's --dtype
+    gather_in_wire: bool = True
+
+    @property
+    def wire(self) -> torch.dtype:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16}[self.served]
+
+    @property
+    def plan_dtype(self) -> torch.dtype | None:
+        """The dtype the source is asked for (None: the trainer's own, the path before)."""
+        return self.wire if self.gather_in_wire else None
 
 
-def floor_seconds(sizes: list[int], rank: int) -> float:
-    """One pass of raw gloo broadcasts of `sizes` bytes from rank 0 on the default group (both ranks call it)."""
+CASES = (Case("small", "small"), Case("medium", "medium"), Case("large", "large"),
+         Case("large bf16, fp32 gather", "large", "bfloat16", gather_in_wire=False),
+         Case("large bf16", "large", "bfloat16"))
+
+
+def tensor_sizes(config: dict[str, int], bucket: int, case: Case) -> list[list[int]]:
+    """Bytes on the wire of each tensor a sync of this model sends, bucket by bucket (the sync's bucketing;
+    a tied tensor once per name, as it is sent)."""
+    from rljob.runtime.weights.buckets import module_buckets
+    from rljob.runtime.weights.wire_dtype import wire_bytes
+
+    model = build_tiny_model(seed=0, **config)
+    return [[wire_bytes([named], case.wire) for named in b] for b in module_buckets(model, bucket, case.plan_dtype)]
+
+
+def floor_seconds(sizes: list[list[int]], rank: int, per_tensor: bool) -> float:
+    """One pass of raw gloo broadcasts from rank 0 on the default group (both ranks call it) of the bytes
+    of `sizes`: one broadcast per bucket (the floor), or one per tensor, a bucket's posted together and
+    then waited on, as SGLang 0.5.5.post3's /update_weights_from_distributed receives them."""
     import torch.distributed as dist
+
+    def buffer(size: int) -> torch.Tensor:
+        return torch.ones(size, dtype=torch.uint8) if rank == 0 else torch.empty(size, dtype=torch.uint8)
 
     dist.barrier()
     started = time.perf_counter()
-    for size in sizes:
-        tensor = torch.ones(size // 4) if rank == 0 else torch.empty(size // 4)
-        dist.broadcast(tensor, 0)
+    for bucket in sizes:
+        tensors = [buffer(n) for n in bucket] if per_tensor else [buffer(sum(bucket))]
+        for work in [dist.broadcast(t, 0, async_op=True) for t in tensors]:
+            work.wait()
     return time.perf_counter() - started
 
 
-def gather_seconds(backend: Any, bucket: int) -> float:
-    """One pass of the shards' gathers, bucket by bucket, nothing sent (every rank calls it)."""
+def gather_seconds(backend: Any, bucket: int, dtype: torch.dtype | None) -> float:
+    """One pass of the shards' gathers in rank 0's `dtype`, bucket by bucket, nothing sent (every rank calls it)."""
     import torch.distributed as dist
 
     dist.barrier()
     started = time.perf_counter()
-    for _ in backend.iter_full_weights(bucket):
+    for _ in backend.iter_full_weights(bucket, dtype):
         pass
     return time.perf_counter() - started
 
 
-async def rank0_syncs(backend: Any, distributed: Any, url: str, bucket: int, syncs: int) -> list[dict[str, Any]]:
+async def rank0_syncs(backend: Any, distributed: Any, url: str, bucket: int, syncs: int,
+                      case: Case) -> list[dict[str, Any]]:
     from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
     from rljob.runtime.ranks import GatheredWeights, OrderSender
     from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport
@@ -98,7 +146,7 @@ async def rank0_syncs(backend: Any, distributed: Any, url: str, bucket: int, syn
             source.calls = 0  # rank 1 joins every pass without an order (it knows the count)
             gc.collect()
             with PeakRss() as peak:
-                report = await transport.sync(version, source)
+                report = await transport.sync(version, lambda dtype: source(dtype if case.gather_in_wire else None))
             if report.failed or not report.updated:
                 raise SystemExit(f"sync {version} failed: {report.failed}")
             if version > 1:
@@ -109,7 +157,7 @@ async def rank0_syncs(backend: Any, distributed: Any, url: str, bucket: int, syn
     return rows
 
 
-def bench_rank(rank: int, config: dict[str, int], url: str, bucket: int, syncs: int, out: Path) -> None:
+def bench_rank(rank: int, config: dict[str, int], url: str, bucket: int, syncs: int, out: Path, case: Case) -> None:
     """One trainer rank of one model size (spawned by run_ranks); rank 0 writes out/result.json."""
     from rljob.runtime.training.distributed import DistEnv, Distributed
     from rljob.runtime.training.fsdp import FSDP2Backend
@@ -120,88 +168,110 @@ def bench_rank(rank: int, config: dict[str, int], url: str, bucket: int, syncs: 
     assert env is not None
     distributed = Distributed(env, "cpu")
     backend = FSDP2Backend(build_tiny_model(seed=0, **config), 1e-3, 0.0, distributed)
-    sizes = bucket_sizes(config, bucket)
+    sizes = tensor_sizes(config, bucket, case)
     if rank == 0:
-        rows = asyncio.run(rank0_syncs(backend, distributed, url, bucket, syncs))
+        rows = asyncio.run(rank0_syncs(backend, distributed, url, bucket, syncs, case))
     else:
         for _ in range(syncs + 1):
             for _ in backend.iter_full_weights(bucket):
                 pass
-    floor_seconds(sizes, rank)  # warm-up
-    floors = [floor_seconds(sizes, rank) for _ in range(syncs)]
-    gathers = [gather_seconds(backend, bucket) for _ in range(syncs)]
+    floor_seconds(sizes, rank, per_tensor=True)  # warm-up
+    floors = [floor_seconds(sizes, rank, per_tensor=False) for _ in range(syncs)]
+    tensor_floors = [floor_seconds(sizes, rank, per_tensor=True) for _ in range(syncs)]
+    gathers = [gather_seconds(backend, bucket, case.plan_dtype if rank == 0 else None) for _ in range(syncs)]
     if rank == 0:
         (out / "result.json").write_text(json.dumps({"syncs": rows, "floor_seconds": floors,
-                                                     "gather_seconds": gathers, "floor_bytes": sum(sizes)}))
+                                                     "tensor_floor_seconds": tensor_floors,
+                                                     "gather_seconds": gathers, "floor_bytes": sum(map(sum, sizes)),
+                                                     "buckets": len(sizes)}))
 
 
-def run_size(name: str, config: dict[str, int], args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    config = SIZES[case.size]
     model = build_tiny_model(seed=0, **config)
-    path = work / name
-    model.save_pretrained(path)
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    path = work / case.size
+    if not path.exists():
+        model.save_pretrained(path)
+    nbytes = sum(p.numel() * case.wire.itemsize for p in model.parameters())  # as it travels
     bucket = int(args.bucket_mb * 2**20)
-    out = work / f"{name}-out"
+    out = work / f"{len(list(work.glob('*-out')))}-out"
     out.mkdir()
     procs: list[Any] = []
     try:
-        (url,) = start_workers(path, work, 1, procs, prefix=f"{name}-w", max_batch_size=2, timeout=300)
-        run_ranks(bench_rank, 2, config, url, bucket, args.syncs, out)
+        (url,) = start_workers(path, work, 1, procs, prefix=f"{out.name}-w", max_batch_size=2, timeout=300,
+                               extra_args=("--dtype", case.served))
+        run_ranks(bench_rank, 2, config, url, bucket, args.syncs, out, case)
     finally:
         stop(procs)
     raw = json.loads((out / "result.json").read_text())
     syncs = raw["syncs"]
     if any(s["bytes"] != nbytes for s in syncs) or raw["floor_bytes"] != nbytes:
-        raise SystemExit(f"{name}: a sync or the floor did not move the model's {nbytes} bytes: {raw}")
+        raise SystemExit(f"{case.name}: a sync or the floor did not move the model's {nbytes} bytes: {raw}")
     gb = nbytes / 2**30
     floor = statistics.median(raw["floor_seconds"])
+    tensor_floor = statistics.median(raw["tensor_floor_seconds"])
     gather = statistics.median(raw["gather_seconds"])
     median = statistics.median(s["seconds"] for s in syncs)
     peak = max(s["peak_extra_rss"] for s in syncs)
     return {
-        "model": name, "parameters": sum(p.numel() for p in model.parameters()), "megabytes": round(nbytes / 2**20, 2),
-        "bucket_megabytes": args.bucket_mb, "wire_dtype": "float32 (the CPU server serves float32)",
+        "model": case.name, "size": case.size, "parameters": sum(p.numel() for p in model.parameters()),
+        "megabytes": round(nbytes / 2**20, 2), "bucket_megabytes": args.bucket_mb,
+        "wire_dtype": f"{case.served} (the worker's --dtype)", "trainer_dtype": "float32",
+        "gathered_in": case.served if case.gather_in_wire else "float32, cast per tensor as it is sent (the path before)",
         "median_seconds": round(median, 4), "seconds_per_gb": round(median / gb, 2),
         "floor_median_seconds": round(floor, 4), "floor_seconds_per_gb": round(floor / gb, 2),
         "gather_median_seconds": round(gather, 4), "gather_seconds_per_gb": round(gather / gb, 2),
         "over_floor": round(median / floor, 2), "gather_over_floor": round(gather / floor, 2),
+        "tensor_floor_median_seconds": round(tensor_floor, 4), "tensor_floor_over_floor": round(tensor_floor / floor, 2),
+        "over_tensor_floor": round(median / tensor_floor, 2),
         "peak_extra_rss": peak, "peak_extra_rss_megabytes": round(peak / 2**20, 2),
         "peak_rss_buckets": round(peak / bucket, 2), "model_buckets": round(nbytes / bucket, 2),
+        "buckets_sent": raw["buckets"],
         "all_seconds": [round(s["seconds"], 4) for s in syncs],
         "all_peak_extra_rss": [s["peak_extra_rss"] for s in syncs],
         "all_floor_seconds": [round(s, 4) for s in raw["floor_seconds"]],
+        "all_tensor_floor_seconds": [round(s, 4) for s in raw["tensor_floor_seconds"]],
         "all_gather_seconds": [round(s, 4) for s in raw["gather_seconds"]],
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--syncs", type=int, default=3, help="measured syncs (and floor passes) per size")
+    parser.add_argument("--syncs", type=int, default=5, help="measured syncs (and floor passes) per size")
     parser.add_argument("--bucket-mb", type=float, default=8.0, help="weight-sync bucket size")
     parser.add_argument("--output", default=str(ROOT / "docs/benchmarks"), help="folder for the JSON")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [run_size(name, config, args, Path(tmp)) for name, config in SIZES.items()]
+        runs = [run_case(case, args, Path(tmp)) for case in CASES]
+    current = [r for r, case in zip(runs, CASES, strict=True) if case.gather_in_wire]  # the path as it is now
     result = {
         "runs": runs,
-        "peak_rss_within_buckets": max(r["peak_rss_buckets"] for r in runs),
-        "worst_over_floor": max(r["over_floor"] for r in runs),
+        "peak_rss_within_buckets": max(r["peak_rss_buckets"] for r in current),
+        "worst_over_floor": max(r["over_floor"] for r in current),
+        "worst_over_tensor_floor": max(r["over_tensor_floor"] for r in current),
+        "worst_over_floor_by_wire_dtype": {dtype: max(r["over_floor"] for r in current if r["wire_dtype"].startswith(dtype))
+                                           for dtype in sorted({case.served for case in CASES})},
+        "summaries_over": "the runs of the path as it is (every run but the 'fp32 gather' one, kept for comparison)",
         "trainer_ranks": 2, "engine_workers": 1, "bucket_megabytes": args.bucket_mb,
         "machine": describe(f"torch {torch.__version__}, gloo over loopback, no GPU"),
         "load_average_1min_at_end": load_average(),
     }
     table = Table(title="streamed weight sync, 2 FSDP2 ranks -> 1 SGLang-protocol worker (medians)")
-    for col in ("model", "MB", "buckets", "sync s", "s/GB", "floor s/GB", "gather s/GB", "x floor",
+    for col in ("model", "MB on the wire", "buckets", "sync s", "s/GB", "floor s/GB", "gather s/GB", "x floor",
+                "per-tensor floor, x floor", "x per-tensor floor",
                 "peak extra RSS MB", "in buckets"):
         table.add_column(col)
     for r in runs:
-        table.add_row(r["model"], str(r["megabytes"]), str(r["model_buckets"]), f"{r['median_seconds']:.3f}",
+        table.add_row(r["model"], str(r["megabytes"]), str(r["buckets_sent"]), f"{r['median_seconds']:.3f}",
                       f"{r['seconds_per_gb']:.1f}", f"{r['floor_seconds_per_gb']:.1f}",
                       f"{r['gather_seconds_per_gb']:.1f}", f"{r['over_floor']:.2f}",
+                      f"{r['tensor_floor_over_floor']:.2f}", f"{r['over_tensor_floor']:.2f}",
                       f"{r['peak_extra_rss_megabytes']:.1f}", f"{r['peak_rss_buckets']:.2f}")
     console.print(table)
     console.print(f"peak_rss_within_buckets {result['peak_rss_within_buckets']}, "
-                  f"worst_over_floor {result['worst_over_floor']}")
+                  f"worst_over_tensor_floor {result['worst_over_tensor_floor']}, "
+                  f"worst_over_floor {result['worst_over_floor']} (by wire dtype: "
+                  f"{result['worst_over_floor_by_wire_dtype']})")
     console.print(f"machine: {result['machine']}, load {result['load_average_1min_at_end']}")
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)

@@ -165,7 +165,7 @@ class FSDP2Backend:
         """Collective: the full, unsharded state of the model on rank 0, `bucket_bytes` at a time.
 
         Every rank must iterate this generator to its end, in step with the others. Rank 0 receives
-        buckets of (Hugging Face parameter name, full tensor on the CPU) of at most `bucket_bytes` each
+        buckets of (Hugging Face parameter name, full tensor on its device) of at most `bucket_bytes` each
         (a larger tensor comes alone; weights/buckets.py); the other ranks send their shards of each
         bucket and receive no bucket. Floating-point tensors travel and arrive in rank 0's `dtype` (None:
         the training dtype): every rank casts its shard before sending it, so an fp32 trainer gathers
@@ -218,7 +218,10 @@ class FSDP2Backend:
                                     tag=tags[id(tensor)]) for r, part in enumerate(parts) if r > 0 and part.numel()]
         _run_p2p(receives)
         full.update({key: as_wire(value, dtype) for key, value in _gather_the_rest(unique).items()})
-        return [(name, full[id(tensor)].cpu()) for name, tensor in planned]
+        # Left on the device they were gathered on: an NCCL broadcast sends them from there (a trip through
+        # the host would cost two PCIe copies per bucket), safetensors and the embedded engine's copy
+        # take them from any device, as they take a single-process trainer's live tensors.
+        return [(name, full[id(tensor)]) for name, tensor in planned]
 
     def _send_buckets(self, plan: list[Bucket], tags: dict[int, int], dtype: torch.dtype | None) -> Iterator[Bucket]:
         """Ranks > 0: each bucket's shards to rank 0 in `dtype`, in step with its _gather_bucket; no bucket here."""

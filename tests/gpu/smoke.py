@@ -239,8 +239,10 @@ def weight_group(smoke: Smoke) -> str:
     received: list[list[tuple[str, torch.Tensor]]] = []
     nbytes = 0
     try:
-        for bucket in trainer.backend.iter_full_weights(BUCKET_BYTES):
+        for bucket in trainer.backend.iter_full_weights(BUCKET_BYTES, torch.bfloat16):  # gathered in the wire dtype
             out = []
+            if any(t.dtype != torch.bfloat16 or t.device != group.device for _, t in bucket if t.is_floating_point()):
+                raise RuntimeError("the gather did not give bf16 tensors on the broadcasting device")
             for name, tensor in bucket:  # as DistributedTransport._broadcast sends it
                 sent = tensor.detach().to(group.device).contiguous()
                 group.broadcast(sent)

@@ -113,8 +113,11 @@ def with_last(buckets: Iterable[Bucket]) -> Iterator[tuple[Bucket, bool]]:
     current one)."""
     it = iter(buckets)
     if isinstance(it, CountedBuckets) and it.remaining is not None:
-        for bucket in it:  # no local keeps a bucket while the next one is produced
+        for bucket in it:
             yield bucket, it.remaining == 0
+            # Dropped before the next is produced: the loop variable would otherwise keep this bucket
+            # alive through the next one's gather, after its consumer let it go.
+            del bucket
         return
     try:
         current = next(it)

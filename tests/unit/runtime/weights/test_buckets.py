@@ -68,3 +68,25 @@ def test_planned_buckets_tell_the_last_one_without_producing_the_next_early():
 def test_unplanned_buckets_are_flagged_with_one_bucket_of_look_ahead():
     named = tensors(10, 10, 10)
     assert [last for _, last in with_last(named_buckets(named, 40))] == [False, False, True]
+
+
+def test_with_last_keeps_no_bucket_alive_while_the_next_is_produced():
+    # The distributed transport lets a bucket go once it is flattened, then has the next one gathered:
+    # a reference left in with_last would put a third bucket in rank 0's memory.
+    import weakref
+
+    alive: list[weakref.ref[torch.Tensor]] = []
+
+    def produce(planned: Bucket) -> Bucket:
+        assert all(ref() is None for ref in alive), "the previous bucket is still alive while the next is made"
+        tensor = torch.zeros(4)
+        alive.append(weakref.ref(tensor))
+        return [(planned[0][0], tensor)]
+
+    pulls = with_last(PlannedBuckets([[("a", torch.zeros(4))], [("b", torch.zeros(4))], [("c", torch.zeros(4))]],
+                                     produce))
+    seen = []
+    for bucket, last in pulls:
+        seen.append((bucket[0][0], last))
+        del bucket
+    assert seen == [("a", False), ("b", False), ("c", True)]

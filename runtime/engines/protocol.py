@@ -99,6 +99,7 @@ class UpdateWeightsFromDistributedBody(BaseModel):
     flush_cache: bool = True
     abort_all_requests: bool = False
     weight_version: str | None = None
+    load_format: str | None = None  # 0.5.23: "flattened_bucket" (one broadcast per bucket); 0.5.5.post3 has no such field
 
 
 class DestroyWeightsUpdateGroupBody(BaseModel):
@@ -219,15 +220,17 @@ def init_weights_update_group_call(
 
 def update_weights_from_distributed_call(
     names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str, version: int | None,
-    flush_cache: bool = True,
+    flush_cache: bool = True, load_format: str | None = None,
 ) -> Call:
     """``POST /update_weights_from_distributed`` of one bucket; ``version`` on the last bucket only (it
-    stamps the version and, unless ``flush_cache`` is False, flushes the cache)."""
+    stamps the version and, unless ``flush_cache`` is False, flushes the cache). ``load_format``
+    (``flattened_bucket``: weight_group.py) is sent only when given: a release without the
+    field would ignore it and wait for the per-tensor broadcasts."""
     last = version is not None
     return Call("POST", "/update_weights_from_distributed", _wire(UpdateWeightsFromDistributedBody(
         names=names, dtypes=dtypes, shapes=shapes, group_name=group_name, flush_cache=last and flush_cache,
         abort_all_requests=False,
-        weight_version=str(version) if last else None)))
+        weight_version=str(version) if last else None, load_format=load_format)))
 
 
 def destroy_weights_update_group_call(group_name: str) -> Call:

@@ -49,10 +49,10 @@ from rljob.runtime.engines.auth import api_key_middleware
 from rljob.runtime.engines.base import EngineError, GenerateRequest, GenerateResult, WeightUpdate
 from rljob.runtime.engines.embedded import DEFAULT_PREFIX_CACHE_TOKENS, EmbeddedEngine, InvalidRequestError
 from rljob.runtime.engines.server_groups import GroupError, TPRankGroups
+from rljob.runtime.weight_group import FLATTENED_BUCKET
 
 log = logging.getLogger(__name__)
 
-SERVER_VERSION = "rljob-cpu-sglang-protocol-0.1"
 SGLangRelease = Literal["0.5.23", "0.5.5.post3"]
 SGLANG_RELEASES: tuple[SGLangRelease, ...] = ("0.5.23", "0.5.5.post3")
 LEGACY_RELEASE: SGLangRelease = "0.5.5.post3"
@@ -600,7 +600,7 @@ class SGLangProtocolServer:
                 "tp_size": self.options.tp_size,
                 "dp_size": 1,
                 "internal_states": [self._load_record()],
-                "version": SERVER_VERSION,
+                "version": self.options.sglang_version,  # SGLang's __version__: the release stood in for
             }
         )
 
@@ -695,7 +695,9 @@ class SGLangProtocolServer:
         if body.abort_all_requests:
             await self.engine.abort_all()
         try:  # a broken group stays broken: it is dropped, the trainer rebuilds it
-            tensors = await self._groups.receive(body.group_name, body.names, body.dtypes, body.shapes)
+            # 0.5.5.post3 has no load_format (its request type drops the field); 0.5.23 takes flattened_bucket.
+            flattened = body.load_format == FLATTENED_BUCKET and not self.options.legacy
+            tensors = await self._groups.receive(body.group_name, body.names, body.dtypes, body.shapes, flattened)
         except GroupError as exc:
             log.warning("update_weights_from_distributed failed: %s", exc)
             return web.json_response({"success": False, "message": str(exc)}, status=400)

@@ -46,13 +46,13 @@ class TPRankGroups:
         return group_name in self._groups
 
     async def receive(self, group_name: str, names: list[str], dtypes: list[str],
-                      shapes: list[list[int]]) -> list[tuple[str, torch.Tensor]]:
+                      shapes: list[list[int]], flattened: bool = False) -> list[tuple[str, torch.Tensor]]:
         """One bucket by broadcast from rank 0, on every TP rank; a broken group is dropped (the
         trainer rebuilds it) and GroupError raised. KeyError when the group was never joined."""
         ranks = self._groups[group_name]
         try:
             received = await asyncio.gather(*(
-                asyncio.to_thread(receive_tensors, rank, names, dtypes, shapes) for rank in ranks
+                asyncio.to_thread(receive_tensors, rank, names, dtypes, shapes, flattened) for rank in ranks
             ))
             return _same_on_every_rank(received)
         except (RuntimeError, ValueError) as exc:

@@ -8,7 +8,8 @@ Per sync (sglang_protocol.md §8, distributed_training.md):
    ``world_size`` = 1 + all of them) while rank 0 forms it here (runtime/weight_group.py: SGLang's layout);
 2. ``/pause_generation`` (in place: the round has already aborted and drained everything);
 3. per bucket, ``/update_weights_from_distributed`` with names, dtypes and shapes to every member
-   while rank 0 broadcasts the tensors; the cache is flushed and ``weight_version`` set with the last
+   while rank 0 broadcasts the tensors (one flattened buffer when every member takes that:
+   weight_group.py); the cache is flushed and ``weight_version`` set with the last
    bucket only, so a worker that misses any bucket keeps its old version and leaves the rotation;
 4. ``/continue_generation``; every worker's served version decides the rotation (SGLangEngine).
 """
@@ -38,7 +39,16 @@ from rljob.runtime.engines.protocol import (
     pause_generation_call,
     update_weights_from_distributed_call,
 )
-from rljob.runtime.weight_group import Backend, WeightGroup, create_group, dtype_name, open_store
+from rljob.runtime.weight_group import (
+    FLATTENED_BUCKET,
+    Backend,
+    WeightGroup,
+    byte_offsets,
+    create_group,
+    dtype_name,
+    open_store,
+    takes_flattened_buckets,
+)
 from rljob.runtime.weights.buckets import Bucket, drain, with_last
 from rljob.runtime.weights.group_layout import RankLayout, rank_layout, server_shape
 from rljob.runtime.weights.transport import SyncReport, WeightSource, WeightTransport
@@ -68,6 +78,26 @@ class DistributedOptions:
             return "127.0.0.1"
 
 
+def flatten(bucket: Bucket, dtype: torch.dtype | None, device: torch.device,
+            reuse: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The bucket's tensors (every name, in order, as the members list them), floating-point ones in
+    ``dtype`` (wire_dtype.py), as one uint8 buffer on ``device`` (weight_group.py's flattened bucket),
+    cast and moved in the one copy; None when that layout would be unaligned (sent tensor by tensor then).
+    The buffer is the front of ``reuse`` when that is large enough (a sync flattens every bucket into
+    one buffer: no allocation, and no page faults, per bucket)."""
+    wire = [wire_dtype_of(t, dtype) for _, t in bucket]
+    offsets = byte_offsets(wire, [t.shape for _, t in bucket])
+    if offsets is None or not bucket:
+        return None
+    if reuse is not None and reuse.device == device and reuse.numel() >= offsets[-1]:
+        buffer = reuse[: offsets[-1]]
+    else:
+        buffer = torch.empty(offsets[-1], dtype=torch.uint8, device=device)
+    for (_, tensor), wire_dtype, start, end in zip(bucket, wire, offsets, offsets[1:], strict=False):
+        buffer[start:end].view(wire_dtype).view(tensor.shape).copy_(tensor.detach())
+    return buffer
+
+
 def departed_members(members: Sequence[str], known: set[str]) -> list[str]:
     """Members of the weight-update group that no engine knows any more (discovery dropped them: their
     pod is gone). One such member makes the group useless: a broadcast completes only with every rank."""
@@ -93,6 +123,7 @@ class DistributedTransport(WeightTransport):
         self._layout: RankLayout | None = None  # the group's ranks, as formed
         self._given: dict[str, int | None] = {}  # version each member served after the last sync
         self._wire: torch.dtype | None = None  # the dtype the members serve (None: the trainer's)
+        self._flatten = False  # every member takes a bucket as one broadcast (weight_group.py)
         self._generation = itertools.count(1)
         # Group names are registered process-wide by torch: unique per transport, new per rebuild.
         self._token = uuid.uuid4().hex[:8]
@@ -115,10 +146,12 @@ class DistributedTransport(WeightTransport):
     async def _layout_of(self, candidates: list[str]) -> tuple[RankLayout, dict[str, str]]:
         """The group's layout over the candidates whose server info places them (TP sizes, in order),
         and why each of the others cannot join. Sets the dtype the members serve (wire_dtype.py)."""
-        async def shape(url: str) -> tuple[int, torch.dtype | None] | str:
+        async def shape(url: str) -> tuple[int, torch.dtype | None, bool] | str:
             try:
                 info = await self._owner(url).member_info(url)
-                return server_shape(info).tp_size, served_dtype(info)
+                release = info.get("version")
+                return (server_shape(info).tp_size, served_dtype(info),
+                        takes_flattened_buckets(str(release) if release is not None else None))
             except (EngineError, ValueError) as exc:
                 return f"cannot join the weight-update group: {exc}"
 
@@ -127,8 +160,10 @@ class DistributedTransport(WeightTransport):
         for url, reason in refused.items():
             log.error("SGLang worker %s %s", url, reason)
         placed = [(u, s) for u, s in zip(candidates, shapes, strict=True) if not isinstance(s, str)]
-        self._wire = common_dtype(dtype for _, (_, dtype) in placed)
-        return rank_layout([(u, tp) for u, (tp, _) in placed]), refused
+        self._wire = common_dtype(dtype for _, (_, dtype, _) in placed)
+        # One broadcast reaches every member: a bucket is flattened only when all of them take it so.
+        self._flatten = bool(placed) and all(flat for _, (_, _, flat) in placed)
+        return rank_layout([(u, tp) for u, (tp, _, _) in placed]), refused
 
     async def _rebuild(self, layout: RankLayout, report: SyncReport) -> list[str]:
         """A new group over the layout's workers; returns the members that joined (all or none here)."""
@@ -180,12 +215,19 @@ class DistributedTransport(WeightTransport):
         self._members = []
         self._layout = None
 
-    def _broadcast(self, bucket: Bucket) -> None:
+    def _payload(self, bucket: Bucket, reuse: torch.Tensor | None) -> tuple[list[torch.Tensor], str | None]:
+        """What rank 0 broadcasts for one bucket, and the load format that tells the members: one flat
+        buffer (in ``reuse`` when it fits: the previous bucket's, whose broadcast has completed) when they
+        all take ``flattened_bucket`` and its layout is aligned, else each tensor, both in the wire dtype
+        on the group's device."""
         assert self._group is not None
-        # Every broadcast of the bucket posted, then waited on, as the members receive it. A tensor not
-        # yet in the wire dtype (a source that does not gather in it) is cast here: for that source the
-        # bucket is held twice while it is sent.
-        self._group.broadcast_all([as_wire(t.detach(), self._wire).to(self._group.device).contiguous() for _, t in bucket])
+        if self._flatten and (flat := flatten(bucket, self._wire, self._group.device, reuse)) is not None:
+            return [flat], FLATTENED_BUCKET
+        return [as_wire(t.detach(), self._wire).to(self._group.device).contiguous() for _, t in bucket], None
+
+    def _broadcast(self, payload: list[torch.Tensor]) -> None:
+        assert self._group is not None
+        self._group.broadcast_all(payload)  # posted together, then waited on, as the members receive them
 
     async def sync(self, version: int, weights: WeightSource) -> SyncReport:
         """See the module docstring; never raises for a worker's failure."""
@@ -238,16 +280,25 @@ class DistributedTransport(WeightTransport):
         # next one while this one is broadcast: rank 0 holds at most two buckets, and the gathers
         # overlap the broadcasts and the workers' copies instead of adding to them.
         ahead = asyncio.create_task(asyncio.to_thread(next, buckets, None))
+        flat: torch.Tensor | None = None  # the flattened buckets' buffer, reused by the next bucket
         try:
             while (item := await ahead) is not None:
                 bucket, last = item
+                names, shapes = [n for n, _ in bucket], [list(t.shape) for _, t in bucket]
+                dtypes = [dtype_name(wire_dtype_of(t, wire)) for _, t in bucket]
+                nbytes = wire_bytes(bucket, wire)
+                if flat is not None and flat.numel() < nbytes:
+                    flat = None  # too small for this bucket: let it go before a larger one is allocated
+                payload, load_format = await asyncio.to_thread(self._payload, bucket, flat)
+                # The bucket goes once its payload is built (a flat copy, or casts), and only then is the
+                # next one gathered: rank 0 holds two buckets at most, flattened or not.
+                del bucket, item
                 ahead = asyncio.create_task(asyncio.to_thread(next, buckets, None))
                 call = update_weights_from_distributed_call(
-                    [n for n, _ in bucket], [dtype_name(wire_dtype_of(t, wire)) for _, t in bucket],
-                    [list(t.shape) for _, t in bucket], self._group.group_name if self._group else "",
-                    version if last else None, self.options.flush_cache)
+                    names, dtypes, shapes, self._group.group_name if self._group else "",
+                    version if last else None, self.options.flush_cache, load_format)
                 posts = self._all(members, *_post(call))
-                sent = asyncio.to_thread(self._broadcast, bucket)
+                sent = asyncio.to_thread(self._broadcast, payload)
                 outcome = await asyncio.gather(posts, sent, return_exceptions=True)
                 if isinstance(outcome[1], BaseException):
                     raise RuntimeError(f"broadcast from trainer rank 0 failed: {outcome[1]}")
@@ -256,8 +307,11 @@ class DistributedTransport(WeightTransport):
                 if bad:
                     replies.update(bad)
                     raise RuntimeError(f"{len(bad)} engine ranks failed a bucket")
-                report.bytes_sent += wire_bytes(bucket, wire)
-                del bucket, item  # this bucket's tensors go before the one after next is gathered
+                report.bytes_sent += nbytes
+                report.broadcasts += len(payload)
+                if load_format == FLATTENED_BUCKET and flat is None:
+                    flat = payload[0]  # a new buffer: the next buckets reuse it
+                del payload
         except RuntimeError as exc:
             log.error("weight sync of version %d over the weight-update group failed: %s; the group is rebuilt "
                       "at the next sync", version, exc)

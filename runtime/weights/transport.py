@@ -39,6 +39,7 @@ class SyncReport:
     updated: list[str] = field(default_factory=list)  # engine ranks (worker URLs, engine names) now at version
     failed: dict[str, str] = field(default_factory=dict)  # engine rank -> reason
     bytes_sent: int = 0
+    broadcasts: int = 0  # collective calls that moved them (distributed mode: per tensor, or per flattened bucket)
     seconds: float = 0.0
     group_rebuilt: bool = False
 

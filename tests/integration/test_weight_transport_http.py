@@ -109,6 +109,8 @@ async def test_distributed_sync_reaches_every_worker_and_a_restarted_one_waits_o
         report = await transport.sync(1, lambda _dtype: module_buckets(trainer, 16 * 1024))
         assert report.group_rebuilt and sorted(report.updated) == sorted(pool.workers) and not report.failed
         assert report.bytes_sent == sum(p.numel() * p.element_size() for p in trainer.parameters())
+        # Both workers stand in for 0.5.23, which takes flattened_bucket: one broadcast per bucket.
+        assert report.broadcasts == len(list(module_buckets(trainer, 16 * 1024)))
         assert await served_versions(pool.workers) == ["1", "1"]
         for url in pool.workers:
             assert await greedy_on(url) == expected, url
@@ -286,5 +288,40 @@ async def test_a_bfloat16_worker_gets_the_weights_in_bfloat16_and_serves_what_a_
         assert asked == [torch.bfloat16]
         assert report.bytes_sent == sum(p.numel() * 2 for p in trainer.parameters())
         assert await greedy_on(synced) == expected
+    finally:
+        stop(procs)
+
+
+async def test_a_pool_with_a_0_5_5_post3_worker_gets_one_broadcast_per_tensor_and_both_serve_the_weights(
+    tmp_path: Path,
+):
+    """0.5.5.post3 (the pinned image) has no flattened_bucket: one broadcast reaches every member, so with
+    such a worker in the pool every bucket goes tensor by tensor, to the 0.5.23 worker as well."""
+    model = save_tiny_model(tmp_path / "model", seed=1)
+    trainer = AutoModelForCausalLM.from_pretrained(model)
+    perturb(trainer, 5)
+    expected = await greedy_of(trainer)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        legacy, proc = start_worker(model, tmp_path / "legacy.log", extra_args=("--sglang-version", "0.5.5.post3"))
+        procs.append(proc)
+        current, proc = start_worker(model, tmp_path / "current.log")
+        procs.append(proc)
+        wait_http(legacy + "/health_generate", 180, procs[0], tmp_path / "legacy.log")
+        wait_http(current + "/health_generate", 180, procs[1], tmp_path / "current.log")
+        engine = SGLangEngine(SGLangClientConfig(worker_urls=[legacy, current], retries=1, backoff_s=0.05,
+                                                 backoff_max_s=0.1))
+        await engine.start()
+        transport = DistributedTransport([engine], DistributedOptions(master_address="127.0.0.1", backend="gloo",
+                                                                       timeout_s=60))
+        try:
+            report = await transport.sync(1, lambda _dtype: module_buckets(trainer, 16 * 1024))
+        finally:
+            await transport.close()
+            await engine.close()
+        assert sorted(report.updated) == sorted([legacy, current]) and not report.failed
+        assert report.broadcasts == sum(len(b) for b in module_buckets(trainer, 16 * 1024))
+        assert await greedy_on(legacy) == expected
+        assert await greedy_on(current) == expected
     finally:
         stop(procs)

@@ -49,6 +49,7 @@ from rljob.runtime.engines.protocol import (
     update_weights_from_distributed_call,
 )
 from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
+from rljob.runtime.weight_group import FLATTENED_BUCKET, takes_flattened_buckets
 from tests.helpers.releases import ROUTER_RELEASES, SGLANG_RELEASES, release_or_skip
 from tests.helpers.sglang_source import SGLangSource
 
@@ -133,6 +134,20 @@ def test_every_body_field_exists(release: tuple[str, SGLangSource]) -> None:
         if unknown:
             problems.append(f"{call.path}: {sorted(unknown)} are not fields of {cls}")
     assert not problems, f"sglang {version}: " + "; ".join(problems)
+
+
+def test_a_flattened_bucket_goes_only_to_releases_that_receive_one(release: tuple[str, SGLangSource]) -> None:
+    """``load_format`` is sent only to releases whose request has the field and whose receiver reads
+    ``flattened_bucket`` as one broadcast (weight_group.py); an older one would drop the field and wait
+    for per-tensor broadcasts that never come."""
+    version, source = release
+    call = update_weights_from_distributed_call(["w"], ["bfloat16"], [[2, 2]], "g", 3, load_format=FLATTENED_BUCKET)
+    cls = source.body_class(call.path)
+    assert cls is not None
+    takes = "load_format" in source.class_fields(cls) and any(
+        f'load_format == "{FLATTENED_BUCKET}"' in path.read_text() and "def receive_weights_from_distributed" in path.read_text()
+        for path in (source.root / "srt/model_executor").rglob("*.py"))
+    assert takes_flattened_buckets(version) is takes, f"sglang {version}"
 
 
 def test_every_sampling_parameter_exists(release: tuple[str, SGLangSource]) -> None:

@@ -1,0 +1,50 @@
+"""SGLang 0.5.23's ``flattened_bucket``: rank 0 packs a bucket into one buffer (weights/broadcast.flatten)
+that the receiver's layout (weight_group.empty_flattened, after SGLang's FlattenedTensorBucket.empty)
+reads back exactly; which releases take it; which layouts fall back to one broadcast per tensor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rljob.runtime.weight_group import byte_offsets, empty_flattened, takes_flattened_buckets
+from rljob.runtime.weights.broadcast import flatten
+
+CPU = torch.device("cpu")
+
+
+def test_a_flattened_bucket_reads_back_as_the_tensors_cast_to_the_wire_dtype():
+    gen = torch.Generator().manual_seed(0)
+    embed = torch.randn(6, 4, generator=gen)
+    bucket = [("embed", embed), ("norm", torch.randn(4, generator=gen)), ("head", embed),  # tied: sent per name
+              ("step", torch.tensor([7, 9], dtype=torch.int64))]
+    buffer = flatten(bucket, torch.bfloat16, CPU)
+    assert buffer is not None and buffer.dtype == torch.uint8
+    wire = [torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.int64]
+    assert buffer.numel() == (24 + 4 + 24) * 2 + 2 * 8  # the int64 starts at byte 104, aligned
+    received, views = empty_flattened([n for n, _ in bucket], wire, [list(t.shape) for _, t in bucket], CPU)
+    received.copy_(buffer)  # what one broadcast does
+    for (name, sent), (got_name, got) in zip(bucket, views, strict=True):
+        assert got_name == name and got.shape == sent.shape
+        expected = sent.to(torch.bfloat16) if sent.is_floating_point() else sent
+        assert got.dtype == expected.dtype and torch.equal(got, expected), name
+    assert views[0][1].data_ptr() != views[2][1].data_ptr(), "each name of a tied tensor has its own bytes"
+
+
+def test_a_layout_the_receiver_would_refuse_is_sent_tensor_by_tensor():
+    # 3 bf16 values (6 bytes), then an int64 at byte 6: SGLang's receiver raises; rank 0 does not flatten.
+    bucket = [("a", torch.zeros(3)), ("b", torch.zeros(2, dtype=torch.int64))]
+    assert byte_offsets([torch.bfloat16, torch.int64], [[3], [2]]) is None
+    assert flatten(bucket, torch.bfloat16, CPU) is None
+    # Four bf16 values end at byte 8: there the int64 starts aligned.
+    assert flatten([("a", torch.zeros(4)), ("b", torch.zeros(2, dtype=torch.int64))], torch.bfloat16, CPU) is not None
+    with pytest.raises(ValueError, match="unaligned"):
+        empty_flattened(["a", "b"], [torch.bfloat16, torch.int64], [[3], [2]], CPU)
+
+
+@pytest.mark.parametrize(("release", "takes"), [
+    ("0.5.23", True), ("0.5.24.post1", True), ("0.6.0", True),
+    ("0.5.5.post3", False), ("0.5.22", False), (None, False), ("rljob-cpu-sglang-protocol-0.1", False),
+])
+def test_only_releases_read_to_take_it_get_a_flattened_bucket(release: str | None, takes: bool):
+    assert takes_flattened_buckets(release) is takes

@@ -1,6 +1,6 @@
 """Streamed weight sync from FSDP2 shards: rank 0's peak extra RSS and seconds per GB against the raw gloo floor.
 
-For each of 3 model sizes, two trainer ranks (spawned processes, FSDP2 over gloo, as `rljob run --nproc 2`)
+For each case (below), two trainer ranks (spawned processes, FSDP2 over gloo, as `rljob run --nproc 2`)
 shard a tiny Qwen2 model and push it to one SGLang-protocol worker process (the project's CPU server,
 loopback) through the `distributed` transport, exactly as the runner does: `GatheredWeights` gathers one
 bucket at a time from the shards while the transport broadcasts it over the weight-update group
@@ -10,21 +10,19 @@ RSS (glibc told to unmap freed memory: tests/helpers/rss.py) for its peak above 
 
 The floor, on the same run: rank 0 broadcasts the same bytes, bucket by bucket, to rank 1 over the
 trainers' own gloo group (the same world size as the weight-update group: 1 sender, 1 receiver), with no
-gather, no HTTP and no engine. `over_floor` is sync seconds per GB over floor seconds per GB. The floor
-broadcasts a bucket at once; SGLang's protocol (0.5.5.post3, the pinned image) cannot: its worker receives
-one broadcast per tensor. So a second floor sends the same bytes one broadcast per tensor (a bucket's posted
-together, as the worker does), and `over_tensor_floor` is the sync over that one: what the trainer's side
-adds to what the protocol itself costs. The gather
-alone (every rank pulls the buckets from the shards, nothing is sent) is timed too: the transport gathers
-bucket k+1 while it broadcasts bucket k, so a sync costs about the larger of the gather and the floor,
-plus each bucket's HTTP call and the worker's copy into its model (the worker takes one bucket at a time).
+gather, no HTTP and no engine. `over_floor` is sync seconds per GB over floor seconds per GB. A second
+floor sends the same bytes one broadcast per tensor (a bucket's posted together, as SGLang's worker does),
+which is what SGLang 0.5.5.post3's protocol allows; `over_tensor_floor` is the sync over that one. The
+gather alone (every rank pulls the buckets from the shards, nothing is sent) is timed too: the transport
+gathers bucket k+1 while it broadcasts bucket k, so a sync costs about the larger of the gather and the
+floor, plus each bucket's HTTP call and the worker's copy into its model.
 
-The 3 sizes run with a float32 worker (the CPU server's default). The large model runs twice more with a
-worker that serves bfloat16 (`--dtype bfloat16`, SGLang's `auto` for RL checkpoints), the production case
-of an fp32 trainer and bf16 engines: once as the trainer syncs now (every rank casts its shard and rank 0
-gathers bf16, buckets cut by the bf16 bytes) and once as before (an fp32 gather, each tensor cast as it is
-sent), side by side. The summary fields (`peak_rss_within_buckets`, `worst_over_floor`) cover the runs of
-the path as it is, not the "before" one.
+Cases: the 3 sizes with a float32 worker standing in for SGLang 0.5.23 (the CPU server's default), which
+takes a bucket as one flattened broadcast; the large model with a 0.5.5.post3 worker (the pinned image:
+one broadcast per tensor); and the large model with a worker serving bfloat16 (`--dtype bfloat16`,
+SGLang's `auto` for RL checkpoints: the production case of fp32 masters and bf16 engines) for each
+release, plus once as the trainer gathered before (in fp32, each tensor cast as it is sent). The summary
+fields (`peak_rss_within_buckets`, `worst_over_floor`, ...) cover every case but that "before" one.
 
 Everything shares the machine's cores and the "network" is loopback; see docs/benchmarks/README.md for what
 it says and does not say about a GPU cluster.
@@ -74,6 +72,7 @@ class Case:
     size: str
     served: str = "float32"  # the worker's --dtype
     gather_in_wire: bool = True
+    release: str = "0.5.23"  # the SGLang release the worker stands in for (0.5.5.post3: no flattened buckets)
 
     @property
     def wire(self) -> torch.dtype:
@@ -86,8 +85,10 @@ class Case:
 
 
 CASES = (Case("small", "small"), Case("medium", "medium"), Case("large", "large"),
+         Case("large, 0.5.5.post3", "large", release="0.5.5.post3"),
          Case("large bf16, fp32 gather", "large", "bfloat16", gather_in_wire=False),
-         Case("large bf16", "large", "bfloat16"))
+         Case("large bf16", "large", "bfloat16"),
+         Case("large bf16, 0.5.5.post3", "large", "bfloat16", release="0.5.5.post3"))
 
 
 def tensor_sizes(config: dict[str, int], bucket: int, case: Case) -> list[list[int]]:
@@ -150,7 +151,8 @@ async def rank0_syncs(backend: Any, distributed: Any, url: str, bucket: int, syn
             if report.failed or not report.updated:
                 raise SystemExit(f"sync {version} failed: {report.failed}")
             if version > 1:
-                rows.append({"seconds": report.seconds, "bytes": report.bytes_sent, "peak_extra_rss": peak.extra})
+                rows.append({"seconds": report.seconds, "bytes": report.bytes_sent, "peak_extra_rss": peak.extra,
+                             "broadcasts": report.broadcasts})
     finally:
         await transport.close()
         await engine.close()
@@ -199,7 +201,7 @@ def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]
     procs: list[Any] = []
     try:
         (url,) = start_workers(path, work, 1, procs, prefix=f"{out.name}-w", max_batch_size=2, timeout=300,
-                               extra_args=("--dtype", case.served))
+                               extra_args=("--dtype", case.served, "--sglang-version", case.release))
         run_ranks(bench_rank, 2, config, url, bucket, args.syncs, out, case)
     finally:
         stop(procs)
@@ -217,6 +219,8 @@ def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]
         "model": case.name, "size": case.size, "parameters": sum(p.numel() for p in model.parameters()),
         "megabytes": round(nbytes / 2**20, 2), "bucket_megabytes": args.bucket_mb,
         "wire_dtype": f"{case.served} (the worker's --dtype)", "trainer_dtype": "float32",
+        "sglang_release": case.release,
+        "broadcast_per": "bucket (flattened_bucket)" if case.release != "0.5.5.post3" else "tensor",
         "gathered_in": case.served if case.gather_in_wire else "float32, cast per tensor as it is sent (the path before)",
         "median_seconds": round(median, 4), "seconds_per_gb": round(median / gb, 2),
         "floor_median_seconds": round(floor, 4), "floor_seconds_per_gb": round(floor / gb, 2),
@@ -226,7 +230,7 @@ def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]
         "over_tensor_floor": round(median / tensor_floor, 2),
         "peak_extra_rss": peak, "peak_extra_rss_megabytes": round(peak / 2**20, 2),
         "peak_rss_buckets": round(peak / bucket, 2), "model_buckets": round(nbytes / bucket, 2),
-        "buckets_sent": raw["buckets"],
+        "buckets_sent": raw["buckets"], "broadcasts_per_sync": syncs[0]["broadcasts"],
         "all_seconds": [round(s["seconds"], 4) for s in syncs],
         "all_peak_extra_rss": [s["peak_extra_rss"] for s in syncs],
         "all_floor_seconds": [round(s, 4) for s in raw["floor_seconds"]],
@@ -249,8 +253,10 @@ def main() -> None:
         "peak_rss_within_buckets": max(r["peak_rss_buckets"] for r in current),
         "worst_over_floor": max(r["over_floor"] for r in current),
         "worst_over_tensor_floor": max(r["over_tensor_floor"] for r in current),
-        "worst_over_floor_by_wire_dtype": {dtype: max(r["over_floor"] for r in current if r["wire_dtype"].startswith(dtype))
-                                           for dtype in sorted({case.served for case in CASES})},
+        "worst_over_floor_by": {f"{case.served}, {case.release}": max(
+            r["over_floor"] for r, c in zip(runs, CASES, strict=True)
+            if c.gather_in_wire and (c.served, c.release) == (case.served, case.release))
+            for case in CASES if case.gather_in_wire},
         "summaries_over": "the runs of the path as it is (every run but the 'fp32 gather' one, kept for comparison)",
         "trainer_ranks": 2, "engine_workers": 1, "bucket_megabytes": args.bucket_mb,
         "machine": describe(f"torch {torch.__version__}, gloo over loopback, no GPU"),
@@ -270,8 +276,8 @@ def main() -> None:
     console.print(table)
     console.print(f"peak_rss_within_buckets {result['peak_rss_within_buckets']}, "
                   f"worst_over_tensor_floor {result['worst_over_tensor_floor']}, "
-                  f"worst_over_floor {result['worst_over_floor']} (by wire dtype: "
-                  f"{result['worst_over_floor_by_wire_dtype']})")
+                  f"worst_over_floor {result['worst_over_floor']} (by wire dtype and release: "
+                  f"{result['worst_over_floor_by']})")
     console.print(f"machine: {result['machine']}, load {result['load_average_1min_at_end']}")
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)

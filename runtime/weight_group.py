@@ -26,14 +26,13 @@ from the one it was read in: an older one would drop the field and wait for broa
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Literal
-
-from packaging.version import InvalidVersion, Version
 
 import torch
 import torch.distributed as dist
+from packaging.version import InvalidVersion, Version
 
 
 log = logging.getLogger(__name__)

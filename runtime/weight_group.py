@@ -34,7 +34,6 @@ import torch
 import torch.distributed as dist
 from packaging.version import InvalidVersion, Version
 
-
 log = logging.getLogger(__name__)
 
 Backend = Literal["gloo", "nccl"]

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from rljob.runtime.weights.wire_dtype import tensor_wire_bytes
+
 if TYPE_CHECKING:
     import torch
 
@@ -25,18 +27,11 @@ def memory_key(tensor: torch.Tensor) -> Hashable:
     return (tensor.data_ptr(), tuple(tensor.shape), str(tensor.dtype))
 
 
-def travel_bytes(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> int:
-    """Bytes of ``tensor`` in full, as it travels: floating-point tensors in ``dtype`` (None: their own;
-    weights/wire_dtype.py decides the dtype, this module only counts)."""
-    itemsize = dtype.itemsize if dtype is not None and tensor.is_floating_point() else tensor.element_size()
-    return tensor.numel() * itemsize
-
-
 def named_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
                   key: Callable[[torch.Tensor], Hashable] = memory_key,
                   dtype: torch.dtype | None = None) -> Iterator[Bucket]:
     """Named tensors, in order, grouped into buckets of at most ``bucket_bytes`` of distinct tensors,
-    counted as they travel (``dtype``: see travel_bytes).
+    counted as they travel in ``dtype`` (weights/wire_dtype.py; None: their own dtypes).
 
     A tensor larger than a bucket travels alone; another name of a tensor already in the current
     bucket (the same ``key``) joins it without counting again. Only sizes are read, so the tensors
@@ -52,7 +47,7 @@ def named_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
         if identity in held:
             bucket.append((name, tensor))
             continue
-        nbytes = travel_bytes(tensor, dtype)
+        nbytes = tensor_wire_bytes(tensor, dtype)
         if bucket and size + nbytes > bucket_bytes:
             yield bucket
             bucket, held, size = [], set(), 0

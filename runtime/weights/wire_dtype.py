@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rljob.runtime.weights.buckets import Bucket
+if TYPE_CHECKING:
+    # Types only: buckets.py counts bucket sizes with tensor_wire_bytes below.
+    from rljob.runtime.weights.buckets import Bucket
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +71,14 @@ def as_wire(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     return tensor.to(wire_dtype_of(tensor, dtype))
 
 
+def tensor_wire_bytes(tensor: torch.Tensor, dtype: torch.dtype | None) -> int:
+    """Bytes of ``tensor`` in full as it travels in ``dtype`` (a sharded tensor's full size)."""
+    return tensor.numel() * wire_dtype_of(tensor, dtype).itemsize
+
+
 def wire_bytes(bucket: Bucket, dtype: torch.dtype | None) -> int:
     """Bytes of a bucket as it travels in ``dtype`` (a tied tensor once per name, as it is sent)."""
-    return sum(t.numel() * wire_dtype_of(t, dtype).itemsize for _, t in bucket)
+    return sum(tensor_wire_bytes(t, dtype) for _, t in bucket)
 
 
 def cast_bucket(bucket: Bucket, dtype: torch.dtype | None) -> Bucket:

@@ -953,7 +953,19 @@ class TrainerSpec(ApiModel):
     """Training loop and, on a cluster, the trainer pods."""
 
     steps: int = Field(default=20, gt=0, le=MAX_COUNT, description="Optimizer steps (one per rollout round).")
-    micro_batch_size: int = Field(default=16, gt=0, le=65536, description="Samples per forward/backward pass.")
+    micro_batch_size: int = Field(
+        default=16,
+        gt=0,
+        le=65536,
+        description="Rows per forward/backward pass. A row holds one sample, or with sequencePacking as many "
+        "samples as fit in the length of the step's longest one.",
+    )
+    sequence_packing: bool = Field(
+        default=True,
+        description="Pack several samples into one row, each kept apart from the others by its own position "
+        "ids (a block-diagonal causal mask), so that short answers cost no padding. Off: one right-padded "
+        "sample per row. The mask holds rows x length^2 booleans per pass (1 GiB per row at 32k tokens).",
+    )
     logprob_chunk_tokens: int = Field(
         default=1024,
         gt=0,

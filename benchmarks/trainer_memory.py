@@ -56,7 +56,7 @@ def _build(args: argparse.Namespace, chunk: int) -> tuple[Any, Any, Any]:
     )
     model = Qwen2ForCausalLM(config).eval()
     trainer = Trainer(model, AlgorithmSpec(), micro_batch_size=args.batch, device=args.device,
-                      temperature=0.8, logprob_chunk_tokens=chunk)
+                      temperature=0.8, logprob_chunk_tokens=chunk, pack_sequences=False)
     gen = torch.Generator().manual_seed(1)
     items = []
     for i in range(args.batch):
@@ -65,14 +65,13 @@ def _build(args: argparse.Namespace, chunk: int) -> tuple[Any, Any, Any]:
         ids = torch.randint(0, VOCAB, (args.prompt + n,), generator=gen).tolist()
         items.append(_TrainItem(input_ids=ids, prompt_length=args.prompt, rollout_logp=[-1.0] * n,
                                 stale=[False] * n, advantage=1.0 if i % 2 else -1.0))
-    return trainer, trainer._collate(items), model
+    return trainer, trainer._collate([[it] for it in items]), model  # one sample per row, right-padded
 
 
 def _naive_token_stats(model: Any, mb: Any, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     # The pre-issue-11 trainer: full logits, gathered to [B, R, V] float32, full log-softmax.
     logits = model(input_ids=mb.input_ids).logits
-    index = mb.positions.unsqueeze(-1).expand(-1, -1, logits.size(-1))
-    logits = torch.gather(logits, 1, index).float() / temperature
+    logits = logits.flatten(0, 1)[mb.positions].float() / temperature  # [B, R, V]
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = torch.gather(logp_all, -1, mb.targets.unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)

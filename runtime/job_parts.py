@@ -108,6 +108,7 @@ def build_trainer(job: RLJob, model: torch.nn.Module, distributed: Distributed |
         logprob_chunk_tokens=spec.trainer.logprob_chunk_tokens,
         seed=spec.trainer.seed,
         distributed=distributed,
+        pack_sequences=spec.trainer.sequence_packing,
     )
 
 

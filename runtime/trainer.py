@@ -16,9 +16,11 @@ Log-probs are taken at the rollout temperature (softmax(logits / T)), the distri
 engines sampled from, and only over response positions, in chunks (algorithms/logprobs.py): the
 float32 [batch, length, vocab] tensor is never built.
 
-Sequences are right-padded, so causal attention never looks at padding and no attention mask
-or position ids are needed. The model runs in eval mode (no dropout) so that the log-probs the
-loss sees are exactly the ones the old-policy pass computed.
+Samples are packed several to a row (training/packing.py), each with its own position ids, from which
+a Hugging Face model masks attention per sample: the long tail of answer lengths costs no padding.
+Rows are right-padded, so causal attention never looks at padding. A model that is not a Hugging Face
+causal LM gets one sample per row and no position ids. The model runs in eval mode (no dropout) so that
+the log-probs the loss sees are exactly the ones the old-policy pass computed.
 
 Across ranks (training/backend.py, FSDP2): each rank trains the groups rank 0 handed it. Every
 count that normalises or reports the step (loss denominators, samples, rewards, loss statistics,
@@ -55,6 +57,7 @@ from rljob.runtime.models.loading import is_checkpointing
 from rljob.runtime.rollout.sample import Group
 from rljob.runtime.rollout.staleness import stale_flags
 from rljob.runtime.training.backend import ReferenceModel, TrainingBackend, build_backend, build_reference
+from rljob.runtime.training.packing import micro_batch_rows
 
 if TYPE_CHECKING:
     from rljob.runtime.training.distributed import Distributed
@@ -127,8 +130,11 @@ class _TrainItem:
 
 @dataclass
 class _MicroBatch:
-    input_ids: torch.Tensor  # [B, T] prompt + response, right-padded
-    positions: torch.Tensor  # [B, R] index of the logit predicting each response token
+    """Rows of token ids (several samples each when packed) and per-sample [B, R] response tensors."""
+
+    input_ids: torch.Tensor  # [rows, T] samples back to back, each row right-padded
+    position_ids: torch.Tensor | None  # [rows, T] each sample's own positions; None: one sample per row
+    positions: torch.Tensor  # [B, R] index, in the flattened [rows * T] grid, of the logit predicting each response token
     targets: torch.Tensor  # [B, R] response token ids
     response_mask: torch.Tensor  # [B, R]
     stale_mask: torch.Tensor  # [B, R]
@@ -170,6 +176,15 @@ def _separable_head(model: nn.Module) -> tuple[nn.Linear | None, nn.Module | Non
     return head, body
 
 
+def _masks_packed_rows(model: nn.Module) -> bool:
+    """Whether `model` builds its attention mask from position ids, so packed samples stay apart: a
+    Hugging Face model does (a block-diagonal causal mask, or varlen flash-attention), anything else
+    is not assumed to."""
+    from transformers import PreTrainedModel
+
+    return isinstance(model, PreTrainedModel)
+
+
 class Trainer:
     """GRPO/DAPO trainer with PPO mini-batches for a Hugging Face causal LM (or anything returning `.logits`)."""
 
@@ -186,11 +201,13 @@ class Trainer:
         logprob_chunk_tokens: int = 1024,
         seed: int = 0,
         distributed: Distributed | None = None,
+        pack_sequences: bool = True,
     ) -> None:
         """num_mini_batches overrides spec.ppoMiniBatches (optimizer updates per step and epoch);
         temperature is the rollout temperature the log-probs are taken at; total_steps is the run's
         length, needed by a cosine learning-rate decay; `distributed` (a multi-rank job) trains this
-        rank's shard under FSDP2 instead of the whole model in this process."""
+        rank's shard under FSDP2 instead of the whole model in this process; `pack_sequences` puts
+        several samples in a row (only for a Hugging Face model, which masks attention by position ids)."""
         mini_batches = spec.ppo_mini_batches if num_mini_batches is None else num_mini_batches
         if micro_batch_size < 1 or mini_batches < 1:
             raise ValueError("micro_batch_size and num_mini_batches must be >= 1")
@@ -214,6 +231,9 @@ class Trainer:
         self.total_steps = total_steps
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.seed = seed
+        self.pack_sequences = pack_sequences and _masks_packed_rows(model)
+        if pack_sequences and not self.pack_sequences:
+            log.info("%s is not a Hugging Face model: one sample per row, no sequence packing", type(model).__name__)
         self.backend: TrainingBackend = build_backend(model, spec.learning_rate, spec.weight_decay, distributed)
         self.model = self.backend.model
         self.optimizer = self.backend.optimizer
@@ -258,11 +278,30 @@ class Trainer:
                 )
         return items, zero_groups
 
-    def _collate(self, items: list[_TrainItem]) -> _MicroBatch:
+    def _collate(self, rows: list[list[_TrainItem]]) -> _MicroBatch:
+        """One micro-batch: `rows` of samples laid back to back, each row right-padded to the longest."""
+        items = [it for members in rows for it in members]
         batch = len(items)
-        seq_len = max(len(it.input_ids) for it in items)
+        width = max(sum(len(it.input_ids) for it in members) for members in rows)
         resp_len = max(it.response_length for it in items)
-        input_ids = torch.zeros(batch, seq_len, dtype=torch.long)
+        input_ids = torch.zeros(len(rows), width, dtype=torch.long)
+        position_ids = torch.zeros(len(rows), width, dtype=torch.long) if self.pack_sequences else None
+        # Where each sample starts in the flattened [rows * width] grid.
+        starts: list[int] = []
+        for r, members in enumerate(rows):
+            at = 0
+            for it in members:
+                n = len(it.input_ids)
+                starts.append(r * width + at)
+                input_ids[r, at : at + n] = torch.tensor(it.input_ids)
+                if position_ids is not None:
+                    position_ids[r, at : at + n] = torch.arange(n)  # each sample counts from 0
+                at += n
+            if position_ids is not None and at < width:
+                # The padding goes on counting from the row's last sample: it forms no sample of its own
+                # and, coming after it, is never attended to.
+                last = len(members[-1].input_ids)
+                position_ids[r, at:] = torch.arange(last, last + width - at)
         positions = torch.zeros(batch, resp_len, dtype=torch.long)
         targets = torch.zeros(batch, resp_len, dtype=torch.long)
         response_mask = torch.zeros(batch, resp_len)
@@ -273,11 +312,10 @@ class Trainer:
         # In the dtype the log-probs were computed in (float64 models keep every digit).
         old_logp = torch.zeros(batch, resp_len, dtype=items[0].old_logp.dtype) if have_old else None  # type: ignore[union-attr]
         ref_logp = torch.zeros(batch, resp_len, dtype=items[0].ref_logp.dtype) if have_ref else None  # type: ignore[union-attr]
-        for row, it in enumerate(items):
+        for row, (it, start) in enumerate(zip(items, starts)):
             n, p = it.response_length, it.prompt_length
-            input_ids[row, : len(it.input_ids)] = torch.tensor(it.input_ids)
             # The logit at position t predicts token t+1.
-            positions[row, :n] = torch.arange(p - 1, p - 1 + n)
+            positions[row, :n] = torch.arange(start + p - 1, start + p - 1 + n)
             targets[row, :n] = torch.tensor(it.input_ids[p:])
             response_mask[row, :n] = 1.0
             stale_mask[row, :n] = torch.tensor(it.stale)
@@ -289,6 +327,7 @@ class Trainer:
         dev = self.device
         return _MicroBatch(
             input_ids=input_ids.to(dev),
+            position_ids=position_ids.to(dev) if position_ids is not None else None,
             positions=positions.to(dev),
             targets=targets.to(dev),
             response_mask=response_mask.to(dev),
@@ -301,11 +340,10 @@ class Trainer:
         )
 
     def _micro_batches(self, items: list[_TrainItem]) -> list[_MicroBatch]:
-        """`items` in micro-batches, padded with zero-weight batches to the most any rank has (collective)."""
-        # Similar lengths together: the long tail would otherwise pad every micro-batch.
-        ordered = sorted(items, key=lambda it: len(it.input_ids))
-        size = self.micro_batch_size
-        batches = [self._collate(ordered[i : i + size]) for i in range(0, len(ordered), size)]
+        """`items` in micro-batches of `micro_batch_size` rows (packed or one sample each:
+        packing.micro_batch_rows), padded with zero-weight batches to the most any rank has (collective)."""
+        layout = micro_batch_rows([len(it.input_ids) for it in items], self.micro_batch_size, self.pack_sequences)
+        batches = [self._collate([[items[i] for i in row] for row in rows]) for rows in layout]
         most = int(self.backend.all_reduce([len(batches)], "max")[0])
         return batches + [self._padding_batch() for _ in range(most - len(batches))]
 
@@ -316,6 +354,7 @@ class Trainer:
         dev = self.device
         return _MicroBatch(
             input_ids=torch.zeros(1, 2, dtype=torch.long, device=dev),
+            position_ids=None,
             positions=torch.zeros(1, 1, dtype=torch.long, device=dev),
             targets=torch.zeros(1, 1, dtype=torch.long, device=dev),
             response_mask=torch.ones(1, 1, device=dev),  # one position, so the forward reaches every weight
@@ -346,11 +385,16 @@ class Trainer:
         """(log-prob, entropy) [B, R] of the response tokens at the rollout temperature; 0 on padding."""
         mask = mb.response_mask.bool()
         targets = mb.targets[mask]
+        at = mb.positions[mask]  # [N]: response positions only, in the flattened grid
+        inputs: dict[str, Any] = {"input_ids": mb.input_ids}
+        if mb.position_ids is not None:
+            # A Hugging Face model reads packed samples from the position ids only without a KV cache
+            # (which it would otherwise open, in eval mode, and then mask causally across samples).
+            inputs.update(position_ids=mb.position_ids, use_cache=False)
         head, body = _separable_head(model)
         if head is not None and body is not None:
-            hidden = body(input_ids=mb.input_ids).last_hidden_state  # [B, T, H]
-            index = mb.positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1))
-            response_hidden = torch.gather(hidden, 1, index)[mask]  # [N, H]: response positions only
+            hidden = body(**inputs).last_hidden_state  # [rows, T, H]
+            response_hidden = hidden.flatten(0, 1)[at]  # [N, H]
             logp, entropy = chunked_logprobs(
                 response_hidden,
                 head.weight,
@@ -360,10 +404,9 @@ class Trainer:
                 chunk_tokens=self.logprob_chunk_tokens,
             )
         else:  # a model whose head cannot be separated: its own logits, reduced in chunks
-            logits = model(input_ids=mb.input_ids).logits
-            index = mb.positions.unsqueeze(-1).expand(-1, -1, logits.size(-1))
+            logits = model(**inputs).logits
             logp, entropy = logprobs_from_logits(
-                torch.gather(logits, 1, index)[mask], targets, temperature=self.temperature,
+                logits.flatten(0, 1)[at], targets, temperature=self.temperature,
                 chunk_tokens=self.logprob_chunk_tokens,
             )
         zeros = torch.zeros(mask.shape, dtype=logp.dtype, device=logp.device)

@@ -274,3 +274,65 @@ def test_unfinished_samples_are_refused() -> None:
     group.samples[1].status = SampleStatus.ABORTED
     with pytest.raises(ValueError, match="g0/1 with status aborted"):
         Trainer(model, AlgorithmSpec(), micro_batch_size=4).train_step([group], policy_version=0)
+
+
+def _mixed_group(model: torch.nn.Module) -> Group:
+    """One long answer and short ones: packed, the short ones share rows."""
+    answers = ["003 001 002 004 005 #### 1", "1", "#### 3", "2", "003 #### 3", "7"]
+    samples = [_sample(model, i, text, float(i % 2)) for i, text in enumerate(answers)]
+    return Group(group_id="g0", prompt_text=PROMPT, samples=samples)
+
+
+def test_packed_rows_give_each_sample_its_own_log_probs() -> None:
+    # Several samples in one row, each counting positions from 0: the model must mask them from each
+    # other. Without position ids the later samples would attend to the earlier ones (and be rotated
+    # as if they came after them), and their log-probs would differ from a forward of each alone.
+    model = _model()
+    group = _mixed_group(model)
+    trainer = Trainer(model, AlgorithmSpec(), micro_batch_size=8)
+    assert trainer.pack_sequences
+    items, _ = trainer._items([group], policy_version=0)
+    (mb,) = trainer._micro_batches(items)
+    assert mb.input_ids.shape[0] < len(items)  # fewer rows than samples: really packed
+    with torch.no_grad():
+        logp, _ = trainer._token_stats(model, mb)
+    for row, item in enumerate(mb.items):
+        sample = next(s for s in group.samples if [*s.prompt_ids, *s.response_ids] == item.input_ids)
+        expected = _response_logp(model, TOK.decode(sample.response_ids[:-1]))
+        assert logp[row, : item.response_length].tolist() == pytest.approx(expected, abs=1e-5)
+        assert bool((logp[row, item.response_length :] == 0).all())
+
+
+def test_packing_does_not_change_the_update() -> None:
+    # The same two steps, packed and one sample per row: the same losses and the same weights.
+    runs = []
+    for packed in (True, False):
+        model = _model()
+        trainer = Trainer(model, AlgorithmSpec(learning_rate=1e-2, ppo_mini_batches=2), micro_batch_size=2,
+                          pack_sequences=packed)
+        group = _mixed_group(model)
+        metrics = [trainer.train_step([group], policy_version=0) for _ in range(2)]
+        runs.append(([(m.loss, m.entropy, m.tokens) for m in metrics], _params(model)))
+    (packed_metrics, packed_params), (padded_metrics, padded_params) = runs
+    for (loss, entropy, tokens), (loss_p, entropy_p, tokens_p) in zip(packed_metrics, padded_metrics):
+        assert tokens == tokens_p
+        assert loss == pytest.approx(loss_p, rel=1e-4, abs=1e-6)
+        assert entropy == pytest.approx(entropy_p, rel=1e-5)
+    for a, b in zip(packed_params, padded_params):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_that_is_not_hugging_face_is_not_packed() -> None:
+    class Plain(torch.nn.Module):  # returns .logits, takes no position ids
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = _model()
+
+        def forward(self, input_ids: torch.Tensor) -> object:
+            return self.inner(input_ids=input_ids)
+
+    plain = Plain()
+    trainer = Trainer(plain, AlgorithmSpec(), micro_batch_size=4)
+    assert not trainer.pack_sequences
+    metrics = trainer.train_step([_mixed_group(plain.inner)], policy_version=0)
+    assert metrics.tis_weight_mean == pytest.approx(1.0, abs=1e-5)

@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "step_seconds": statistics.median(seconds[v]), "step_seconds_all": seconds[v],
                 "loss": metrics[v].loss, "grad_norm": metrics[v].grad_norm, "entropy": metrics[v].entropy,
             })
-    return {"rows": rows, "core": core}
+    return {"rows": rows, "core": core, "micro_batch_size": spec.trainer.micro_batch_size}
 
 
 def main() -> None:
@@ -167,7 +167,7 @@ def main() -> None:
     out = {
         "benchmark": "sequence_packing",
         "job": str(JOB.relative_to(ROOT)),
-        "micro_batch_size": load_rljob(JOB).spec.trainer.micro_batch_size,
+        "micro_batch_size": result["micro_batch_size"],
         "repeats": args.repeats,
         "summary": summary,
         "rows": rows,

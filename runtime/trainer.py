@@ -312,18 +312,18 @@ class Trainer:
         # In the dtype the log-probs were computed in (float64 models keep every digit).
         old_logp = torch.zeros(batch, resp_len, dtype=items[0].old_logp.dtype) if have_old else None  # type: ignore[union-attr]
         ref_logp = torch.zeros(batch, resp_len, dtype=items[0].ref_logp.dtype) if have_ref else None  # type: ignore[union-attr]
-        for row, (it, start) in enumerate(zip(items, starts)):
+        for b, (it, start) in enumerate(zip(items, starts)):
             n, p = it.response_length, it.prompt_length
             # The logit at position t predicts token t+1.
-            positions[row, :n] = torch.arange(start + p - 1, start + p - 1 + n)
-            targets[row, :n] = torch.tensor(it.input_ids[p:])
-            response_mask[row, :n] = 1.0
-            stale_mask[row, :n] = torch.tensor(it.stale)
-            rollout_logp[row, :n] = torch.tensor(it.rollout_logp)
+            positions[b, :n] = torch.arange(start + p - 1, start + p - 1 + n)
+            targets[b, :n] = torch.tensor(it.input_ids[p:])
+            response_mask[b, :n] = 1.0
+            stale_mask[b, :n] = torch.tensor(it.stale)
+            rollout_logp[b, :n] = torch.tensor(it.rollout_logp)
             if old_logp is not None:
-                old_logp[row, :n] = it.old_logp  # type: ignore[assignment]  # have_old: all are set
+                old_logp[b, :n] = it.old_logp  # type: ignore[assignment]  # have_old: all are set
             if ref_logp is not None:
-                ref_logp[row, :n] = it.ref_logp  # type: ignore[assignment]  # have_ref: all are set
+                ref_logp[b, :n] = it.ref_logp  # type: ignore[assignment]  # have_ref: all are set
         dev = self.device
         return _MicroBatch(
             input_ids=input_ids.to(dev),

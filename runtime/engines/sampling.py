@@ -38,6 +38,28 @@ def _truncate_top_k_top_p(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch
     return torch.zeros_like(probs).scatter(-1, sorted_idx, sorted_probs)
 
 
+def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One index per row of ``probs`` [B, V] (rows need not sum to one), with probability proportional
+    to its entry: inverse-CDF sampling, one uniform number per row.
+
+    Why not ``torch.multinomial``: on a CPU it costs about 10 us per row, 1.2 ms for 128 rows of the
+    tiny models' 384-token vocabulary, where a cumulative sum and a binary search take 0.06 ms. On the
+    embedded engine at a full batch of 128 (one thread) that took a decode step from 7.6-8.3 ms to
+    6.4-6.7 ms. The sum is taken in float64: its rounding (about V x 1e-16 of the total) stays negligible
+    even for a 150k-token vocabulary.
+    """
+    cdf = probs.to(torch.float64).cumsum(dim=-1)
+    total = cdf[:, -1:]
+    u = torch.rand(total.shape, generator=generator, dtype=torch.float64, device=probs.device) * total
+    # right=True: the first index whose cumulative mass exceeds u, so a token of zero mass (equal to the
+    # sum before it) is never the answer.
+    drawn = torch.searchsorted(cdf, u, right=True).squeeze(-1)
+    # u rounds up to the total once in about 2**53 draws; the last token with mass takes it.
+    vocab = probs.shape[-1]
+    last = vocab - 1 - (probs > 0).flip(-1).to(torch.int8).argmax(dim=-1)
+    return torch.where(drawn >= vocab, last, drawn)
+
+
 def sample_tokens(
     logits: torch.Tensor, params: list[SamplingParams], generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,7 +80,7 @@ def sample_tokens(
         top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=logits.device)
         if bool((top_p < 1.0).any() or (top_k > 0).any()):
             probs = _truncate_top_k_top_p(probs, top_k, top_p)
-        drawn = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+        drawn = draw(probs, generator)
         tokens = torch.where(greedy, tokens, drawn)
     chosen = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return tokens, chosen

@@ -12,7 +12,7 @@ import torch
 
 from rljob.runtime.engines.base import EngineError, GenerateRequest, WeightUpdate
 from rljob.runtime.engines.embedded import EmbeddedEngine, InvalidRequestError, prefill_chunks
-from rljob.runtime.engines.sampling import SamplingParams, sample_tokens
+from rljob.runtime.engines.sampling import SamplingParams, draw, sample_tokens
 from tests.helpers.tiny_model import build_tiny_model, save_tiny_model
 from tests.helpers.waiting import wait_until
 
@@ -305,6 +305,20 @@ def test_sampling_truncation_and_log_prob_base() -> None:
     assert logprobs[0].item() == pytest.approx(torch.log_softmax(logits[0] / 0.5, -1)[0].item())
     free = [SamplingParams(temperature=1.0)] * 64
     assert len(set(sample_tokens(logits, free, gen)[0].tolist())) > 1
+
+
+def test_draw_follows_each_rows_distribution_and_never_picks_a_token_without_mass() -> None:
+    # Rows that do not sum to one (what top-k/top-p truncation leaves), with zero-mass tokens at both ends
+    # and in the middle.
+    rows = torch.tensor([[0.0, 0.1, 0.0, 0.6, 0.3, 0.0], [0.5, 0.0, 0.0, 0.0, 0.0, 0.25]], dtype=torch.float32)
+    n = 100_000
+    drawn = draw(rows.repeat_interleave(n, dim=0), torch.Generator().manual_seed(0)).view(2, n)
+    for row, picks in zip(rows, drawn, strict=True):
+        freq = torch.bincount(picks, minlength=row.numel()).double() / n
+        expected = (row / row.sum()).double()
+        assert torch.equal(freq[expected == 0], torch.zeros_like(freq[expected == 0]))
+        # Four standard deviations of a binomial share at n draws: about 0.006 at p = 0.5.
+        assert torch.allclose(freq, expected, atol=4 * 0.5 / n**0.5)
 
 
 def test_prefill_chunks_bound_padding_and_keep_every_item() -> None:

@@ -132,10 +132,10 @@ class PauseBody(BaseModel):
 # SGLang's uvicorn closes a connection idle for 5 s (srt/environ.py: SGLANG_TIMEOUT_KEEP_ALIVE = EnvInt(5);
 # entrypoints/http_server.py passes it as timeout_keep_alive). The CPU server does the same.
 KEEP_ALIVE_S = 5.0
-# The client forgets a pooled connection after half that. With equal limits (httpx's default expiry is
-# also 5 s) it sends on a connection the server is closing at that very moment and reads "connection
-# lost": 3 of 60 requests made about 5 s apart did against aiohttp's server (a generate is retried; a
-# weight-sync call is not, and its failure costs a rebuild of the weight-update group).
+# The client forgets a pooled connection after half that. With equal limits it sends on a connection the
+# server is closing at that very moment and reads "connection lost": 3 of 60 requests made about 5 s
+# apart did against aiohttp's server (a generate is retried; a weight-sync call is not, and its failure
+# costs a rebuild of the weight-update group).
 CLIENT_KEEPALIVE_EXPIRY_S = KEEP_ALIVE_S / 2
 
 # Worker endpoints every supported release serves the same way.

@@ -59,7 +59,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-import httpx
 
 from rljob.runtime.engines.auth import bearer_headers
 from rljob.runtime.engines.capacity import SlotGate
@@ -74,7 +73,7 @@ from rljob.runtime.engines.base import (
     WeightUpdate,
     post_and_commit,
 )
-from rljob.runtime.engines.http_retry import HttpCaller, NoReply
+from rljob.runtime.engines.http_retry import HttpCaller, NoReply, Reply, Timeout
 from rljob.runtime.engines.membership import WorkerView, catch_up_needed, engine_healthy
 from rljob.runtime.engines.protocol import (
     continue_generation_call,
@@ -113,14 +112,9 @@ class SGLangEngine(Engine):
         # In-flight /generate calls: as many as the rotation's workers run together (capacity.py).
         self._slots = SlotGate(self._capacity)
         self._abort_epoch = 0  # bumped by abort_all: requests older than it must not be retried
-        self._http = httpx.AsyncClient(
-            # No connection cap of its own: the slots bound the calls, and their total grows with replicas.
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256,
-                                keepalive_expiry=CLIENT_KEEPALIVE_EXPIRY_S),  # below SGLang's keep-alive
-            timeout=httpx.Timeout(config.control_timeout_s),
-            headers=bearer_headers(config.api_key),
-        )
-        self._caller = HttpCaller(self._http, config.retry_policy())
+        # Pooled connections are dropped before SGLang's keep-alive closes them (protocol.py).
+        self._caller = HttpCaller(config.retry_policy(), bearer_headers(config.api_key),
+                                  keepalive_s=CLIENT_KEEPALIVE_EXPIRY_S)
         self._prompts = PromptGroups()  # prompts with requests in flight, for shared prefills
         self.table = WorkerTable(config, self._caller, weight_version)
 
@@ -221,7 +215,7 @@ class SGLangEngine(Engine):
     async def close(self) -> None:
         """Stop the monitor and close the HTTP connection pool."""
         await self.table.stop_monitor()
-        await self._http.aclose()
+        await self._caller.close()
 
     async def health(self) -> bool:
         """Probe the router and every worker now; True when the router answers and a worker is in the rotation."""
@@ -229,11 +223,11 @@ class SGLangEngine(Engine):
         await self.table.probe_all()
         return engine_healthy(self.table.router_url is not None, self.table.router_up, list(self.workers.values()), self.weight_version)
 
-    async def _fan_out(self, method: str, path: str, json: Any = None) -> dict[str, httpx.Response]:
+    async def _fan_out(self, method: str, path: str, json: Any = None) -> dict[str, Reply]:
         """Send one call to every healthy worker at once; failures are logged and noted, never raised."""
         workers = self.table.healthy_workers()
 
-        async def one(worker: WorkerState) -> httpx.Response | None:
+        async def one(worker: WorkerState) -> Reply | None:
             try:
                 resp = await self._caller.call_with_retries(method, worker.url + path, json=json)
             except NoReply as exc:
@@ -310,7 +304,7 @@ class SGLangEngine(Engine):
         """generate()'s attempts, once it holds a slot; ``epoch``: the abort epoch it was submitted in;
         ``prefer``: the worker to send it to while that one is in the rotation. Returns the result and the
         worker that answered (None through the router)."""
-        timeout = httpx.Timeout(self.config.generate_timeout_s, connect=self.config.control_timeout_s)
+        timeout = Timeout(self.config.generate_timeout_s, connect_s=self.config.control_timeout_s)
         aborted = GenerateResult(request.rid, [], [], "abort", submitted_version, len(request.input_ids))
         last_error = ""
         for attempt in range(self.config.retries + 1):
@@ -371,7 +365,7 @@ class SGLangEngine(Engine):
         await asyncio.gather(*(self.table.note_failure(w, f"router reported: {error}") for w in self.table.healthy_workers()))
 
     def _parse_generate(
-        self, resp: httpx.Response, base: str, request: GenerateRequest, submitted_version: int
+        self, resp: Reply, base: str, request: GenerateRequest, submitted_version: int
     ) -> GenerateResult:
         if resp.status_code in _TRANSIENT_4XX:
             raise EngineError(f"{base}/generate is overloaded for {request.rid}: HTTP {resp.status_code}: {resp.text[:300]}")
@@ -440,9 +434,10 @@ class SGLangEngine(Engine):
                 if api is None:
                     raise NoReply(worker.url, "does not answer its release's probes", sent=False)
                 resp = await self._caller.call_with_retries("GET", worker.url + api.load_path)
-                resp.raise_for_status()
+                if resp.status_code != 200:
+                    raise ValueError(f"HTTP {resp.status_code} from {api.load_path}: {resp.text[:200]}")
                 load = parse_load(resp.json())
-            except (NoReply, httpx.HTTPStatusError, ValueError) as exc:
+            except (NoReply, ValueError) as exc:
                 log.warning("load of SGLang worker %s unavailable: %s", worker.url, exc)
                 await self.table.note_failure(worker, f"load poll: {exc}")
                 return None

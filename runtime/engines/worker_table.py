@@ -21,7 +21,6 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
-import httpx
 
 from rljob.runtime.engines.auth import router_worker_body
 from rljob.runtime.engines.base import EngineError, MemberSync
@@ -167,14 +166,14 @@ class WorkerTable:
         restarted pod may run another image)."""
         timeout = self.config.probe_timeout_s
         try:
-            model_info = await self.caller.http.get(worker.url + MODEL_INFO, timeout=timeout)
+            model_info = await self.caller.request("GET", worker.url + MODEL_INFO, timeout=timeout)
             if model_info.status_code not in (200, 404):
                 return None  # loading (503) or failing: the release cannot be told yet
-            loads = await self.caller.http.get(worker.url + V1_LOADS, timeout=timeout)
+            loads = await self.caller.request("GET", worker.url + V1_LOADS, timeout=timeout)
             api = detect_worker_api(model_info.status_code, loads.status_code)
-            resp = await self.caller.http.get(worker.url + api.server_info_path, timeout=self.config.control_timeout_s)
+            resp = await self.caller.request("GET", worker.url + api.server_info_path, timeout=self.config.control_timeout_s)
             info = resp.json() if resp.status_code == 200 else {}
-        except (httpx.HTTPError, ValueError):
+        except (NoReply, ValueError):
             return None
         api = api.with_server_info(info if isinstance(info, dict) else {})
         log.info("SGLang worker %s: release %s, tp_size %d, dp_size %d; weight version from %s, load from %s",
@@ -195,8 +194,8 @@ class WorkerTable:
         if api is None:
             return False, None
         try:
-            resp = await self.caller.http.get(worker.url + api.weight_version_path, timeout=self.config.probe_timeout_s)
-        except httpx.HTTPError:
+            resp = await self.caller.request("GET", worker.url + api.weight_version_path, timeout=self.config.probe_timeout_s)
+        except NoReply:
             worker.api = None  # unreachable: a restarted pod may run another release
             return False, None
         if resp.status_code >= 500:
@@ -262,8 +261,8 @@ class WorkerTable:
         assert self.router_url is not None
         for path in ("/workers", "/list_workers"):
             try:
-                resp = await self.caller.http.get(self.router_url + path, timeout=self.config.probe_timeout_s)
-            except httpx.HTTPError:
+                resp = await self.caller.request("GET", self.router_url + path, timeout=self.config.probe_timeout_s)
+            except NoReply:
                 return None
             if resp.status_code != 200:
                 continue
@@ -309,11 +308,11 @@ class WorkerTable:
         assert self.router_url is not None
         try:
             body = router_worker_body(url, self.config.api_key)
-            resp = await self.caller.http.post(self.router_url + "/workers", json=body, timeout=self.config.probe_timeout_s)
+            resp = await self.caller.request("POST", self.router_url + "/workers", json=body, timeout=self.config.probe_timeout_s)
             if resp.status_code == 404:  # old router API
-                resp = await self.caller.http.post(self.router_url + "/add_worker", params={"url": url},
-                                             timeout=self.config.probe_timeout_s)
-        except httpx.HTTPError as exc:
+                resp = await self.caller.request("POST", self.router_url + "/add_worker", params={"url": url},
+                                                 timeout=self.config.probe_timeout_s)
+        except NoReply as exc:
             log.warning("could not add worker %s to the sglang router: %s", url, exc)
             return
         if resp.status_code >= 300 and "already" not in resp.text.lower():
@@ -324,11 +323,11 @@ class WorkerTable:
     async def _router_remove(self, url: str, worker_id: str) -> None:
         assert self.router_url is not None
         try:
-            resp = await self.caller.http.delete(self.router_url + f"/workers/{worker_id}", timeout=self.config.probe_timeout_s)
+            resp = await self.caller.request("DELETE", self.router_url + f"/workers/{worker_id}", timeout=self.config.probe_timeout_s)
             if resp.status_code == 404:  # old router API
-                resp = await self.caller.http.post(self.router_url + "/remove_worker", params={"url": url},
-                                             timeout=self.config.probe_timeout_s)
-        except httpx.HTTPError as exc:
+                resp = await self.caller.request("POST", self.router_url + "/remove_worker", params={"url": url},
+                                                 timeout=self.config.probe_timeout_s)
+        except NoReply as exc:
             log.warning("could not remove worker %s from the sglang router: %s", url, exc)
             return
         if resp.status_code >= 300:

@@ -28,13 +28,13 @@ from tests.helpers.waiting import wait_until
 def record_bodies(engine: SGLangEngine) -> list[tuple[str, Any]]:
     """Record (url, json body) of every request of the client's HTTP pool (the calls still go out)."""
     calls: list[tuple[str, Any]] = []
-    real = engine._http.request  # noqa: SLF001
+    real = engine._caller.request  # noqa: SLF001
 
     async def request(method: str, url: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
         calls.append((str(url), kwargs.get("json")))
         return await real(method, url, **kwargs)
 
-    engine._http.request = request  # type: ignore[method-assign]  # noqa: SLF001
+    engine._caller.request = request  # type: ignore[method-assign]  # noqa: SLF001
     return calls
 
 

@@ -43,14 +43,14 @@ async def pool() -> AsyncIterator[list[str]]:
 def record_generates(engine: SGLangEngine) -> list[tuple[str, int]]:
     """(URL, the client's abort epoch then) of every /generate the client's HTTP pool sends (they still go out)."""
     sent: list[tuple[str, int]] = []
-    real = engine._http.request  # noqa: SLF001
+    real = engine._caller.request  # noqa: SLF001
 
     async def request(method: str, url: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
         if str(url).endswith("/generate"):
             sent.append((str(url), engine._abort_epoch))  # noqa: SLF001
         return await real(method, url, **kwargs)
 
-    engine._http.request = request  # type: ignore[method-assign]  # noqa: SLF001
+    engine._caller.request = request  # type: ignore[method-assign]  # noqa: SLF001
     return sent
 
 

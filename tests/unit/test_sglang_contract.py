@@ -228,10 +228,11 @@ async def test_the_client_forgets_a_pooled_connection_before_the_release_closes_
     assert CLIENT_KEEPALIVE_EXPIRY_S <= seconds / 2, (
         f"the client keeps idle connections {CLIENT_KEEPALIVE_EXPIRY_S} s, sglang {version} closes them at {seconds} s")
     engine = SGLangEngine(SGLangClientConfig(worker_urls=["http://127.0.0.1:9"]))
-    try:  # the engine's own pool uses it (httpx keeps its httpcore pool on the transport)
-        assert engine._http._transport._pool._keepalive_expiry == CLIENT_KEEPALIVE_EXPIRY_S  # type: ignore[attr-defined]
+    try:  # the engine's own pool uses it (aiohttp's connector holds the keep-alive)
+        connector = engine._caller._pool().connector
+        assert connector is not None and connector._keepalive_timeout == CLIENT_KEEPALIVE_EXPIRY_S  # type: ignore[attr-defined]
     finally:
-        await engine._http.aclose()
+        await engine.close()
 
 
 def _typed_api(source: SGLangSource) -> Any:

@@ -24,13 +24,13 @@ def closed_port_url() -> str:
 def count_calls(engine: SGLangEngine) -> list[str]:
     """Record every URL the client's HTTP pool is asked for (the real calls still go out)."""
     calls: list[str] = []
-    real = engine._http.request  # noqa: SLF001
+    real = engine._caller.request  # noqa: SLF001
 
     async def request(method: str, url: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
         calls.append(str(url))
         return await real(method, url, **kwargs)
 
-    engine._http.request = request  # type: ignore[method-assign]  # noqa: SLF001
+    engine._caller.request = request  # type: ignore[method-assign]  # noqa: SLF001
     return calls
 
 

@@ -8,11 +8,10 @@ import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import httpx
 import pytest
 from aiohttp import web
 
-from rljob.runtime.engines.http_retry import HttpCaller, NoReply, RetryPolicy
+from rljob.runtime.engines.http_retry import HttpCaller, NoReply, Reply, RetryPolicy
 
 FAST = RetryPolicy(retries=3, backoff_s=0.001, backoff_max_s=0.002, timeout_s=10.0)
 
@@ -51,15 +50,18 @@ async def server() -> AsyncIterator[tuple[Script, str]]:
 
 @pytest.fixture
 async def caller() -> AsyncIterator[RecordingCaller]:
-    async with httpx.AsyncClient() as http:
-        yield RecordingCaller(http, FAST)
+    recording = RecordingCaller(FAST)
+    try:
+        yield recording
+    finally:
+        await recording.close()
 
 
 class RecordingCaller(HttpCaller):
     """The real caller, noting each backoff (one before every retry)."""
 
-    def __init__(self, http: httpx.AsyncClient, policy: RetryPolicy) -> None:
-        super().__init__(http, policy)
+    def __init__(self, policy: RetryPolicy) -> None:
+        super().__init__(policy)
         self.backoffs: list[int] = []
 
     async def backoff(self, attempt: int) -> None:
@@ -120,3 +122,52 @@ async def test_probe_is_true_only_on_200(server: tuple[Script, str], caller: Rec
     assert await caller.probe(f"{url}/health", timeout=5.0) is True
     assert await caller.probe(f"{url}/health", timeout=5.0) is False
     assert await caller.probe(f"{closed_port_url()}/health", timeout=5.0) is False
+
+
+@pytest.fixture
+async def dropping_server() -> AsyncIterator[tuple[list[int], str]]:
+    """A server that reads each request and closes the connection without a reply; counts them."""
+    seen: list[int] = []
+
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        seen.append(1)
+        writer.close()
+
+    server = await asyncio.start_server(drop, "127.0.0.1", 0)
+    try:
+        yield seen, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_connection_dropped_before_the_reply_is_lost_and_retried(
+        dropping_server: tuple[list[int], str], caller: RecordingCaller) -> None:
+    seen, url = dropping_server
+    with pytest.raises(NoReply) as err:  # a POST: aiohttp itself resends a GET once on a dropped connection
+        await caller.call_with_retries("POST", f"{url}/update_weights_from_disk", json={})
+    # The request reached the server (it may have acted on it): not a refused connection, not a timeout.
+    assert err.value.sent and not err.value.timed_out and "connection lost" in str(err.value)
+    assert len(seen) == FAST.retries + 1 and caller.backoffs == [0, 1, 2]
+
+
+def test_a_caller_serves_one_event_loop_after_another() -> None:
+    """A job's engines outlive an event loop (a CLI command that runs several): the pool is made anew."""
+    caller = HttpCaller(FAST)
+
+    async def refused() -> bool:
+        with pytest.raises(NoReply) as err:
+            await caller.call("GET", f"{closed_port_url()}/health")
+        return err.value.sent
+
+    assert asyncio.run(refused()) is False
+    assert asyncio.run(refused()) is False
+    asyncio.run(caller.close())
+
+
+def test_a_reply_that_is_not_json_raises_value_error() -> None:
+    assert Reply(200, b'{"a": [1]}').json() == {"a": [1]}
+    assert Reply(503, b"\xffbusy").text == "\ufffdbusy"
+    with pytest.raises(ValueError):
+        Reply(200, b"<html>").json()

@@ -59,7 +59,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-
 from rljob.runtime.engines.auth import bearer_headers
 from rljob.runtime.engines.capacity import SlotGate
 from rljob.runtime.engines.base import (

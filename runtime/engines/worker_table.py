@@ -21,7 +21,6 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
-
 from rljob.runtime.engines.auth import router_worker_body
 from rljob.runtime.engines.base import EngineError, MemberSync
 from rljob.runtime.engines.http_retry import HttpCaller, NoReply, strip_url

@@ -116,17 +116,46 @@ def byte_offsets(dtypes: Sequence[torch.dtype], shapes: Sequence[Sequence[int]])
     return offsets
 
 
+def lay_flat(dtypes: Sequence[torch.dtype], shapes: Sequence[Sequence[int]],
+             device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+    """A new uint8 buffer for tensors of these dtypes and shapes back to back (the flattened bucket's
+    layout), and each tensor as a view of it; None when one would start unaligned."""
+    offsets = byte_offsets(dtypes, shapes)
+    if offsets is None:
+        return None
+    buffer = torch.empty(offsets[-1], dtype=torch.uint8, device=device)
+    return buffer, [buffer[start:end].view(dtype).view(tuple(shape))
+                    for dtype, shape, start, end in zip(dtypes, shapes, offsets, offsets[1:], strict=False)]
+
+
+def lying_flat(tensors: Sequence[torch.Tensor], dtypes: Sequence[torch.dtype],
+               device: torch.device) -> torch.Tensor | None:
+    """The uint8 buffer that ``tensors`` already are the views of, exactly in the flattened layout of
+    these dtypes (what lay_flat makes, and what a sharded trainer gathers each bucket into:
+    training/fsdp.py), so it is broadcast without a copy; None when they are laid out any other way."""
+    offsets = byte_offsets(dtypes, [t.shape for t in tensors])
+    if offsets is None or not tensors:
+        return None
+    storage = tensors[0].untyped_storage()
+    base = storage.data_ptr()
+    if storage.device != device or storage.nbytes() != offsets[-1]:
+        return None
+    for tensor, dtype, start in zip(tensors, dtypes, offsets, strict=False):
+        if tensor.dtype != dtype or not tensor.is_contiguous() or tensor.untyped_storage().data_ptr() != base \
+                or tensor.data_ptr() != base + start:
+            return None
+    return torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+
+
 def empty_flattened(names: Sequence[str], dtypes: Sequence[torch.dtype], shapes: Sequence[Sequence[int]],
                     device: torch.device) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
     """A receiver's buffer for one flattened bucket and the named tensors that are views of it.
     ValueError for an unaligned layout, as SGLang's receiver raises."""
-    offsets = byte_offsets(dtypes, shapes)
-    if offsets is None:
+    laid = lay_flat(dtypes, shapes, device)
+    if laid is None:
         raise ValueError("unaligned tensor in a flattened bucket: every tensor must start at a multiple of its item size")
-    buffer = torch.empty(offsets[-1], dtype=torch.uint8, device=device)
-    views = [(name, buffer[start:end].view(dtype).view(tuple(shape)))
-             for name, dtype, shape, start, end in zip(names, dtypes, shapes, offsets, offsets[1:], strict=False)]
-    return buffer, views
+    buffer, views = laid
+    return buffer, list(zip(names, views, strict=True))
 
 
 class WeightGroup:

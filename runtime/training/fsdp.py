@@ -27,6 +27,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
 from rljob.runtime.training.distributed import Distributed
+from rljob.runtime.weight_group import lay_flat
 from rljob.runtime.weights.buckets import Bucket, PlannedBuckets, named_buckets
 from rljob.runtime.weights.wire_dtype import as_wire, wire_dtype_of
 
@@ -71,10 +72,33 @@ def _rows_of(full: torch.Tensor, world_size: int) -> list[torch.Tensor]:
     return parts + [full[:0]] * (world_size - len(parts))
 
 
-def _run_p2p(ops: list[dist.P2POp]) -> None:
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _full_slots(planned: Bucket, wire: list[torch.dtype]) -> list[torch.Tensor]:
+    """Where each name of a planned bucket gets its full tensor, on the shards' device: views of one
+    buffer in the flattened layout (weight_group.lay_flat), else, for a layout that would be unaligned,
+    a new tensor per distinct tensor, which all its names share."""
+    device = _local(planned[0][1]).device
+    laid = lay_flat(wire, [t.shape for _, t in planned], device)
+    if laid is not None:
+        return laid[1]
+    made: dict[int, torch.Tensor] = {}
+    for (_, tensor), dtype in zip(planned, wire, strict=True):
+        if id(tensor) not in made:
+            made[id(tensor)] = torch.empty(tensor.shape, dtype=dtype, device=device)
+    return [made[id(tensor)] for _, tensor in planned]
+
+
+def _start_p2p(ops: list[dist.P2POp]) -> list[dist.Work]:
     # Point-to-point into rank 0, not an all-gather: over gloo an all-gather moves every shard to
     # every rank and costs 2.5-3x a broadcast of the same bytes (benchmarks/weight_sync.py).
-    for work in dist.batch_isend_irecv(ops) if ops else []:
+    return dist.batch_isend_irecv(ops) if ops else []
+
+
+def _wait(works: list[dist.Work]) -> None:
+    for work in works:
         work.wait()
 
 
@@ -205,31 +229,46 @@ class FSDP2Backend:
                 yield from ((alias, tensor) for alias in aliases[id(tensor)])
 
     def _gather_bucket(self, planned: Bucket, tags: dict[int, int], dtype: torch.dtype | None) -> Bucket:
-        """Rank 0: one bucket of full tensors in `dtype`, received from the other ranks' shards in one batch."""
+        """Rank 0: one bucket of full tensors in `dtype`, received from the other ranks' shards in one batch.
+
+        The bucket is laid flat where its layout allows: every name's tensor a view of one buffer, back
+        to back in the bucket's order (the weight-update group's flattened layout, weight_group.py), so
+        the distributed transport broadcasts that buffer as it is, without a copy of the bucket on
+        rank 0's side of every sync (weight_group.lying_flat)."""
         unique = _unique(planned)
-        full: dict[int, torch.Tensor] = {}
+        slots = _full_slots(planned, [wire_dtype_of(t, dtype) for _, t in planned])
+        full: dict[int, torch.Tensor] = {}  # each distinct tensor's place: its first name's slot
+        for (_, tensor), slot in zip(planned, slots, strict=True):
+            full.setdefault(id(tensor), slot)
         receives: list[dist.P2POp] = []
+        own: list[tuple[torch.Tensor, DTensor]] = []  # rank 0's rows of each tensor, and its shard
         for tensor in filter(_row_sharded, unique):
-            local = tensor.to_local().detach()
-            full[id(tensor)] = torch.empty(tensor.shape, dtype=wire_dtype_of(tensor, dtype), device=local.device)
             parts = _rows_of(full[id(tensor)], self.world_size)
-            parts[0].copy_(local)  # cast in the copy
+            own.append((parts[0], tensor))
             receives += [dist.P2POp(dist.irecv, part, group=tensor.device_mesh.get_group(), group_peer=r,
                                     tag=tags[id(tensor)]) for r, part in enumerate(parts) if r > 0 and part.numel()]
-        _run_p2p(receives)
-        full.update({key: as_wire(value, dtype) for key, value in _gather_the_rest(unique).items()})
+        # Every receive is posted first: the other ranks' shards arrive while rank 0 copies (and casts) its own.
+        works = _start_p2p(receives)
+        for rows, tensor in own:
+            rows.copy_(tensor.to_local().detach())  # cast in the copy
+        _wait(works)
+        for key, value in _gather_the_rest(unique).items():
+            full[key].copy_(value)
+        for (_, tensor), slot in zip(planned, slots, strict=True):
+            if slot is not full[id(tensor)]:
+                slot.copy_(full[id(tensor)])  # a tied tensor's other name has a place of its own in the layout
         # Left on the device they were gathered on: an NCCL broadcast sends them from there (a trip through
         # the host would cost two PCIe copies per bucket), safetensors and the embedded engine's copy
         # take them from any device, as they take a single-process trainer's live tensors.
-        return [(name, full[id(tensor)]) for name, tensor in planned]
+        return [(name, slot) for (name, _), slot in zip(planned, slots, strict=True)]
 
     def _send_buckets(self, plan: list[Bucket], tags: dict[int, int], dtype: torch.dtype | None) -> Iterator[Bucket]:
         """Ranks > 0: each bucket's shards to rank 0 in `dtype`, in step with its _gather_bucket; no bucket here."""
         for planned in plan:
             unique = _unique(planned)
-            _run_p2p([dist.P2POp(dist.isend, as_wire(local, dtype).contiguous(), group=tensor.device_mesh.get_group(),
-                                 group_peer=0, tag=tags[id(tensor)])
-                      for tensor in filter(_row_sharded, unique) if (local := tensor.to_local().detach()).numel()])
+            _wait(_start_p2p([dist.P2POp(dist.isend, as_wire(local, dtype).contiguous(), group_peer=0,
+                                         group=tensor.device_mesh.get_group(), tag=tags[id(tensor)])
+                              for tensor in filter(_row_sharded, unique) if (local := tensor.to_local().detach()).numel()]))
             _gather_the_rest(unique)
         yield from ()
 

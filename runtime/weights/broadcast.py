@@ -46,6 +46,7 @@ from rljob.runtime.weight_group import (
     byte_offsets,
     create_group,
     dtype_name,
+    lying_flat,
     open_store,
     takes_flattened_buckets,
 )
@@ -79,23 +80,29 @@ class DistributedOptions:
 
 
 def flatten(bucket: Bucket, dtype: torch.dtype | None, device: torch.device,
-            reuse: torch.Tensor | None = None) -> torch.Tensor | None:
+            reuse: torch.Tensor | None = None) -> tuple[torch.Tensor, bool] | None:
     """The bucket's tensors (every name, in order, as the members list them), floating-point ones in
     ``dtype`` (wire_dtype.py), as one uint8 buffer on ``device`` (weight_group.py's flattened bucket),
-    cast and moved in the one copy; None when that layout would be unaligned (sent tensor by tensor then).
-    The buffer is the front of ``reuse`` when that is large enough (a sync flattens every bucket into
-    one buffer: no allocation, and no page faults, per bucket)."""
+    and whether that buffer was made here; None when that layout would be unaligned (sent tensor by
+    tensor then).
+
+    A bucket that already lies flat (a sharded trainer gathers each bucket so: training/fsdp.py) is
+    its own buffer, with no copy. Otherwise each tensor is cast and moved in one copy into the front of
+    ``reuse`` when that is large enough (a sync flattens every bucket into one buffer: no allocation,
+    and no page faults, per bucket), else into a new buffer."""
     wire = [wire_dtype_of(t, dtype) for _, t in bucket]
     offsets = byte_offsets(wire, [t.shape for _, t in bucket])
     if offsets is None or not bucket:
         return None
+    if (laid := lying_flat([t for _, t in bucket], wire, device)) is not None:
+        return laid, False
     if reuse is not None and reuse.device == device and reuse.numel() >= offsets[-1]:
         buffer = reuse[: offsets[-1]]
     else:
         buffer = torch.empty(offsets[-1], dtype=torch.uint8, device=device)
     for (_, tensor), wire_dtype, start, end in zip(bucket, wire, offsets, offsets[1:], strict=False):
         buffer[start:end].view(wire_dtype).view(tensor.shape).copy_(tensor.detach())
-    return buffer
+    return buffer, True
 
 
 def departed_members(members: Sequence[str], known: set[str]) -> list[str]:
@@ -215,15 +222,18 @@ class DistributedTransport(WeightTransport):
         self._members = []
         self._layout = None
 
-    def _payload(self, bucket: Bucket, reuse: torch.Tensor | None) -> tuple[list[torch.Tensor], str | None]:
-        """What rank 0 broadcasts for one bucket, and the load format that tells the members: one flat
-        buffer (in ``reuse`` when it fits: the previous bucket's, whose broadcast has completed) when they
-        all take ``flattened_bucket`` and its layout is aligned, else each tensor, both in the wire dtype
-        on the group's device."""
+    def _payload(self, bucket: Bucket, reuse: torch.Tensor | None
+                 ) -> tuple[list[torch.Tensor], str | None, torch.Tensor | None]:
+        """What rank 0 broadcasts for one bucket, the load format that tells the members, and the buffer
+        made here that later buckets may reuse: one flat buffer (the bucket itself when it lies flat, else
+        in ``reuse`` when it fits: the previous bucket's, whose broadcast has completed) when they all take
+        ``flattened_bucket`` and its layout is aligned, else each tensor, both in the wire dtype on the
+        group's device."""
         assert self._group is not None
         if self._flatten and (flat := flatten(bucket, self._wire, self._group.device, reuse)) is not None:
-            return [flat], FLATTENED_BUCKET
-        return [as_wire(t.detach(), self._wire).to(self._group.device).contiguous() for _, t in bucket], None
+            buffer, made = flat
+            return [buffer], FLATTENED_BUCKET, buffer if made else reuse
+        return [as_wire(t.detach(), self._wire).to(self._group.device).contiguous() for _, t in bucket], None, reuse
 
     def _broadcast(self, payload: list[torch.Tensor]) -> None:
         assert self._group is not None
@@ -289,7 +299,7 @@ class DistributedTransport(WeightTransport):
                 nbytes = wire_bytes(bucket, wire)
                 if flat is not None and flat.numel() < nbytes:
                     flat = None  # too small for this bucket: let it go before a larger one is allocated
-                payload, load_format = await asyncio.to_thread(self._payload, bucket, flat)
+                payload, load_format, flat = await asyncio.to_thread(self._payload, bucket, flat)
                 # The bucket goes once its payload is built (a flat copy, or casts), and only then is the
                 # next one gathered: rank 0 holds two buckets at most, flattened or not.
                 del bucket, item
@@ -309,8 +319,6 @@ class DistributedTransport(WeightTransport):
                     raise RuntimeError(f"{len(bad)} engine ranks failed a bucket")
                 report.bytes_sent += nbytes
                 report.broadcasts += len(payload)
-                if load_format == FLATTENED_BUCKET and flat is None:
-                    flat = payload[0]  # a new buffer: the next buckets reuse it
                 del payload
         except RuntimeError as exc:
             log.error("weight sync of version %d over the weight-update group failed: %s; the group is rebuilt "

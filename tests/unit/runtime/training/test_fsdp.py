@@ -14,6 +14,7 @@ from rljob.runtime.ranks import GatheredWeights, OrderSender
 from rljob.runtime.training.backend import SingleProcessBackend, build_backend
 from rljob.runtime.training.distributed import DistEnv, Distributed
 from rljob.runtime.training.fsdp import FSDP2Backend, decoder_layers
+from rljob.runtime.weight_group import lying_flat
 from rljob.runtime.weights.buckets import with_last
 
 from tests.helpers.processes import free_port
@@ -123,3 +124,18 @@ def test_rank0_sync_source_is_planned_so_a_transport_holds_no_bucket_ahead(one_r
         assert gathered.current is not None and gathered.current.remaining == total - len(seen) - 1
         seen.append(last)
     assert seen == [False] * (total - 1) + [True]
+
+
+def test_rank0_gathers_each_bucket_flat_so_a_broadcast_sends_it_without_a_copy(one_rank: Distributed):
+    # weights/broadcast.flatten sends a bucket that lies flat as it is; the values are the model's either way.
+    model = build_tiny_model(seed=0)
+    expected = {n: t.detach().to(torch.bfloat16) for n, t in model.state_dict().items()}
+    backend = FSDP2Backend(model, learning_rate=1e-3, weight_decay=0.0, distributed=one_rank)
+    seen = 0
+    for bucket in backend.iter_full_weights(1 << 14, torch.bfloat16):
+        wire = [t.dtype for _, t in bucket]
+        assert lying_flat([t for _, t in bucket], wire, torch.device("cpu")) is not None, [n for n, _ in bucket]
+        for name, tensor in bucket:
+            assert torch.equal(tensor, expected[name]), name
+            seen += 1
+    assert seen == len(expected)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rljob.runtime.weight_group import byte_offsets, empty_flattened, takes_flattened_buckets
+from rljob.runtime.weight_group import byte_offsets, empty_flattened, lay_flat, lying_flat, takes_flattened_buckets
 from rljob.runtime.weights.broadcast import flatten
 
 CPU = torch.device("cpu")
@@ -18,8 +18,10 @@ def test_a_flattened_bucket_reads_back_as_the_tensors_cast_to_the_wire_dtype():
     embed = torch.randn(6, 4, generator=gen)
     bucket = [("embed", embed), ("norm", torch.randn(4, generator=gen)), ("head", embed),  # tied: sent per name
               ("step", torch.tensor([7, 9], dtype=torch.int64))]
-    buffer = flatten(bucket, torch.bfloat16, CPU)
-    assert buffer is not None and buffer.dtype == torch.uint8
+    flat = flatten(bucket, torch.bfloat16, CPU)
+    assert flat is not None
+    buffer, made = flat
+    assert made and buffer.dtype == torch.uint8
     wire = [torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.int64]
     assert buffer.numel() == (24 + 4 + 24) * 2 + 2 * 8  # the int64 starts at byte 104, aligned
     received, views = empty_flattened([n for n, _ in bucket], wire, [list(t.shape) for _, t in bucket], CPU)
@@ -29,6 +31,31 @@ def test_a_flattened_bucket_reads_back_as_the_tensors_cast_to_the_wire_dtype():
         expected = sent.to(torch.bfloat16) if sent.is_floating_point() else sent
         assert got.dtype == expected.dtype and torch.equal(got, expected), name
     assert views[0][1].data_ptr() != views[2][1].data_ptr(), "each name of a tied tensor has its own bytes"
+
+
+def test_a_bucket_that_already_lies_flat_is_its_own_buffer_and_any_other_is_copied():
+    wire = [torch.bfloat16, torch.bfloat16, torch.int64]
+    shapes = [[3, 2], [2], [2]]
+    laid = lay_flat(wire, shapes, CPU)
+    assert laid is not None
+    buffer, views = laid
+    for i, view in enumerate(views):
+        view.copy_(torch.arange(view.numel()).view(view.shape) + i)
+    bucket = list(zip(["a", "b", "c"], views, strict=True))
+    flat = flatten(bucket, torch.bfloat16, CPU)
+    assert flat is not None
+    got, made = flat
+    assert not made and got.data_ptr() == buffer.data_ptr() and got.numel() == buffer.numel()  # no copy
+    # The same views in another order, or a wire dtype they are not in, are not that layout: copied.
+    assert lying_flat(views[::-1], wire[::-1], CPU) is None
+    assert lying_flat(views[:2], wire[:2], CPU) is None  # the buffer holds more than these
+    reordered = flatten(bucket[::-1], torch.bfloat16, CPU)
+    assert reordered is not None and reordered[1] and reordered[0].data_ptr() != buffer.data_ptr()
+    as_fp32 = flatten(bucket, torch.float32, CPU)  # the bf16 view is cast: a new buffer
+    assert as_fp32 is not None and as_fp32[1]
+    received, _ = empty_flattened(["c", "b", "a"], wire[::-1], shapes[::-1], CPU)
+    received.copy_(reordered[0])
+    assert torch.equal(received[-12:].view(torch.bfloat16).view(3, 2), views[0])
 
 
 def test_a_layout_the_receiver_would_refuse_is_sent_tensor_by_tensor():

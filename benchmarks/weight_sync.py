@@ -4,13 +4,17 @@ For each case (below), two trainer ranks (spawned processes, FSDP2 over gloo, as
 shard a tiny Qwen2 model and push it to one SGLang-protocol worker process (the project's CPU server,
 loopback) through the `distributed` transport, exactly as the runner does: `GatheredWeights` gathers one
 bucket at a time from the shards while the transport broadcasts it over the weight-update group
-(/update_weights_from_distributed). One warm-up sync, then N measured syncs, each timed end to end (pause,
-every bucket's HTTP call and broadcast, continue, version checks). During each, a thread samples rank 0's
-RSS (glibc told to unmap freed memory: tests/helpers/rss.py) for its peak above the RSS before the sync.
+(/update_weights_from_distributed). Two phases, each of one warm-up sync and N measured syncs: first a
+thread samples rank 0's RSS during each sync (glibc told to unmap freed memory: tests/helpers/rss.py) for
+its peak above the RSS before it; then, with glibc reusing its heap as a trainer's allocator does (those
+per-bucket mappings would add page faults to every gathered bucket), each sync is timed end to end
+(pause, every bucket's HTTP call and broadcast, continue, version checks).
 
 The floor, on the same run: rank 0 broadcasts the same bytes, bucket by bucket, to rank 1 over the
 trainers' own gloo group (the same world size as the weight-update group: 1 sender, 1 receiver), with no
-gather, no HTTP and no engine. `over_floor` is sync seconds per GB over floor seconds per GB. A second
+gather, no HTTP and no engine, from and into buffers made and written before the clock starts (until
+2026-12-07 each was allocated and filled inside the timed loop, which doubled the floor and flattered
+every ratio). `over_floor` is sync seconds per GB over floor seconds per GB. A second
 floor sends the same bytes one broadcast per tensor (a bucket's posted together, as SGLang's worker does),
 which is what SGLang 0.5.5.post3's protocol allows; `over_tensor_floor` is the sync over that one. The
 gather alone (every rank pulls the buckets from the shards, nothing is sent) is timed too: the transport
@@ -107,13 +111,13 @@ def floor_seconds(sizes: list[list[int]], rank: int, per_tensor: bool) -> float:
     then waited on, as SGLang 0.5.5.post3's /update_weights_from_distributed receives them."""
     import torch.distributed as dist
 
-    def buffer(size: int) -> torch.Tensor:
-        return torch.ones(size, dtype=torch.uint8) if rank == 0 else torch.empty(size, dtype=torch.uint8)
-
+    # Every buffer made and written before the clock starts, on both sides: the floor is the broadcasts
+    # alone, not the allocation, page faults and filling of fresh buffers.
+    pieces = [[torch.ones(n, dtype=torch.uint8) for n in bucket] if per_tensor else [torch.ones(sum(bucket),
+              dtype=torch.uint8)] for bucket in sizes]
     dist.barrier()
     started = time.perf_counter()
-    for bucket in sizes:
-        tensors = [buffer(n) for n in bucket] if per_tensor else [buffer(sum(bucket))]
+    for tensors in pieces:
         for work in [dist.broadcast(t, 0, async_op=True) for t in tensors]:
             work.wait()
     return time.perf_counter() - started
@@ -135,7 +139,7 @@ async def rank0_syncs(backend: Any, distributed: Any, url: str, bucket: int, syn
     from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
     from rljob.runtime.ranks import GatheredWeights, OrderSender
     from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport
-    from tests.helpers.rss import PeakRss
+    from tests.helpers.rss import PeakRss, heap_malloc
 
     engine = SGLangEngine(SGLangClientConfig(worker_urls=[url]))
     await engine.start()
@@ -143,15 +147,22 @@ async def rank0_syncs(backend: Any, distributed: Any, url: str, bucket: int, syn
     source = GatheredWeights(backend, bucket, OrderSender(distributed))
     rows = []
     try:
-        for version in range(1, syncs + 2):  # version 1: the warm-up (group set-up, imports)
+        # Two phases of one warm-up (group set-up, imports; then the heap's first growth) and `syncs` measured
+        # syncs: rank 0's peak RSS with glibc told to unmap freed memory (exact_malloc), then the seconds with
+        # glibc reusing its heap (heap_malloc), as a trainer's allocator does: the first phase's per-bucket
+        # mappings would add page faults to every gathered bucket.
+        for version in range(1, 2 * syncs + 3):
+            if version == syncs + 2:
+                heap_malloc()
             source.calls = 0  # rank 1 joins every pass without an order (it knows the count)
             gc.collect()
             with PeakRss() as peak:
                 report = await transport.sync(version, lambda dtype: source(dtype if case.gather_in_wire else None))
             if report.failed or not report.updated:
                 raise SystemExit(f"sync {version} failed: {report.failed}")
-            if version > 1:
-                rows.append({"seconds": report.seconds, "bytes": report.bytes_sent, "peak_extra_rss": peak.extra,
+            if version not in (1, syncs + 2):
+                rows.append({"phase": "rss" if version <= syncs + 1 else "seconds", "seconds": report.seconds,
+                             "bytes": report.bytes_sent, "peak_extra_rss": peak.extra,
                              "broadcasts": report.broadcasts})
     finally:
         await transport.close()
@@ -165,7 +176,8 @@ def bench_rank(rank: int, config: dict[str, int], url: str, bucket: int, syncs: 
     from rljob.runtime.training.fsdp import FSDP2Backend
     from tests.helpers.rss import exact_malloc
 
-    exact_malloc()
+    if rank == 0:  # the rank whose RSS is measured; heap_malloc again before the timed syncs
+        exact_malloc()
     env = DistEnv.from_environ()
     assert env is not None
     distributed = Distributed(env, "cpu")
@@ -174,7 +186,7 @@ def bench_rank(rank: int, config: dict[str, int], url: str, bucket: int, syncs: 
     if rank == 0:
         rows = asyncio.run(rank0_syncs(backend, distributed, url, bucket, syncs, case))
     else:
-        for _ in range(syncs + 1):
+        for _ in range(2 * syncs + 2):
             for _ in backend.iter_full_weights(bucket):
                 pass
     floor_seconds(sizes, rank, per_tensor=True)  # warm-up
@@ -206,15 +218,16 @@ def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]
     finally:
         stop(procs)
     raw = json.loads((out / "result.json").read_text())
-    syncs = raw["syncs"]
-    if any(s["bytes"] != nbytes for s in syncs) or raw["floor_bytes"] != nbytes:
+    syncs = [s for s in raw["syncs"] if s["phase"] == "seconds"]
+    rss_syncs = [s for s in raw["syncs"] if s["phase"] == "rss"]
+    if any(s["bytes"] != nbytes for s in raw["syncs"]) or raw["floor_bytes"] != nbytes:
         raise SystemExit(f"{case.name}: a sync or the floor did not move the model's {nbytes} bytes: {raw}")
     gb = nbytes / 2**30
     floor = statistics.median(raw["floor_seconds"])
     tensor_floor = statistics.median(raw["tensor_floor_seconds"])
     gather = statistics.median(raw["gather_seconds"])
     median = statistics.median(s["seconds"] for s in syncs)
-    peak = max(s["peak_extra_rss"] for s in syncs)
+    peak = max(s["peak_extra_rss"] for s in rss_syncs)
     return {
         "model": case.name, "size": case.size, "parameters": sum(p.numel() for p in model.parameters()),
         "megabytes": round(nbytes / 2**20, 2), "bucket_megabytes": args.bucket_mb,
@@ -232,7 +245,8 @@ def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]
         "peak_rss_buckets": round(peak / bucket, 2), "model_buckets": round(nbytes / bucket, 2),
         "buckets_sent": raw["buckets"], "broadcasts_per_sync": syncs[0]["broadcasts"],
         "all_seconds": [round(s["seconds"], 4) for s in syncs],
-        "all_peak_extra_rss": [s["peak_extra_rss"] for s in syncs],
+        "all_peak_extra_rss": [s["peak_extra_rss"] for s in rss_syncs],
+        "all_rss_phase_seconds": [round(s["seconds"], 4) for s in rss_syncs],
         "all_floor_seconds": [round(s, 4) for s in raw["floor_seconds"]],
         "all_tensor_floor_seconds": [round(s, 4) for s in raw["tensor_floor_seconds"]],
         "all_gather_seconds": [round(s, 4) for s in raw["gather_seconds"]],

@@ -38,6 +38,20 @@ def exact_malloc(threshold: int = 64 << 10) -> None:
         raise RuntimeError("mallopt refused the mmap/trim thresholds")
 
 
+def heap_malloc() -> None:
+    """Undo ``exact_malloc`` for timing: glibc serves allocations of up to 32 MB (its largest mmap
+    threshold) from its heap and keeps freed memory there, so a buffer allocated anew for each of many
+    like-sized pieces reuses the same pages instead of faulting fresh ones in (what glibc's dynamic
+    threshold settles to by itself, and what a GPU's caching allocator does). RSS then tracks the
+    allocator's high-water mark, not the live bytes."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError as exc:
+        raise RuntimeError(f"glibc not found ({exc})") from None
+    if not (libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20) and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)):
+        raise RuntimeError("mallopt refused the mmap/trim thresholds")
+
+
 class PeakRss:
     """``with PeakRss() as peak: ...``; then ``peak.extra``: the highest RSS seen inside the block
     above the RSS at its start, in bytes."""

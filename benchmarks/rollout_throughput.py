@@ -103,6 +103,12 @@ async def run(args: argparse.Namespace) -> dict:
         "async_over_sync": asynch["over_sync"],
         "async_over_ceiling": asynch["over_ceiling"],
         "async_off_policy_ratio": asynch["off_policy_ratio"],
+        # How full the engine's decode batches ran (generated tokens per decode step, EngineStats), while
+        # collecting and, for async, while the trainer trained: where async's share of the ceiling goes.
+        "april_collection_tokens_per_decode_step": april["engine_collection"]["tokens_per_decode_step"],
+        "async_collection_tokens_per_decode_step": asynch["engine_collection"]["tokens_per_decode_step"],
+        "async_overlap_tokens_per_decode_step": asynch["engine_overlap"]["tokens_per_decode_step"],
+        "async_overlap_busy_share": asynch["engine_overlap"]["busy_share"],
         "sync_step_seconds": sync["step_seconds"],
         "april_step_seconds": april["step_seconds"],
         "off_policy_ratio": april["off_policy_ratio"],

@@ -19,7 +19,7 @@ import torch
 
 from rljob.runtime.batch_stats import summarize_batch
 from rljob.runtime.engines.base import Engine, GenerateRequest, WeightUpdate
-from rljob.runtime.engines.embedded import EmbeddedEngine
+from rljob.runtime.engines.embedded import EmbeddedEngine, EngineStats
 from rljob.runtime.rollout.scheduler import RolloutScheduler, RoundResult
 
 if TYPE_CHECKING:
@@ -42,6 +42,46 @@ class Variant:
 
 
 @dataclass
+class PhaseWork:
+    """What the embedded engines of one strategy did in one phase of its rounds: the collection, or
+    the overlap with training (async). From the engines' own counters (EngineStats), so a token counts
+    when it is generated, not when its group returns."""
+
+    wall_seconds: float = 0.0
+    busy_seconds: float = 0.0  # inside engine steps
+    decode_steps: int = 0
+    tokens: int = 0  # generated, the first token of each prefill included
+
+    def add(self, before: EngineStats, after: EngineStats, wall_seconds: float) -> None:
+        """Count the work between two snapshots of the summed engine counters, `wall_seconds` apart."""
+        self.wall_seconds += wall_seconds
+        self.busy_seconds += after.busy_seconds - before.busy_seconds
+        self.decode_steps += after.decode_steps - before.decode_steps
+        self.tokens += after.generated_tokens - before.generated_tokens
+
+    def summary(self) -> dict[str, float]:
+        """Seconds, the engines' busy share, tokens per second and tokens per decode step (the rows a
+        decode step ran: how full the batch was, over-counted by the prefills' first tokens)."""
+        return {
+            "seconds": self.wall_seconds,
+            "busy_share": self.busy_seconds / self.wall_seconds if self.wall_seconds else 0.0,
+            "tokens_per_s": self.tokens / self.wall_seconds if self.wall_seconds else 0.0,
+            "tokens_per_decode_step": self.tokens / self.decode_steps if self.decode_steps else 0.0,
+        }
+
+
+def engine_totals(engines: list[Engine]) -> EngineStats:
+    """The embedded engines' counters summed (other engines keep none here)."""
+    total = EngineStats()
+    for engine in engines:
+        if isinstance(engine, EmbeddedEngine):
+            total.busy_seconds += engine.stats.busy_seconds
+            total.decode_steps += engine.stats.decode_steps
+            total.generated_tokens += engine.stats.generated_tokens
+    return total
+
+
+@dataclass
 class StrategyResult:
     """Totals of one strategy over the compared rounds."""
 
@@ -58,6 +98,8 @@ class StrategyResult:
     samples: int = 0
     round_seconds: list[float] = field(default_factory=list)
     round_tokens_per_s: list[float] = field(default_factory=list)
+    collection: PhaseWork = field(default_factory=PhaseWork)
+    overlap: PhaseWork = field(default_factory=PhaseWork)  # async only: generating while the trainer trains
 
     @property
     def tokens_per_s(self) -> float:
@@ -142,21 +184,27 @@ async def compare_rollouts(
     results = {name: StrategyResult(strategy=name) for name in schedulers}
     for i in range(warmup_rounds + rounds):
         for name, scheduler in schedulers.items():
+            started, before = time.perf_counter(), engine_totals(scheduler.engines)
             result = await scheduler.run_round(i)
+            collected, between = time.perf_counter(), engine_totals(scheduler.engines)
             await scheduler.generate_during(asyncio.sleep(train_seconds))  # returns at once unless async
+            ended, after = time.perf_counter(), engine_totals(scheduler.engines)
             on_round(name, i, result)
             if i >= warmup_rounds:
                 results[name].add(result, i)
+                results[name].collection.add(before, between, collected - started)
+                if scheduler.strategy.overlaps_training:
+                    results[name].overlap.add(between, after, ended - collected)
             if weights is not None:
                 update = WeightUpdate(version=i + 1, module=weights, flush_cache=name not in kept_cache)
                 await asyncio.gather(*(e.update_weights(update) for e in scheduler.engines))
     return results
 
 
-def comparison_table(results: dict[str, StrategyResult], ceiling: float) -> list[dict[str, float | str]]:
+def comparison_table(results: dict[str, StrategyResult], ceiling: float) -> list[dict[str, Any]]:
     """Rows for printing and JSON: per strategy throughput, step time, ratios."""
     sync = results.get("sync")
-    rows: list[dict[str, float | str]] = []
+    rows: list[dict[str, Any]] = []
     for name, r in results.items():
         rows.append(
             {
@@ -172,6 +220,8 @@ def comparison_table(results: dict[str, StrategyResult], ceiling: float) -> list
                 "over_ceiling": r.tokens_per_s / ceiling if ceiling else 0.0,
                 "trained_over_sync": (r.trained_tokens_per_s / sync.trained_tokens_per_s
                                       if sync and sync.trained_tokens_per_s else 0.0),
+                "engine_collection": r.collection.summary(),
+                **({"engine_overlap": r.overlap.summary()} if r.overlap.wall_seconds else {}),
             }
         )
     return rows

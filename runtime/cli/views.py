@@ -86,15 +86,22 @@ def comparison_view(rows: list[dict], ceiling: float, title: str) -> Table:
     """Rich table of a strategy comparison (compare.comparison_table rows) with the ceiling row."""
     table = Table(title=title, header_style="bold")
     for col in ("strategy", "tokens/s", "trained tok/s", "round s", "off-policy", "truncation", "× sync",
-                "trained × sync", "× ceiling"):
+                "trained × sync", "× ceiling", "rows/decode step (overlap)"):
         table.add_column(col, justify="right")
     for row in rows:
         table.add_row(row["strategy"], f"{row['tokens_per_s']:.0f}", f"{row.get('trained_tokens_per_s', 0.0):.0f}",
                       f"{row['step_seconds']:.2f}", f"{row['off_policy_ratio']:.2f}", f"{row['truncation_rate']:.2f}",
                       f"{row['over_sync']:.2f}", f"{row.get('trained_over_sync', 0.0):.2f}",
-                      f"{row['over_ceiling']:.2f}")
-    table.add_row("bubble-free ceiling", f"{ceiling:.0f}", "", "", "", "", "", "", "1.00")
+                      f"{row['over_ceiling']:.2f}", _batch_rows(row))
+    table.add_row("bubble-free ceiling", f"{ceiling:.0f}", "", "", "", "", "", "", "1.00", "")
     return table
+
+
+def _batch_rows(row: dict) -> str:
+    """How full the engines' decode batches ran while collecting, and (async) while the trainer trained."""
+    collection, overlap = row.get("engine_collection"), row.get("engine_overlap")
+    text = f"{collection['tokens_per_decode_step']:.0f}" if collection else ""
+    return text + (f" ({overlap['tokens_per_decode_step']:.0f})" if overlap else "")
 
 
 def print_summary(summary: RunSummary, history: RunHistory, evals: list[dict], report_dir: Path,

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         lengths = [len(s.prompt_ids) + s.response_length for g in groups for s in g.samples if s.response_length]
         seconds: dict[str, list[float]] = {v: [] for v in VARIANTS}
         metrics: dict[str, Any] = {}
-        for v, packed in VARIANTS.items():
+        for packed in VARIANTS.values():
             step(groups, packed)  # warm-up
         for _ in range(args.repeats):
             for v, packed in VARIANTS.items():

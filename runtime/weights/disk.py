@@ -60,7 +60,7 @@ def write_snapshot(folder: Path, buckets: Iterable[Bucket], write_config: Callab
         for i, given in enumerate(stream):  # streamed: one bucket in memory at a time
             bucket = cast_bucket(given, dtype)
             shard = f"model-{i + 1:05d}.safetensors"
-            save_file({n: _own_memory(t) for n, t in bucket}, str(tmp / shard), metadata={"format": "pt"})
+            save_file({n: t.contiguous() for n, t in bucket}, str(tmp / shard), metadata={"format": "pt"})
             weight_map.update({n: shard for n, _ in bucket})
             total += bucket_bytes(bucket)
             del given, bucket  # before the next bucket is gathered: one bucket of full tensors at a time
@@ -73,15 +73,6 @@ def write_snapshot(folder: Path, buckets: Iterable[Bucket], write_config: Callab
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)  # atomic: a worker never sees half a snapshot
     return total
-
-
-def _own_memory(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` as safetensors writes it: contiguous and alone in its memory. safetensors refuses
-    tensors that share a storage, which every tensor of a bucket gathered flat does (training/fsdp.py):
-    such a view is written from a copy of its own."""
-    if tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size():
-        return tensor.contiguous()
-    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 class DiskTransport(WeightTransport):

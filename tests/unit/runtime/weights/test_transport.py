@@ -14,6 +14,7 @@ from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
 from rljob.runtime.metrics import ledger_imbalance
 from rljob.runtime.step_record import RoundPart, StepRecord
+from rljob.runtime.weight_group import lay_flat
 from rljob.runtime.weights.disk import snapshots_to_delete, write_snapshot
 from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport, departed_members
 from rljob.runtime.weights.buckets import bucket_bytes, module_buckets, with_last
@@ -74,6 +75,24 @@ def test_snapshot_loads_back_as_the_same_model(tmp_path: Path):
     written = write_snapshot(folder, module_buckets(model, 64 * 1024), model.config.save_pretrained)
     assert written == sum(p.numel() * p.element_size() for p in model.parameters())
     assert not folder.with_name("v000001.tmp").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_a_snapshot_of_buckets_laid_flat_loads_back(tmp_path: Path):
+    # A sharded trainer gathers each bucket as views of one buffer (training/fsdp.py): safetensors writes
+    # such views as they are (it refuses only views that overlap), with no copy of the bucket.
+    model = AutoModelForCausalLM.from_pretrained(save_tiny_model(tmp_path / "m", seed=6))
+    buckets = []
+    for bucket in module_buckets(model, 64 * 1024):
+        laid = lay_flat([t.dtype for _, t in bucket], [t.shape for _, t in bucket], torch.device("cpu"))
+        assert laid is not None
+        for (_, tensor), view in zip(bucket, laid[1], strict=True):
+            view.copy_(tensor)
+        buckets.append([(name, view) for (name, _), view in zip(bucket, laid[1], strict=True)])
+    folder = tmp_path / "weights" / "v000001"
+    write_snapshot(folder, buckets, model.config.save_pretrained)
     loaded = AutoModelForCausalLM.from_pretrained(folder)
     for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert torch.equal(a, b), name

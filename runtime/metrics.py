@@ -142,6 +142,10 @@ class RuntimeMetrics:
         )
         self.sync_failures = self._counter("weight_sync_failures", "Weight updates that failed on an engine.")
         self.in_rotation = self._measured("engines_in_rotation", "Engine ranks serving the current policy version.")
+        self.sync_bytes = self._measured(
+            "weight_sync_bytes", "Bytes of weights the last step's sync moved to the engines, once however many "
+            "engines took them (over rljob_phase_seconds{phase=\"sync\"}: the sync's bandwidth)."
+        )
         self.new_groups = self._counter("new_groups", "Groups started from fresh prompts.")
         self.trained_groups = self._counter("trained_groups", "Groups trained on.")
         self.buffered_groups = self._counter("buffered_groups", "Groups pushed to the partial buffer at the end of a round.")
@@ -237,6 +241,7 @@ class RuntimeMetrics:
             for reason, rows in r["data_rows_skipped"].items():
                 self.data_skipped.labels(reason).set(rows)
             self.in_rotation.set(r["engines_in_rotation"])
+            self.sync_bytes.set(r["sync_bytes"])
             self.new_groups.inc(r["new_groups"])
             self.trained_groups.inc(r["trained_groups"])
             self.buffered_groups.inc(r["buffered_groups"])

@@ -131,13 +131,17 @@ class SyncPart:
     sync_seconds: float = 0.0
     weight_sync_failures: int = 0  # engine ranks the step's weight sync did not reach
     engines_in_rotation: int = 0  # engine ranks serving policy_version after the sync
+    # The weights' bytes the sync moved to the engines, once however many engines took them (one broadcast
+    # reaches every member; the disk transport writes one snapshot): over sync_seconds, the sync's bandwidth.
+    sync_bytes: int = 0
 
     @classmethod
     def of(cls, report: SyncReport | None, sync_seconds: float) -> SyncPart:
         """From the sync's report (None: no sync ran)."""
         if report is None:
             return cls(sync_seconds=sync_seconds)
-        return cls(sync_seconds, weight_sync_failures=len(report.failed), engines_in_rotation=len(report.updated))
+        return cls(sync_seconds, weight_sync_failures=len(report.failed), engines_in_rotation=len(report.updated),
+                   sync_bytes=report.bytes_sent)
 
 
 @dataclass

@@ -93,7 +93,7 @@ def test_each_signal_of_docs_metrics_is_exported_under_its_own_name() -> None:
                     trained_tokens=600, aborted_tokens=250)
     for step in (1, 2):
         metrics.record(StepRecord(step=step, policy_version=step, strategy="april", time=float(step), round=rnd,
-                                  train=TrainPart(train_seconds=1.0), sync=SyncPart(sync_seconds=0.5),
+                                  train=TrainPart(train_seconds=1.0), sync=SyncPart(sync_seconds=0.5, sync_bytes=2**20),
                                   wall_seconds=6.0))
     out = exposed(metrics)
     assert out["rljob_truncation_rate"] == 0.2 and out["rljob_partial_rate"] == 0.3
@@ -101,6 +101,7 @@ def test_each_signal_of_docs_metrics_is_exported_under_its_own_name() -> None:
     assert out["rljob_trainer_idle_seconds"] == 4.5 and out["rljob_engine_idle_seconds"] == 2.5
     assert out["rljob_trained_tokens_total"] == 1200.0 and out["rljob_aborted_tokens_total"] == 500.0
     assert out['rljob_phase_seconds{phase="wall"}'] == 6.0 and out['rljob_phase_seconds{phase="step"}'] == 4.5
+    assert out["rljob_weight_sync_bytes"] == 2**20 and out['rljob_phase_seconds{phase="sync"}'] == 0.5
     metrics.set_truncation_band(0.1, 0.2)
     out = exposed(metrics)
     assert out['rljob_truncation_band{edge="low"}'] == 0.1 and out['rljob_truncation_band{edge="high"}'] == 0.2

@@ -29,6 +29,7 @@ EXPORTED_KEYS = {
     # issue 25: signals with one meaning each (docs/metrics.md)
     "partial_rate", "aborted_tokens", "aborted_token_share", "goodput_tokens_per_s", "trainer_idle_seconds",
     "engine_idle_seconds", "wall_seconds", "end_to_end_seconds",
+    "sync_bytes",  # the weight sync's bytes (with sync_seconds: its bandwidth)
 }
 
 
@@ -68,7 +69,7 @@ def test_a_step_record_takes_each_stage_as_it_measured_it():
                        tokens_generated=400, launched_samples=8, cap_hit_samples=2, buffer_groups_after=5,
                        new_groups=4, filtered_groups=1, filtered_tokens=30, trained_tokens=6)
     groups = [_group([1.0, 0.0], [1, 2])]
-    sync = SyncReport(version=3, mode="tensor", updated=["e0", "e1"], failed={"e2": "timeout"})
+    sync = SyncReport(version=3, mode="tensor", updated=["e0", "e1"], failed={"e2": "timeout"}, bytes_sent=4096)
     timings = {"rollout": 2.5, "train": 1.0, "sync": 0.5}
     rec = step_record(3, 2, RoundResult(groups, stats), _Metrics(), timings, {"over_sampling": 2.0}, 900.0, sync)
 
@@ -80,7 +81,7 @@ def test_a_step_record_takes_each_stage_as_it_measured_it():
     assert (flat["new_groups"], flat["filtered_groups"], flat["filtered_tokens"]) == (4, 1, 30)
     assert flat["step_seconds"] == 4.0 and flat["rollout_seconds"] == 2.5
     assert (flat["entropy"], flat["kl"], flat["clip_fraction"], flat["grad_norm"]) == (1.5, 0.25, 0.125, 0.0)
-    assert (flat["engines_in_rotation"], flat["weight_sync_failures"]) == (2, 1)
+    assert (flat["engines_in_rotation"], flat["weight_sync_failures"], flat["sync_bytes"]) == (2, 1, 4096)
     batch = summarize_batch(groups, 2)
     assert flat["reward_mean"] == batch.reward_mean == 0.5
     assert flat["staleness"] == batch.staleness and flat["off_policy_token_ratio"] == batch.off_policy_token_ratio

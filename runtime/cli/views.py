@@ -84,9 +84,10 @@ class RunDisplay:
 
 def comparison_view(rows: list[dict], ceiling: float, title: str) -> Table:
     """Rich table of a strategy comparison (compare.comparison_table rows) with the ceiling row."""
-    table = Table(title=title, header_style="bold")
+    table = Table(title=title, header_style="bold",
+                  caption="rows/step: tokens generated per decode step (in parentheses: while the trainer trains)")
     for col in ("strategy", "tokens/s", "trained tok/s", "round s", "off-policy", "truncation", "× sync",
-                "trained × sync", "× ceiling", "rows/decode step (overlap)"):
+                "trained × sync", "× ceiling", "rows/step"):
         table.add_column(col, justify="right")
     for row in rows:
         table.add_row(row["strategy"], f"{row['tokens_per_s']:.0f}", f"{row.get('trained_tokens_per_s', 0.0):.0f}",

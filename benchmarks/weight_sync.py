@@ -25,8 +25,10 @@ Cases: the 3 sizes with a float32 worker standing in for SGLang 0.5.23 (the CPU 
 takes a bucket as one flattened broadcast; the large model with a 0.5.5.post3 worker (the pinned image:
 one broadcast per tensor); and the large model with a worker serving bfloat16 (`--dtype bfloat16`,
 SGLang's `auto` for RL checkpoints: the production case of fp32 masters and bf16 engines) for each
-release, plus once as the trainer gathered before (in fp32, each tensor cast as it is sent). The summary
-fields (`peak_rss_within_buckets`, `worst_over_floor`, ...) cover every case but that "before" one.
+release, plus once as the trainer gathered before (in fp32, each tensor cast as it is sent); and the large
+model synced by one trainer process that holds it whole (no gather: the transport alone, as `rljob run`
+without --nproc). The summary fields (`peak_rss_within_buckets`, `worst_over_floor`, ...) cover every
+case but that "before" one.
 
 Everything shares the machine's cores and the "network" is loopback; see docs/benchmarks/README.md for what
 it says and does not say about a GPU cluster.
@@ -77,6 +79,10 @@ class Case:
     served: str = "float32"  # the worker's --dtype
     gather_in_wire: bool = True
     release: str = "0.5.23"  # the SGLang release the worker stands in for (0.5.5.post3: no flattened buckets)
+    # "fsdp": rank 0 gathers each bucket from the two ranks' shards; "module": rank 0 syncs a whole copy of
+    # the model it holds, as a one-process trainer (`rljob run` without --nproc) does: no gather, the
+    # transport flattens the live tensors. Rank 1 then only takes part in the floor.
+    source: str = "fsdp"
 
     @property
     def wire(self) -> torch.dtype:
@@ -92,7 +98,8 @@ CASES = (Case("small", "small"), Case("medium", "medium"), Case("large", "large"
          Case("large, 0.5.5.post3", "large", release="0.5.5.post3"),
          Case("large bf16, fp32 gather", "large", "bfloat16", gather_in_wire=False),
          Case("large bf16", "large", "bfloat16"),
-         Case("large bf16, 0.5.5.post3", "large", "bfloat16", release="0.5.5.post3"))
+         Case("large bf16, 0.5.5.post3", "large", "bfloat16", release="0.5.5.post3"),
+         Case("large, one trainer process (no gather)", "large", source="module"))
 
 
 def tensor_sizes(config: dict[str, int], bucket: int, case: Case) -> list[list[int]]:
@@ -139,12 +146,19 @@ async def rank0_syncs(backend: Any, distributed: Any, url: str, bucket: int, syn
     from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
     from rljob.runtime.ranks import GatheredWeights, OrderSender
     from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport
+    from rljob.runtime.weights.buckets import module_buckets
     from tests.helpers.rss import PeakRss, heap_malloc
 
     engine = SGLangEngine(SGLangClientConfig(worker_urls=[url]))
     await engine.start()
     transport = DistributedTransport([engine], DistributedOptions(master_address="127.0.0.1", backend="gloo"))
-    source = GatheredWeights(backend, bucket, OrderSender(distributed))
+    gathered = GatheredWeights(backend, bucket, OrderSender(distributed))
+    whole = build_tiny_model(seed=0, **SIZES[case.size]) if case.source == "module" else None
+
+    def source(dtype: torch.dtype | None) -> Any:
+        if whole is not None:
+            return module_buckets(whole, bucket, dtype)
+        return gathered(dtype)
     rows = []
     try:
         # Two phases of one warm-up (group set-up, imports; then the heap's first growth) and `syncs` measured
@@ -154,7 +168,7 @@ async def rank0_syncs(backend: Any, distributed: Any, url: str, bucket: int, syn
         for version in range(1, 2 * syncs + 3):
             if version == syncs + 2:
                 heap_malloc()
-            source.calls = 0  # rank 1 joins every pass without an order (it knows the count)
+            gathered.calls = 0  # rank 1 joins every pass without an order (it knows the count)
             gc.collect()
             with PeakRss() as peak:
                 report = await transport.sync(version, lambda dtype: source(dtype if case.gather_in_wire else None))
@@ -185,14 +199,15 @@ def bench_rank(rank: int, config: dict[str, int], url: str, bucket: int, syncs: 
     sizes = tensor_sizes(config, bucket, case)
     if rank == 0:
         rows = asyncio.run(rank0_syncs(backend, distributed, url, bucket, syncs, case))
-    else:
+    elif case.source == "fsdp":
         for _ in range(2 * syncs + 2):
             for _ in backend.iter_full_weights(bucket):
                 pass
     floor_seconds(sizes, rank, per_tensor=True)  # warm-up
     floors = [floor_seconds(sizes, rank, per_tensor=False) for _ in range(syncs)]
     tensor_floors = [floor_seconds(sizes, rank, per_tensor=True) for _ in range(syncs)]
-    gathers = [gather_seconds(backend, bucket, case.plan_dtype if rank == 0 else None) for _ in range(syncs)]
+    gathers = [gather_seconds(backend, bucket, case.plan_dtype if rank == 0 else None)
+               for _ in range(syncs if case.source == "fsdp" else 0)]
     if rank == 0:
         (out / "result.json").write_text(json.dumps({"syncs": rows, "floor_seconds": floors,
                                                      "tensor_floor_seconds": tensor_floors,
@@ -225,7 +240,7 @@ def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]
     gb = nbytes / 2**30
     floor = statistics.median(raw["floor_seconds"])
     tensor_floor = statistics.median(raw["tensor_floor_seconds"])
-    gather = statistics.median(raw["gather_seconds"])
+    gather = statistics.median(raw["gather_seconds"]) if raw["gather_seconds"] else None
     median = statistics.median(s["seconds"] for s in syncs)
     peak = max(s["peak_extra_rss"] for s in rss_syncs)
     return {
@@ -234,11 +249,14 @@ def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]
         "wire_dtype": f"{case.served} (the worker's --dtype)", "trainer_dtype": "float32",
         "sglang_release": case.release,
         "broadcast_per": "bucket (flattened_bucket)" if case.release != "0.5.5.post3" else "tensor",
-        "gathered_in": case.served if case.gather_in_wire else "float32, cast per tensor as it is sent (the path before)",
+        "source": case.source,
+        "gathered_in": ("not gathered: one process holds the model" if case.source == "module" else
+                        case.served if case.gather_in_wire else "float32, cast per tensor as it is sent (the path before)"),
         "median_seconds": round(median, 4), "seconds_per_gb": round(median / gb, 2),
         "floor_median_seconds": round(floor, 4), "floor_seconds_per_gb": round(floor / gb, 2),
-        "gather_median_seconds": round(gather, 4), "gather_seconds_per_gb": round(gather / gb, 2),
-        "over_floor": round(median / floor, 2), "gather_over_floor": round(gather / floor, 2),
+        "gather_median_seconds": round(gather, 4) if gather else None,
+        "gather_seconds_per_gb": round(gather / gb, 2) if gather else None,
+        "over_floor": round(median / floor, 2), "gather_over_floor": round(gather / floor, 2) if gather else None,
         "tensor_floor_median_seconds": round(tensor_floor, 4), "tensor_floor_over_floor": round(tensor_floor / floor, 2),
         "over_tensor_floor": round(median / tensor_floor, 2),
         "peak_extra_rss": peak, "peak_extra_rss_megabytes": round(peak / 2**20, 2),
@@ -284,7 +302,7 @@ def main() -> None:
     for r in runs:
         table.add_row(r["model"], str(r["megabytes"]), str(r["buckets_sent"]), f"{r['median_seconds']:.3f}",
                       f"{r['seconds_per_gb']:.1f}", f"{r['floor_seconds_per_gb']:.1f}",
-                      f"{r['gather_seconds_per_gb']:.1f}", f"{r['over_floor']:.2f}",
+                      f"{r['gather_seconds_per_gb']:.1f}" if r["gather_seconds_per_gb"] else "-", f"{r['over_floor']:.2f}",
                       f"{r['tensor_floor_over_floor']:.2f}", f"{r['over_tensor_floor']:.2f}",
                       f"{r['peak_extra_rss_megabytes']:.1f}", f"{r['peak_rss_buckets']:.2f}")
     console.print(table)

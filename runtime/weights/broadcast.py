@@ -91,11 +91,11 @@ def flatten(bucket: Bucket, dtype: torch.dtype | None, device: torch.device,
     ``reuse`` when that is large enough (a sync flattens every bucket into one buffer: no allocation,
     and no page faults, per bucket), else into a new buffer."""
     wire = [wire_dtype_of(t, dtype) for _, t in bucket]
+    if (laid := lying_flat([t for _, t in bucket], wire, device)) is not None:
+        return laid, False
     offsets = byte_offsets(wire, [t.shape for _, t in bucket])
     if offsets is None or not bucket:
         return None
-    if (laid := lying_flat([t for _, t in bucket], wire, device)) is not None:
-        return laid, False
     if reuse is not None and reuse.device == device and reuse.numel() >= offsets[-1]:
         buffer = reuse[: offsets[-1]]
     else:
@@ -300,8 +300,8 @@ class DistributedTransport(WeightTransport):
                 if flat is not None and flat.numel() < nbytes:
                     flat = None  # too small for this bucket: let it go before a larger one is allocated
                 payload, load_format, flat = await asyncio.to_thread(self._payload, bucket, flat)
-                # The bucket goes once its payload is built (a flat copy, or casts), and only then is the
-                # next one gathered: rank 0 holds two buckets at most, flattened or not.
+                # The bucket goes once its payload is built (its own buffer when it lies flat, else a flat
+                # copy or casts), and only then is the next one gathered: rank 0 holds two buckets at most.
                 del bucket, item
                 ahead = asyncio.create_task(asyncio.to_thread(next, buckets, None))
                 call = update_weights_from_distributed_call(

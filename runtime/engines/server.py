@@ -203,6 +203,10 @@ class SGLangProtocolServer:
         self.gate = AdmissionGate()  # SGLang's pause flag and model-update lock
         self._live_rids: Counter[str] = Counter()  # rids of requests received and not yet answered
         self._control_replies = 0  # weight updates answered: SGLang counts them as scheduler output
+        # SGLang's tokenizer manager sends the scheduler one weight update at a time, in arrival order
+        # (its communicator's FIFO queue); the others wait here, counted for tests to observe.
+        self._update_turn = asyncio.Lock()
+        self.updates_queued = 0
         self._unhealthy = False  # the last /health generation timed out (SGLang: ServerStatus.UnHealthy)
         self._groups = TPRankGroups(self.options.tp_size, self.options.weight_group_timeout_s)
         self._runner: web.AppRunner | None = None
@@ -716,10 +720,19 @@ class SGLangProtocolServer:
         left = self._groups.destroy(body.group_name)
         return web.json_response({"success": True, "message": f"{body.group_name} destroyed" if left else "no such group"})
 
+    @property
+    def update_running(self) -> bool:
+        """Whether a weight update has its turn at the scheduler now."""
+        return self._update_turn.locked()
+
     def _exclusive(self, handler: Handler) -> Handler:
         """A weight update as SGLang runs it: ``abort_all_requests`` first, then the model-update lock's
         exclusive side (it waits for the requests in flight and holds new ones back); 0.5.23 skips the
-        lock while generation is paused. Its reply counts as scheduler output for /health."""
+        lock while generation is paused. Either way updates reach the scheduler one at a time, in the
+        order they came (0.5.23 ``FanOutCommunicator.queueing_call``, 0.5.5.post3
+        ``_Communicator.queueing_call``: one request in flight per communicator, the others queued
+        FIFO): a trainer may post bucket k+1 while bucket k is still loading. Its reply counts as
+        scheduler output for /health."""
 
         async def exclusive(request: web.Request) -> web.StreamResponse:
             try:
@@ -729,7 +742,15 @@ class SGLangProtocolServer:
             if isinstance(wanted, dict) and wanted.get("abort_all_requests") is True:
                 await self.engine.abort_all()
             async with self.gate.update(skip_when_paused=not self.options.legacy):
-                response = await handler(request)
+                self.updates_queued += 1
+                try:
+                    await self._update_turn.acquire()
+                finally:
+                    self.updates_queued -= 1
+                try:
+                    response = await handler(request)
+                finally:
+                    self._update_turn.release()
             self._control_replies += 1
             return response
 

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +20,13 @@ from typing import Any, Literal
 
 import httpx
 import pytest
+import torch
 
 from rljob.runtime.engines.base import EngineError, GenerateRequest, GenerateResult, WeightUpdate
 from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.engines.server import ServerOptions, SGLangProtocolServer
 from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
+from rljob.runtime.weight_group import create_group, open_store
 from tests.helpers.processes import start_router, start_worker, stop, wait_http
 from tests.helpers.server_faults import Faults, FaultyServer
 from tests.helpers.tiny_model import save_tiny_model
@@ -582,6 +585,44 @@ async def test_weight_updates_wait_for_requests_and_hold_new_ones(model_dirs: tu
         assert (await update).json()["success"] is True
         assert (await later).json()["meta_info"]["weight_version"] == "7"
         assert (await health).status_code == 200
+
+
+async def test_weight_updates_reach_the_scheduler_one_at_a_time_in_arrival_order(model_dirs: tuple[Path, Path]) -> None:
+    """SGLang's tokenizer manager has one weight update at the scheduler at a time and queues the others
+    FIFO, also while paused, when 0.5.23 skips the model-update lock: a bucket posted while the one before
+    is still receiving waits for its turn, then receives its own tensors. (A failure here leaves the
+    first bucket's receive waiting: the group's timeout is short so the server still stops.)"""
+    async with standin(model_dirs[0], weight_group_timeout_s=20.0) as (server, http):
+        store = await asyncio.to_thread(open_store, "127.0.0.1", 0, 2, 60.0)
+        name = f"fifo-{uuid.uuid4().hex[:8]}"
+        rank0 = asyncio.create_task(asyncio.to_thread(create_group, store, name, 2, "gloo", 60.0))
+        joined = await http.post("/init_weights_update_group", json={
+            "master_address": "127.0.0.1", "master_port": store.port, "rank_offset": 1, "world_size": 2,
+            "group_name": name, "backend": "gloo"})
+        assert joined.json()["success"] is True, joined.text
+        group = await rank0
+        try:
+            assert (await http.post("/pause_generation", json={"mode": "in_place"})).status_code == 200
+            targets = server.engine.model.state_dict()
+            first_name, second_name = "model.norm.weight", "model.layers.0.input_layernorm.weight"
+            first, second = (torch.full_like(targets[n], value) for n, value in ((first_name, 2.0), (second_name, 3.0)))
+
+            def bucket(tensor_name: str, tensor: torch.Tensor) -> dict[str, Any]:
+                return {"names": [tensor_name], "dtypes": ["float32"], "shapes": [list(tensor.shape)],
+                        "group_name": name}
+
+            posted_first = asyncio.create_task(http.post("/update_weights_from_distributed", json=bucket(first_name, first)))
+            await wait_until(lambda: server.update_running, "the first bucket to have its turn")
+            posted_second = asyncio.create_task(http.post("/update_weights_from_distributed", json=bucket(second_name, second)))
+            await wait_until(lambda: server.updates_queued == 1, "the second bucket to wait for its turn")
+            await asyncio.to_thread(group.broadcast_all, [first])
+            assert (await posted_first).json()["success"] is True
+            await asyncio.to_thread(group.broadcast_all, [second])
+            assert (await posted_second).json()["success"] is True
+            loaded = server.engine.model.state_dict()
+            assert torch.equal(loaded[first_name], first) and torch.equal(loaded[second_name], second)
+        finally:
+            group.close()
 
 
 @pytest.mark.parametrize("version", ["0.5.23", LEGACY])

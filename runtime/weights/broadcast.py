@@ -80,29 +80,29 @@ class DistributedOptions:
 
 
 def flatten(bucket: Bucket, dtype: torch.dtype | None, device: torch.device,
-            reuse: torch.Tensor | None = None) -> tuple[torch.Tensor, bool] | None:
+            scratch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """The bucket's tensors (every name, in order, as the members list them), floating-point ones in
     ``dtype`` (wire_dtype.py), as one uint8 buffer on ``device`` (weight_group.py's flattened bucket),
-    and whether that buffer was made here; None when that layout would be unaligned (sent tensor by
-    tensor then).
+    and the scratch buffer to flatten the next bucket into; None when that layout would be unaligned
+    (sent tensor by tensor then).
 
     A bucket that already lies flat (a sharded trainer gathers each bucket so: training/fsdp.py) is
-    its own buffer, with no copy. Otherwise each tensor is cast and moved in one copy into the front of
-    ``reuse`` when that is large enough (a sync flattens every bucket into one buffer: no allocation,
-    and no page faults, per bucket), else into a new buffer."""
+    its own buffer, with no copy, and leaves ``scratch`` as it is. Otherwise each tensor is cast and
+    moved in one copy into the front of ``scratch`` when that is large enough (a sync flattens every
+    bucket into one buffer, which grows to the largest bucket: no allocation, and no page faults, per
+    bucket), else into a new buffer, which becomes the scratch."""
     wire = [wire_dtype_of(t, dtype) for _, t in bucket]
     if (laid := lying_flat([t for _, t in bucket], wire, device)) is not None:
-        return laid, False
+        return laid, scratch
     offsets = byte_offsets(wire, [t.shape for _, t in bucket])
     if offsets is None or not bucket:
         return None
-    if reuse is not None and reuse.device == device and reuse.numel() >= offsets[-1]:
-        buffer = reuse[: offsets[-1]]
-    else:
-        buffer = torch.empty(offsets[-1], dtype=torch.uint8, device=device)
+    if scratch is None or scratch.device != device or scratch.numel() < offsets[-1]:
+        scratch = torch.empty(offsets[-1], dtype=torch.uint8, device=device)
+    buffer = scratch[: offsets[-1]]
     for (_, tensor), wire_dtype, start, end in zip(bucket, wire, offsets, offsets[1:], strict=False):
         buffer[start:end].view(wire_dtype).view(tensor.shape).copy_(tensor.detach())
-    return buffer, True
+    return buffer, scratch
 
 
 def departed_members(members: Sequence[str], known: set[str]) -> list[str]:
@@ -222,18 +222,18 @@ class DistributedTransport(WeightTransport):
         self._members = []
         self._layout = None
 
-    def _payload(self, bucket: Bucket, reuse: torch.Tensor | None
+    def _payload(self, bucket: Bucket, scratch: torch.Tensor | None
                  ) -> tuple[list[torch.Tensor], str | None, torch.Tensor | None]:
-        """What rank 0 broadcasts for one bucket, the load format that tells the members, and the buffer
-        made here that later buckets may reuse: one flat buffer (the bucket itself when it lies flat, else
-        in ``reuse`` when it fits: the previous bucket's, whose broadcast has completed) when they all take
+        """What rank 0 broadcasts for one bucket, the load format that tells the members, and the scratch
+        buffer for the buckets after it: one flat buffer (the bucket itself when it lies flat, else in
+        ``scratch``, whose previous bucket's broadcast has completed) when they all take
         ``flattened_bucket`` and its layout is aligned, else each tensor, both in the wire dtype on the
         group's device."""
         assert self._group is not None
-        if self._flatten and (flat := flatten(bucket, self._wire, self._group.device, reuse)) is not None:
-            buffer, made = flat
-            return [buffer], FLATTENED_BUCKET, buffer if made else reuse
-        return [as_wire(t.detach(), self._wire).to(self._group.device).contiguous() for _, t in bucket], None, reuse
+        if self._flatten and (flat := flatten(bucket, self._wire, self._group.device, scratch)) is not None:
+            buffer, scratch = flat
+            return [buffer], FLATTENED_BUCKET, scratch
+        return [as_wire(t.detach(), self._wire).to(self._group.device).contiguous() for _, t in bucket], None, scratch
 
     def _broadcast(self, payload: list[torch.Tensor]) -> None:
         assert self._group is not None
@@ -290,39 +290,65 @@ class DistributedTransport(WeightTransport):
         # next one while this one is broadcast: rank 0 holds at most two buckets, and the gathers
         # overlap the broadcasts and the workers' copies instead of adding to them.
         ahead = asyncio.create_task(asyncio.to_thread(next, buckets, None))
-        flat: torch.Tensor | None = None  # the flattened buckets' buffer, reused by the next bucket
+        scratch: torch.Tensor | None = None  # the buffer buckets are flattened into, reused through the sync
+        # Over gloo, bucket k+1's call goes before bucket k's replies have come. A gloo broadcast completes
+        # only once every member has posted its receive (gloo's tcp pair sends a buffer only after the
+        # peer's "recv ready" notice), so every member is then inside bucket k's update: bucket k+1's
+        # call queues behind it at the member (SGLang runs one update at a time, in arrival order) and is
+        # built and sent while the members copy bucket k into their models. NCCL makes no such promise
+        # for a small bucket, so there each bucket's replies come before the next call goes.
+        ahead_of_replies = self.options.backend == "gloo"
+        unanswered: asyncio.Task[dict[str, str | None]] | None = None  # the previous bucket's replies
+        posts: asyncio.Task[dict[str, str | None]] | None = None
+        sent: asyncio.Task[None] | None = None
         try:
             while (item := await ahead) is not None:
                 bucket, last = item
                 names, shapes = [n for n, _ in bucket], [list(t.shape) for _, t in bucket]
                 dtypes = [dtype_name(wire_dtype_of(t, wire)) for _, t in bucket]
                 nbytes = wire_bytes(bucket, wire)
-                if flat is not None and flat.numel() < nbytes:
-                    flat = None  # too small for this bucket: let it go before a larger one is allocated
-                payload, load_format, flat = await asyncio.to_thread(self._payload, bucket, flat)
+                if scratch is not None and scratch.numel() < nbytes:
+                    scratch = None  # too small for this bucket: let it go before a larger one is allocated
                 # The bucket goes once its payload is built (its own buffer when it lies flat, else a flat
-                # copy or casts), and only then is the next one gathered: rank 0 holds two buckets at most.
+                # copy or casts); the previous bucket's broadcast has completed, so its buffer is free.
+                payload, load_format, scratch = await asyncio.to_thread(self._payload, bucket, scratch)
                 del bucket, item
-                ahead = asyncio.create_task(asyncio.to_thread(next, buckets, None))
+                if last and unanswered is not None:
+                    # The version comes with the last bucket: only to members that took every one before.
+                    self._answered(await unanswered, replies)
+                    unanswered = None
                 call = update_weights_from_distributed_call(
                     names, dtypes, shapes, self._group.group_name if self._group else "",
                     version if last else None, self.options.flush_cache, load_format)
-                posts = self._all(members, *_post(call))
-                sent = asyncio.to_thread(self._broadcast, payload)
-                outcome = await asyncio.gather(posts, sent, return_exceptions=True)
-                if isinstance(outcome[1], BaseException):
-                    raise RuntimeError(f"broadcast from trainer rank 0 failed: {outcome[1]}")
-                errors = outcome[0] if isinstance(outcome[0], dict) else {}
-                bad = {u: e for u, e in errors.items() if e}
-                if bad:
-                    replies.update(bad)
-                    raise RuntimeError(f"{len(bad)} engine ranks failed a bucket")
+                posts = asyncio.create_task(self._all(members, *_post(call)))
+                sent = asyncio.create_task(asyncio.to_thread(self._broadcast, payload))
+                try:
+                    if unanswered is not None:
+                        self._answered(await unanswered, replies)
+                        unanswered = None
+                finally:
+                    # The next bucket is pulled (with a sharded trainer: gathered) while this one is
+                    # broadcast, and only once the previous one is answered, by when gloo has let go of
+                    # its buffer: rank 0 holds two buckets at most.
+                    ahead = asyncio.create_task(asyncio.to_thread(next, buckets, None))
+                try:
+                    await sent
+                except Exception as exc:
+                    raise RuntimeError(f"broadcast from trainer rank 0 failed: {exc}") from exc
+                unanswered, posts = posts, None
+                if not ahead_of_replies:
+                    self._answered(await unanswered, replies)
+                    unanswered = None
                 report.bytes_sent += nbytes
                 report.broadcasts += len(payload)
                 del payload
+            if unanswered is not None:
+                self._answered(await unanswered, replies)
         except RuntimeError as exc:
             log.error("weight sync of version %d over the weight-update group failed: %s; the group is rebuilt "
                       "at the next sync", version, exc)
+            # Calls and a broadcast still in flight end before the group goes.
+            await asyncio.gather(*(t for t in (sent, posts, unanswered) if t is not None), return_exceptions=True)
             for url in members:
                 replies[url] = replies[url] or str(exc)
             with contextlib.suppress(RuntimeError):  # a failed gather: drain below meets it again
@@ -332,6 +358,14 @@ class DistributedTransport(WeightTransport):
         finally:
             await self._all([u for u in members if self._reachable(u)], *_post(continue_generation_call()))
         return replies
+
+    @staticmethod
+    def _answered(errors: dict[str, str | None], replies: dict[str, str | None]) -> None:
+        """Record the members that failed a bucket; RuntimeError when any did (the sync stops there)."""
+        bad = {u: e for u, e in errors.items() if e}
+        if bad:
+            replies.update(bad)
+            raise RuntimeError(f"{len(bad)} engine ranks failed a bucket")
 
     async def _all(self, urls: list[str], path: str, body: dict[str, object]) -> dict[str, str | None]:
         # All engines at once: a worker's broadcast completes only when every rank takes part.

@@ -1,0 +1,115 @@
+"""Over gloo, trainer rank 0 posts bucket k+1's update while the worker still loads bucket k (it queues
+at the worker: SGLang runs one update at a time, in arrival order), but the last bucket, which carries the
+version, goes only after every earlier bucket was answered.
+
+One in-process SGLang-protocol server (the CPU stand-in, real HTTP on loopback, real gloo group) whose
+engine is instrumented at the point where it copies a bucket into its model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rljob.runtime.engines.base import EngineError
+from rljob.runtime.engines.embedded import EmbeddedEngine
+from rljob.runtime.engines.server import ServerOptions, SGLangProtocolServer
+from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
+from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport
+from rljob.runtime.weights.buckets import Bucket, module_buckets
+from tests.helpers.tiny_model import save_tiny_model
+from tests.helpers.waiting import wait_until
+
+BUCKET_BYTES = 16 * 1024
+
+
+class WatchedEngine(EmbeddedEngine):
+    """An embedded engine that runs ``on_load`` (with the bucket's names) before copying each bucket."""
+
+    server: SGLangProtocolServer
+    loads: list[list[str]]
+    failing: str | None = None  # a name whose bucket fails to load
+
+    async def load_named_tensors(self, tensors: list[tuple[str, torch.Tensor]], version: int | None,
+                                 flush_cache: bool = True) -> None:
+        names = [n for n, _ in tensors]
+        self.loads.append(names)
+        if len(self.loads) == 1:
+            # The next bucket's call must arrive and wait while this one loads; were calls sent only after
+            # the previous reply, this would never hold.
+            await wait_until(lambda: self.server.updates_queued == 1, "bucket 2's call to queue behind bucket 1",
+                             timeout=30)
+        if self.failing in names:
+            raise EngineError(f"cannot load {self.failing}")
+        await super().load_named_tensors(tensors, version, flush_cache)
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[Path, WatchedEngine, SGLangEngine]]:
+    model = save_tiny_model(tmp_path / "model", seed=0)
+    engine = WatchedEngine(model, max_batch_size=2)
+    engine.loads = []
+    server = SGLangProtocolServer(engine, ServerOptions(model_path=str(model), weight_group_timeout_s=30.0))
+    engine.server = server
+    url = await server.start()
+    client = SGLangEngine(SGLangClientConfig(worker_urls=[url], retries=1, backoff_s=0.05, backoff_max_s=0.1,
+                                             probe_timeout_s=5.0))
+    await client.start()
+    try:
+        yield model, engine, client
+    finally:
+        await client.close()
+        await server.stop()
+
+
+def buckets_of(model: torch.nn.Module) -> list[Bucket]:
+    buckets = list(module_buckets(model, BUCKET_BYTES))
+    assert len(buckets) >= 4, "too few buckets for the checks below"
+    return buckets
+
+
+async def test_the_next_bucket_queues_at_the_worker_while_it_loads_and_all_arrive_in_order(
+        served: tuple[Path, WatchedEngine, SGLangEngine]) -> None:
+    model_dir, engine, client = served
+    trainer = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.mul_(-1.5)
+    buckets = buckets_of(trainer)
+    transport = DistributedTransport([client], DistributedOptions(master_address="127.0.0.1", backend="gloo",
+                                                                   timeout_s=30))
+    try:
+        report = await transport.sync(1, lambda _dtype: iter(buckets))
+    finally:
+        await transport.close()
+    assert report.ok and not report.failed, report
+    assert engine.loads == [[n for n, _ in b] for b in buckets]
+    served_state = engine.model.state_dict()
+    for name, param in trainer.named_parameters():
+        assert torch.equal(served_state[name], param), name
+    assert engine.weight_version == 1
+
+
+async def test_a_bucket_that_fails_to_load_keeps_the_version_from_the_worker(
+        served: tuple[Path, WatchedEngine, SGLangEngine]) -> None:
+    # The second-to-last bucket fails after its broadcast. Its reply is awaited before the last bucket
+    # (the one with the version) goes; sent ahead of it, the worker would load the last bucket and serve
+    # version 1 with one bucket of version 0.
+    model_dir, engine, client = served
+    trainer = AutoModelForCausalLM.from_pretrained(model_dir)
+    buckets = buckets_of(trainer)
+    engine.failing = buckets[-2][0][0]
+    transport = DistributedTransport([client], DistributedOptions(master_address="127.0.0.1", backend="gloo",
+                                                                   timeout_s=30))
+    try:
+        report = await transport.sync(1, lambda _dtype: iter(buckets))
+    finally:
+        await transport.close()
+    assert not report.ok and report.updated == []
+    assert "cannot load" in " ".join(report.failed.values()), report.failed
+    assert engine.loads == [[n for n, _ in b] for b in buckets[:-1]], "the last bucket must not be sent"
+    assert engine.weight_version != 1

@@ -19,7 +19,8 @@ floor sends the same bytes one broadcast per tensor (a bucket's posted together,
 which is what SGLang 0.5.5.post3's protocol allows; `over_tensor_floor` is the sync over that one. The
 gather alone (every rank pulls the buckets from the shards, nothing is sent) is timed too: the transport
 gathers bucket k+1 while it broadcasts bucket k, so a sync costs about the larger of the gather and the
-floor, plus each bucket's HTTP call and the worker's copy into its model.
+floor, plus the worker's copy of each bucket into its model (over gloo the next bucket's HTTP call is
+built and sent during that copy: docs/weight_sync.md).
 
 Cases: the 3 sizes with a float32 worker standing in for SGLang 0.5.23 (the CPU server's default), which
 takes a bucket as one flattened broadcast; the large model with a 0.5.5.post3 worker (the pinned image:

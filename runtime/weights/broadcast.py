@@ -291,13 +291,14 @@ class DistributedTransport(WeightTransport):
         # overlap the broadcasts and the workers' copies instead of adding to them.
         ahead = asyncio.create_task(asyncio.to_thread(next, buckets, None))
         scratch: torch.Tensor | None = None  # the buffer buckets are flattened into, reused through the sync
-        # Over gloo, bucket k+1's call goes before bucket k's replies have come. A gloo broadcast completes
-        # only once every member has posted its receive (gloo's tcp pair sends a buffer only after the
-        # peer's "recv ready" notice), so every member is then inside bucket k's update: bucket k+1's
-        # call queues behind it at the member (SGLang runs one update at a time, in arrival order) and is
-        # built and sent while the members copy bucket k into their models. NCCL makes no such promise
-        # for a small bucket, so there each bucket's replies come before the next call goes.
-        ahead_of_replies = self.options.backend == "gloo"
+        # Over gloo, and when rank 0 sends to each member itself (group_layout.py), bucket k+1's call goes
+        # before bucket k's replies have come: rank 0's broadcast completing then shows that every member
+        # is inside bucket k's update, so bucket k+1's call queues behind it at the member (SGLang runs
+        # one update at a time, in arrival order) and is built and sent while the members copy bucket k
+        # into their models. Otherwise (a member reached through another, or NCCL, whose root may finish
+        # a small broadcast before a member has started receiving) each bucket's replies come first.
+        ahead_of_replies = (self.options.backend == "gloo" and self._layout is not None
+                            and self._layout.rank0_reaches_every_worker())
         unanswered: asyncio.Task[dict[str, str | None]] | None = None  # the previous bucket's replies
         posts: asyncio.Task[dict[str, str | None]] | None = None
         sent: asyncio.Task[None] | None = None

@@ -47,6 +47,21 @@ class RankLayout:
     offsets: dict[str, int]  # worker URL -> rank_offset (its TP rank 0)
     world_size: int
 
+    def ranks_of(self, url: str) -> range:
+        """The group ranks of ``url``'s TP ranks."""
+        start = self.offsets[url]
+        return range(start, min((o for o in self.offsets.values() if o > start), default=self.world_size))
+
+    def rank0_reaches_every_worker(self) -> bool:
+        """Whether each worker has a rank that rank 0 sends to itself in a gloo broadcast.
+
+        gloo broadcasts along a binomial tree (``gloo/broadcast.cc``): rank 0 sends to ranks 1, 2, 4,
+        8, ...; every other rank receives from one of those. A send completes only once its peer has
+        posted the receive (``transport/tcp/pair.cc``), so rank 0's broadcast completing shows that each
+        of those workers is inside the update that receives it, and shows nothing of the others."""
+        direct = {1 << i for i in range(self.world_size.bit_length()) if 1 << i < self.world_size}
+        return all(any(rank in direct for rank in self.ranks_of(url)) for url in self.offsets)
+
 
 def rank_layout(workers: Sequence[tuple[str, int]]) -> RankLayout:
     """The layout of ``(url, tp_size)`` in this order: offsets 1, 1 + tp_0, 1 + tp_0 + tp_1, ..."""

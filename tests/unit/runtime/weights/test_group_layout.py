@@ -3,9 +3,13 @@ SGLang pools to tensor parallelism (no data parallelism inside a server)."""
 
 from __future__ import annotations
 
+import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
+import torch
+import torch.distributed as dist
 from pydantic import ValidationError
 
 from rljob.api.spec import RolloutSpec
@@ -16,6 +20,56 @@ def test_each_tp_rank_is_a_rank_after_the_trainer() -> None:
     layout = rank_layout([("http://a", 2), ("http://b", 2), ("http://c", 1)])
     assert layout == RankLayout({"http://a": 1, "http://b": 3, "http://c": 5}, world_size=6)
     assert rank_layout([]) == RankLayout({}, world_size=1)
+
+
+@pytest.mark.parametrize(("tp_sizes", "reached"), [
+    ([1], True), ([4], True), ([1, 1], True),  # ranks 1 | 1-4 | 1, 2
+    ([1, 1, 1], False),  # rank 3 receives from rank 1
+    ([2, 1], False), ([1, 2], True), ([2, 2], True),  # 1-2, 3 | 1, 2-3 | 1-2, 3-4 (4 is rank 0's)
+    ([1, 1, 1, 1], False), ([1, 1, 2, 4], True),  # 1, 2, 3-4, 5-8
+])
+def test_rank0_reaches_a_worker_when_one_of_its_ranks_is_a_power_of_two(tp_sizes: list[int], reached: bool) -> None:
+    layout = rank_layout([(f"http://w{i}", tp) for i, tp in enumerate(tp_sizes)])
+    assert layout.rank0_reaches_every_worker() is reached
+    assert [r for u in layout.offsets for r in layout.ranks_of(u)] == list(range(1, layout.world_size))
+
+
+def test_rank0s_gloo_broadcast_completes_before_a_rank_it_does_not_send_to_has_posted_its_receive() -> None:
+    """Why the rule above: in a real gloo group of 4, rank 3 posts its receive only after rank 0's
+    broadcast has returned, and every rank still gets the tensor (rank 3 from rank 1)."""
+    store, world = dist.HashStore(), 4
+    groups: list[Any] = [None] * world
+
+    def join(rank: int) -> None:
+        groups[rank] = dist.ProcessGroupGloo(dist.PrefixStore("tree", store), rank, world, timedelta(seconds=60))
+
+    def broadcast(rank: int, tensor: torch.Tensor) -> None:
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        groups[rank].broadcast([tensor], options).wait()
+
+    joins = [threading.Thread(target=join, args=(r,)) for r in range(world)]
+    for t in joins:
+        t.start()
+    for t in joins:
+        t.join()
+    root_done = threading.Event()
+    got = {r: torch.zeros(3) for r in range(1, world)}
+
+    def receive(rank: int) -> None:
+        if rank == 3:
+            assert root_done.wait(60), "rank 0's broadcast never returned"
+        broadcast(rank, got[rank])
+
+    receivers = [threading.Thread(target=receive, args=(r,)) for r in got]
+    for t in receivers:
+        t.start()
+    broadcast(0, torch.ones(3))
+    root_done.set()
+    for t in receivers:
+        t.join()
+    assert all(torch.equal(t, torch.ones(3)) for t in got.values())
+    assert not rank_layout([("http://a", 1), ("http://b", 1), ("http://c", 1)]).rank0_reaches_every_worker()
 
 
 def test_a_server_shape_comes_from_its_server_info() -> None:

@@ -8,6 +8,7 @@ engine is instrumented at the point where it copies a bucket into its model.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from rljob.runtime.engines.server import ServerOptions, SGLangProtocolServer
 from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
 from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport
 from rljob.runtime.weights.buckets import Bucket, module_buckets
+from rljob.runtime.weights.transport import SyncReport
 from tests.helpers.tiny_model import save_tiny_model
 from tests.helpers.waiting import wait_until
 
@@ -28,17 +30,20 @@ BUCKET_BYTES = 16 * 1024
 
 
 class WatchedEngine(EmbeddedEngine):
-    """An embedded engine that runs ``on_load`` (with the bucket's names) before copying each bucket."""
+    """An embedded engine that notes each bucket it is given, with the updates queued at its server then."""
 
     server: SGLangProtocolServer
     loads: list[list[str]]
+    queued: list[int]  # the server's updates_queued as each bucket started and ended loading
+    wait_for_next: bool = True  # the first bucket waits until the next bucket's call queues behind it
     failing: str | None = None  # a name whose bucket fails to load
 
     async def load_named_tensors(self, tensors: list[tuple[str, torch.Tensor]], version: int | None,
                                  flush_cache: bool = True) -> None:
         names = [n for n, _ in tensors]
         self.loads.append(names)
-        if len(self.loads) == 1:
+        self.queued.append(self.server.updates_queued)
+        if len(self.loads) == 1 and self.wait_for_next:
             # The next bucket's call must arrive and wait while this one loads; were calls sent only after
             # the previous reply, this would never hold.
             await wait_until(lambda: self.server.updates_queued == 1, "bucket 2's call to queue behind bucket 1",
@@ -46,24 +51,52 @@ class WatchedEngine(EmbeddedEngine):
         if self.failing in names:
             raise EngineError(f"cannot load {self.failing}")
         await super().load_named_tensors(tensors, version, flush_cache)
+        self.queued.append(self.server.updates_queued)
+
+
+Pool = tuple[Path, list[WatchedEngine], SGLangEngine]
+
+
+@contextlib.asynccontextmanager
+async def pool_of(root: Path, workers: int) -> AsyncIterator[Pool]:
+    """``workers`` in-process CPU servers on loopback, each with a WatchedEngine, and one client over them."""
+    model = save_tiny_model(root / "model", seed=0)
+    engines: list[WatchedEngine] = []
+    servers: list[SGLangProtocolServer] = []
+    try:
+        for _ in range(workers):
+            engine = WatchedEngine(model, max_batch_size=2)
+            engine.loads, engine.queued = [], []
+            engine.server = SGLangProtocolServer(engine, ServerOptions(model_path=str(model),
+                                                                       weight_group_timeout_s=30.0))
+            engines.append(engine)
+            servers.append(engine.server)
+        urls = [await server.start() for server in servers]
+        client = SGLangEngine(SGLangClientConfig(worker_urls=urls, retries=1, backoff_s=0.05, backoff_max_s=0.1,
+                                                 probe_timeout_s=5.0))
+        await client.start()
+        try:
+            yield model, engines, client
+        finally:
+            await client.close()
+    finally:
+        for server in servers:
+            await server.stop()
 
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[Path, WatchedEngine, SGLangEngine]]:
-    model = save_tiny_model(tmp_path / "model", seed=0)
-    engine = WatchedEngine(model, max_batch_size=2)
-    engine.loads = []
-    server = SGLangProtocolServer(engine, ServerOptions(model_path=str(model), weight_group_timeout_s=30.0))
-    engine.server = server
-    url = await server.start()
-    client = SGLangEngine(SGLangClientConfig(worker_urls=[url], retries=1, backoff_s=0.05, backoff_max_s=0.1,
-                                             probe_timeout_s=5.0))
-    await client.start()
-    try:
+    async with pool_of(tmp_path, 1) as (model, (engine,), client):
         yield model, engine, client
+
+
+async def sync_once(client: SGLangEngine, buckets: list[Bucket]) -> SyncReport:
+    transport = DistributedTransport([client], DistributedOptions(master_address="127.0.0.1", backend="gloo",
+                                                                   timeout_s=30))
+    try:
+        return await transport.sync(1, lambda _dtype: iter(buckets))
     finally:
-        await client.close()
-        await server.stop()
+        await transport.close()
 
 
 def buckets_of(model: torch.nn.Module) -> list[Bucket]:
@@ -80,12 +113,7 @@ async def test_the_next_bucket_queues_at_the_worker_while_it_loads_and_all_arriv
         for p in trainer.parameters():
             p.mul_(-1.5)
     buckets = buckets_of(trainer)
-    transport = DistributedTransport([client], DistributedOptions(master_address="127.0.0.1", backend="gloo",
-                                                                   timeout_s=30))
-    try:
-        report = await transport.sync(1, lambda _dtype: iter(buckets))
-    finally:
-        await transport.close()
+    report = await sync_once(client, buckets)
     assert report.ok and not report.failed, report
     assert engine.loads == [[n for n, _ in b] for b in buckets]
     served_state = engine.model.state_dict()
@@ -103,13 +131,28 @@ async def test_a_bucket_that_fails_to_load_keeps_the_version_from_the_worker(
     trainer = AutoModelForCausalLM.from_pretrained(model_dir)
     buckets = buckets_of(trainer)
     engine.failing = buckets[-2][0][0]
-    transport = DistributedTransport([client], DistributedOptions(master_address="127.0.0.1", backend="gloo",
-                                                                   timeout_s=30))
-    try:
-        report = await transport.sync(1, lambda _dtype: iter(buckets))
-    finally:
-        await transport.close()
+    report = await sync_once(client, buckets)
     assert not report.ok and report.updated == []
     assert "cannot load" in " ".join(report.failed.values()), report.failed
     assert engine.loads == [[n for n, _ in b] for b in buckets[:-1]], "the last bucket must not be sent"
     assert engine.weight_version != 1
+
+
+async def test_a_worker_that_rank_0_does_not_send_to_gets_each_call_after_the_previous_reply(tmp_path: Path) -> None:
+    # Three TP-1 workers: ranks 1, 2, 3; gloo's broadcast reaches rank 3 through rank 1, so rank 0's
+    # broadcast completing says nothing of it, and no worker may find a bucket queued behind another.
+    async with pool_of(tmp_path, 3) as (model_dir, engines, client):
+        trainer = AutoModelForCausalLM.from_pretrained(model_dir)
+        with torch.no_grad():
+            for p in trainer.parameters():
+                p.mul_(0.5)
+        buckets = buckets_of(trainer)
+        for engine in engines:
+            engine.wait_for_next = False
+        report = await sync_once(client, buckets)
+        assert report.ok and len(report.updated) == 3 and not report.failed, report
+        for engine in engines:
+            assert engine.loads == [[n for n, _ in b] for b in buckets]
+            assert not any(engine.queued), engine.queued
+            state = engine.model.state_dict()
+            assert all(torch.equal(state[n], p) for n, p in trainer.named_parameters())

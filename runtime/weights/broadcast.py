@@ -203,8 +203,10 @@ class DistributedTransport(WeightTransport):
         self._members = candidates
         self._layout = layout
         report.group_rebuilt = True
-        log.info("weight-update group %s formed: trainer rank 0 + %d engine ranks over %d workers (%s:%d, %s)",
-                 name, world - 1, len(candidates), host, port, self.options.backend)
+        log.info("weight-update group %s formed: trainer rank 0 + %d engine ranks over %d workers (%s:%d, %s); "
+                 "each bucket's call %s", name, world - 1, len(candidates), host, port, self.options.backend,
+                 "goes while the workers load the one before" if self._ahead_of_replies() else
+                 "waits for the previous bucket's replies")
         return self._members
 
     async def _post_one(self, url: str, call: Call, timeout: float) -> str | None:
@@ -221,6 +223,15 @@ class DistributedTransport(WeightTransport):
             self._group = None
         self._members = []
         self._layout = None
+
+    def _ahead_of_replies(self) -> bool:
+        """Whether bucket k+1's call may go before bucket k's replies have come: over gloo, when rank 0
+        sends to each member itself (group_layout.py). Rank 0's broadcast completing then shows that every
+        member is inside bucket k's update, so bucket k+1's call queues behind it at the member (SGLang
+        runs one update at a time, in arrival order) and is built and sent while the members copy bucket
+        k into their models. Otherwise (a member reached through another, or NCCL, whose root may finish
+        a small broadcast before a member has started receiving) each bucket's replies come first."""
+        return self.options.backend == "gloo" and self._layout is not None and self._layout.rank0_reaches_every_worker()
 
     def _payload(self, bucket: Bucket, scratch: torch.Tensor | None
                  ) -> tuple[list[torch.Tensor], str | None, torch.Tensor | None]:
@@ -291,14 +302,7 @@ class DistributedTransport(WeightTransport):
         # overlap the broadcasts and the workers' copies instead of adding to them.
         ahead = asyncio.create_task(asyncio.to_thread(next, buckets, None))
         scratch: torch.Tensor | None = None  # the buffer buckets are flattened into, reused through the sync
-        # Over gloo, and when rank 0 sends to each member itself (group_layout.py), bucket k+1's call goes
-        # before bucket k's replies have come: rank 0's broadcast completing then shows that every member
-        # is inside bucket k's update, so bucket k+1's call queues behind it at the member (SGLang runs
-        # one update at a time, in arrival order) and is built and sent while the members copy bucket k
-        # into their models. Otherwise (a member reached through another, or NCCL, whose root may finish
-        # a small broadcast before a member has started receiving) each bucket's replies come first.
-        ahead_of_replies = (self.options.backend == "gloo" and self._layout is not None
-                            and self._layout.rank0_reaches_every_worker())
+        ahead_of_replies = self._ahead_of_replies()
         unanswered: asyncio.Task[dict[str, str | None]] | None = None  # the previous bucket's replies
         posts: asyncio.Task[dict[str, str | None]] | None = None
         sent: asyncio.Task[None] | None = None

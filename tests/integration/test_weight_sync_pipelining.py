@@ -9,6 +9,7 @@ engine is instrumented at the point where it copies a bucket into its model.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -106,7 +107,8 @@ def buckets_of(model: torch.nn.Module) -> list[Bucket]:
 
 
 async def test_the_next_bucket_queues_at_the_worker_while_it_loads_and_all_arrive_in_order(
-        served: tuple[Path, WatchedEngine, SGLangEngine]) -> None:
+        served: tuple[Path, WatchedEngine, SGLangEngine], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="rljob.runtime.weights.broadcast")
     model_dir, engine, client = served
     trainer = AutoModelForCausalLM.from_pretrained(model_dir)
     with torch.no_grad():
@@ -120,6 +122,7 @@ async def test_the_next_bucket_queues_at_the_worker_while_it_loads_and_all_arriv
     for name, param in trainer.named_parameters():
         assert torch.equal(served_state[name], param), name
     assert engine.weight_version == 1
+    assert "each bucket's call goes while the workers load the one before" in caplog.text
 
 
 async def test_a_bucket_that_fails_to_load_keeps_the_version_from_the_worker(
@@ -138,7 +141,9 @@ async def test_a_bucket_that_fails_to_load_keeps_the_version_from_the_worker(
     assert engine.weight_version != 1
 
 
-async def test_a_worker_that_rank_0_does_not_send_to_gets_each_call_after_the_previous_reply(tmp_path: Path) -> None:
+async def test_a_worker_that_rank_0_does_not_send_to_gets_each_call_after_the_previous_reply(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="rljob.runtime.weights.broadcast")
     # Three TP-1 workers: ranks 1, 2, 3; gloo's broadcast reaches rank 3 through rank 1, so rank 0's
     # broadcast completing says nothing of it, and no worker may find a bucket queued behind another.
     async with pool_of(tmp_path, 3) as (model_dir, engines, client):
@@ -151,6 +156,7 @@ async def test_a_worker_that_rank_0_does_not_send_to_gets_each_call_after_the_pr
             engine.wait_for_next = False
         report = await sync_once(client, buckets)
         assert report.ok and len(report.updated) == 3 and not report.failed, report
+        assert "each bucket's call waits for the previous bucket's replies" in caplog.text
         for engine in engines:
             assert engine.loads == [[n for n, _ in b] for b in buckets]
             assert not any(engine.queued), engine.queued

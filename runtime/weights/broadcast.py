@@ -10,7 +10,9 @@ Per sync (sglang_protocol.md §8, distributed_training.md):
 3. per bucket, ``/update_weights_from_distributed`` with names, dtypes and shapes to every member
    while rank 0 broadcasts the tensors (one flattened buffer when every member takes that:
    weight_group.py); the cache is flushed and ``weight_version`` set with the last
-   bucket only, so a worker that misses any bucket keeps its old version and leaves the rotation;
+   bucket only, so a worker that misses any bucket keeps its old version and leaves the rotation.
+   Over gloo, where rank 0's broadcast proves every worker has started the bucket, the next bucket's
+   call goes without waiting for this one's replies (``_ahead_of_replies``); the last one still waits;
 4. ``/continue_generation``; every worker's served version decides the rotation (SGLangEngine).
 """
 
@@ -298,8 +300,8 @@ class DistributedTransport(WeightTransport):
         # engines); made in a thread, since making a sharded trainer's source is a collective.
         buckets = with_last(await asyncio.to_thread(weights, wire))
         # Each bucket is pulled in a thread (with a sharded trainer, pulling it runs the gathers), the
-        # next one while this one is broadcast: rank 0 holds at most two buckets, and the gathers
-        # overlap the broadcasts and the workers' copies instead of adding to them.
+        # next one while this one is broadcast (see below), so the gathers overlap the broadcasts and
+        # the workers' copies instead of adding to them.
         ahead = asyncio.create_task(asyncio.to_thread(next, buckets, None))
         scratch: torch.Tensor | None = None  # the buffer buckets are flattened into, reused through the sync
         ahead_of_replies = self._ahead_of_replies()

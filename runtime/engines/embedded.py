@@ -436,25 +436,35 @@ class EmbeddedEngine(Engine):
         return self.weight_version
 
     async def load_named_tensors(
-        self, tensors: list[tuple[str, torch.Tensor]], version: int | None, flush_cache: bool = True
+        self, tensors: list[tuple[str, torch.Tensor]], version: int | None, flush_cache: bool = True,
+        *, adopt: bool = False,
     ) -> None:
         """Copy some full named parameters into the served model (one bucket of a weight sync);
         ``version``, given with the last bucket, becomes the served weight version; ``flush_cache``:
-        see _copy_named.
+        see _copy_named. ``adopt``: the tensors were made for this call alone (received over the
+        weight-update group), so a parameter of their dtype takes them as they are, with no copy.
 
         Raises EngineError naming parameters the model does not have or whose shape differs.
         """
         async with self._step_lock:
-            await asyncio.to_thread(self._copy_named, tensors, "a weight sync", False, flush_cache)
+            await asyncio.to_thread(self._copy_named, tensors, "a weight sync", False, flush_cache, adopt)
             if version is not None:
                 self.weight_version = version
         if version is not None:
             log.info("embedded engine now serves weight version %s", version)
 
     def _copy_named(
-        self, tensors: list[tuple[str, torch.Tensor]], source: str, whole: bool, flush_cache: bool = True
+        self, tensors: list[tuple[str, torch.Tensor]], source: str, whole: bool, flush_cache: bool = True,
+        adopt: bool = False,
     ) -> None:
         """Copy named tensors into the model's parameters and persistent buffers, by name.
+
+        ``adopt``: a parameter of the tensor's dtype and device takes the tensor itself (its ``data``
+        becomes the tensor: a view into the bucket's received buffer), which saves a copy of every
+        byte on the receiving side of a sync. On this CPU engine that copy costs about as much per
+        byte as receiving it (on a GPU it is a device copy, small beside the broadcast). Only for
+        tensors nobody else holds: a trainer's own weights (the ``tensor`` transport) are copied.
+        The parameter object stays, so a tied pair stays tied.
 
         ``flush_cache`` False keeps the interrupted rows (their keys and values stay those of the old
         weights, as SGLang's radix cache does with ``flush_cache`` false); the cached prompt prefills
@@ -487,8 +497,14 @@ class EmbeddedEngine(Engine):
             )
         with torch.no_grad():
             for name, tensor in tensors:
-                if name in targets:
-                    targets[name].copy_(tensor)
+                if name not in targets:
+                    continue
+                target = targets[name]
+                if adopt and isinstance(target, torch.nn.Parameter) and (target.dtype, target.device) == (
+                        tensor.dtype, tensor.device):
+                    target.data = tensor
+                else:
+                    target.copy_(tensor)
 
     def _install_update(self, update: WeightUpdate) -> None:
         if update.tensors is not None:

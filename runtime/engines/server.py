@@ -707,7 +707,7 @@ class SGLangProtocolServer:
             return web.json_response({"success": False, "message": str(exc)}, status=400)
         version = self._engine_version_for(body.weight_version) if body.weight_version is not None else None
         try:
-            await self.engine.load_named_tensors(tensors, version, flush_cache=body.flush_cache)
+            await self.engine.load_named_tensors(tensors, version, flush_cache=body.flush_cache, adopt=True)
         except EngineError as exc:
             return web.json_response({"success": False, "message": str(exc)}, status=400)
         if body.weight_version is not None:

@@ -40,7 +40,7 @@ class WatchedEngine(EmbeddedEngine):
     failing: str | None = None  # a name whose bucket fails to load
 
     async def load_named_tensors(self, tensors: list[tuple[str, torch.Tensor]], version: int | None,
-                                 flush_cache: bool = True) -> None:
+                                 flush_cache: bool = True, *, adopt: bool = False) -> None:
         names = [n for n, _ in tensors]
         self.loads.append(names)
         self.queued.append(self.server.updates_queued)
@@ -51,7 +51,7 @@ class WatchedEngine(EmbeddedEngine):
                              timeout=30)
         if self.failing in names:
             raise EngineError(f"cannot load {self.failing}")
-        await super().load_named_tensors(tensors, version, flush_cache)
+        await super().load_named_tensors(tensors, version, flush_cache, adopt=adopt)
         self.queued.append(self.server.updates_queued)
 
 

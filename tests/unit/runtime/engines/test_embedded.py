@@ -13,7 +13,9 @@ import torch
 from rljob.runtime.engines.base import EngineError, GenerateRequest, WeightUpdate
 from rljob.runtime.engines.embedded import EmbeddedEngine, InvalidRequestError, prefill_chunks
 from rljob.runtime.engines.sampling import SamplingParams, draw, sample_tokens
-from tests.helpers.tiny_model import build_tiny_model, save_tiny_model
+from transformers import Qwen2ForCausalLM
+
+from tests.helpers.tiny_model import build_tiny_model, save_tiny_model, tiny_config
 from tests.helpers.waiting import wait_until
 
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [12], [20, 21, 22, 23], [40, 41], [60, 61, 62, 63, 64, 65]]
@@ -213,6 +215,56 @@ async def test_a_whole_update_and_a_sync_bucket_install_by_one_rule(engine: Embe
     assert engine.served_version() == 0
     await engine.load_named_tensors([(name, tensor)], 2)
     assert engine.served_version() == 2
+
+
+async def test_an_adopted_bucket_becomes_the_weights_and_a_lent_one_is_copied() -> None:
+    """The CPU server gives load_named_tensors the buffers it received (``adopt``): each parameter takes
+    its tensor with no copy, a tied pair stays one parameter, and the engine generates what an engine
+    that copied the same weights generates. Tensors lent by a trainer (the ``tensor`` transport) are
+    copied: changing them afterwards leaves the served weights alone. A tensor of another dtype is
+    cast into the parameter, which keeps its dtype."""
+    config = tiny_config()
+    config.tie_word_embeddings = True
+    engines = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        engines.append(EmbeddedEngine(Qwen2ForCausalLM(config).eval(), max_batch_size=2))
+    adopting, copying = engines
+    torch.manual_seed(1)
+    new = Qwen2ForCausalLM(config).state_dict()
+    received = [(name, tensor.clone()) for name, tensor in new.items()]
+    lent = [(name, tensor.clone()) for name, tensor in new.items()]
+    for eng in engines:
+        await eng.start()
+    try:
+        before = await adopting.generate(greedy("before", PROMPTS[1], 12))
+        await adopting.load_named_tensors(received, 1, adopt=True)
+        await copying.load_named_tensors(lent, 1)
+        model = adopting.model
+        assert model.lm_head.weight is model.model.embed_tokens.weight  # type: ignore[union-attr]
+        for name, tensor in received:
+            served = model.get_parameter(name)
+            # A tied pair's parameter takes the later of its two names' tensors (lm_head.weight).
+            if name != "model.embed_tokens.weight":
+                assert served.data_ptr() == tensor.data_ptr(), name
+        assert all(copying.model.get_parameter(n).data_ptr() != t.data_ptr() for n, t in lent)
+
+        adopted = await adopting.generate(greedy("adopted", PROMPTS[1], 12))
+        copied = await copying.generate(greedy("copied", PROMPTS[1], 12))
+        assert adopted.output_ids == copied.output_ids != before.output_ids
+        for _, tensor in lent:
+            tensor.zero_()
+        again = await copying.generate(greedy("again", PROMPTS[1], 12))
+        assert again.output_ids == copied.output_ids
+
+        norm = "model.norm.weight"
+        await adopting.load_named_tensors([(norm, torch.full_like(new[norm], 2.0, dtype=torch.float64))], None,
+                                          adopt=True)
+        assert model.get_parameter(norm).dtype == torch.float32
+        assert torch.equal(model.get_parameter(norm), torch.full_like(new[norm], 2.0))
+    finally:
+        for eng in engines:
+            await eng.close()
 
 
 async def test_weight_update_waits_for_step_boundary_and_running_requests_continue(

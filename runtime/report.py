@@ -20,6 +20,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: reports are written by CLIs and pods, never shown
 import matplotlib.pyplot as plt  # noqa: E402
 
+from rljob.api.spec import TruncationBand  # noqa: E402
 from rljob.runtime.metrics import current_names  # noqa: E402
 
 PLOTS: list[tuple[str, str, str]] = [
@@ -40,7 +41,8 @@ SIGNALS: list[tuple[str, str]] = [
     ("trainer_idle_seconds", "trainer_idle_seconds_per_step"),
     ("engine_idle_seconds", "engine_idle_seconds_per_step"),
 ]
-TRUNCATION_BAND = (0.15, 0.25)  # the healthy band users are told to keep (docs/metrics.md)
+# The spec's default healthy band (docs/metrics.md); a job may set its own (spec.autotune.truncationBand).
+TRUNCATION_BAND = (TruncationBand().low, TruncationBand().high)
 
 
 def truncation_verdict(mean_rate: float, band: tuple[float, float] = TRUNCATION_BAND) -> str:
@@ -196,8 +198,11 @@ def write_report(
     history: RunHistory,
     comparison: dict[str, Any] | None = None,
     evals: list[dict[str, Any]] | None = None,
+    band: tuple[float, float] = TRUNCATION_BAND,
 ) -> list[Path]:
-    """Write plots and summary files for a run's step history (and held-out evaluations); returns the files."""
+    """Write plots and summary files for a run's step history (and held-out evaluations); returns the files.
+    ``band``: the job's healthy truncation-rate band (spec.autotune.truncationBand), which the summary's
+    truncation verdict is against."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     if history:
@@ -220,7 +225,7 @@ def write_report(
             mean_off_policy_token_ratio=history.mean("off_policy_token_ratio"),
             final_policy_version=history.final_policy_version,
         )
-        summary["truncation_rate_vs_band"] = truncation_verdict(summary["mean_truncation_rate"])
+        summary["truncation_rate_vs_band"] = truncation_verdict(summary["mean_truncation_rate"], band)
     if evals:
         summary.update(
             eval_reward_first=evals[0]["reward_mean"],

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rljob.api.spec import TruncationBand
 from rljob.runtime.cli.console import Subparsers, console
 
 if TYPE_CHECKING:
@@ -23,12 +24,13 @@ def read_run(jsonl: Path | None) -> tuple[RunHistory, list[dict]]:
     return read_history(jsonl), read_jsonl(evals) if evals.exists() else []
 
 
-def rebuild_report(run_dir: Path) -> list[Path]:
-    """Write RUN_DIR/report from RUN_DIR/metrics.jsonl (and eval.jsonl); the files written."""
-    from rljob.runtime.report import write_report
+def rebuild_report(run_dir: Path, band: tuple[float, float] | None = None) -> list[Path]:
+    """Write RUN_DIR/report from RUN_DIR/metrics.jsonl (and eval.jsonl); the files written. ``band``: the
+    job's truncation band (None: the default band)."""
+    from rljob.runtime.report import TRUNCATION_BAND, write_report
 
     history, evals = read_run(run_dir / "metrics.jsonl")
-    return write_report(run_dir / "report", history, None, evals)
+    return write_report(run_dir / "report", history, None, evals, band or TRUNCATION_BAND)
 
 
 def report_command(args: argparse.Namespace) -> int:
@@ -38,7 +40,12 @@ def report_command(args: argparse.Namespace) -> int:
         console.print(f"[red]error[/]: {run_dir / 'metrics.jsonl'} does not exist; give the folder `rljob run` wrote "
                       "(its --output, default runs/<job name>)", soft_wrap=True)
         return 2
-    written = rebuild_report(run_dir)
+    low, high = args.band
+    if not 0 <= low < high <= 1:
+        console.print(f"[red]error[/]: --band {low} {high}: give LOW HIGH with 0 <= LOW < HIGH <= 1, as the job's "
+                      "spec.autotune.truncationBand", soft_wrap=True)
+        return 2
+    written = rebuild_report(run_dir, (low, high))
     console.print(f"[green]report[/] rebuilt in [bold]{run_dir / 'report'}[/]: " + ", ".join(p.name for p in written),
                   soft_wrap=True)
     return 0
@@ -50,4 +57,8 @@ def add_parser(sub: Subparsers) -> None:
                             description="Rebuild RUN_DIR/report (plots, summary.json, summary.md) from "
                             "RUN_DIR/metrics.jsonl and eval.jsonl, e.g. after a crash or while a run goes on.")
     report.add_argument("run_dir", help="the folder `rljob run` wrote (its --output, default runs/<job name>)")
+    default = TruncationBand()
+    report.add_argument("--band", nargs=2, type=float, metavar=("LOW", "HIGH"), default=[default.low, default.high],
+                        help="the job's healthy truncation-rate band (spec.autotune.truncationBand; default "
+                        f"{default.low} {default.high}), which the summary's truncation verdict is against")
     report.set_defaults(func=report_command)

@@ -143,10 +143,12 @@ async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | 
 
     display = RunDisplay(runner, job.spec.rollout.rollout_batch_size, args.table_rows)
 
+    band = (job.spec.autotune.truncation_band.low, job.spec.autotune.truncation_band.high)
+
     def on_step(rec: StepRecord) -> None:
         display.add_step(rec)
         if rec.step % job.spec.checkpoint.every_steps == 0:  # a crashed run keeps plots up to its last checkpoint
-            rebuild_report(output)
+            rebuild_report(output, band)
         if not args.live:
             console.print(step_line(rec))
 
@@ -166,7 +168,7 @@ async def _run(args: argparse.Namespace, job: RLJob, distributed: Distributed | 
                                       "rollout throughput, same policy, prompts and seeds"))
 
     history, evals = read_run(runner.metrics.jsonl_path)
-    written = write_report(output / "report", history, comparison, evals)
+    written = write_report(output / "report", history, comparison, evals, band)
     print_summary(summary, history, evals, output / "report", written)
     return 0
 

@@ -3,7 +3,9 @@ folder is per job, and `rljob report` rebuilds a run's plots from its metrics.js
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -12,6 +14,7 @@ from rljob.api import parse_rljob
 from rljob.runtime.checkpoint import step_of
 from rljob.runtime.cli import main
 from rljob.runtime.metrics import read_jsonl
+from rljob.runtime.report import truncation_verdict
 from tests.integration.test_runner_resume import job_doc, tiny_policy
 
 
@@ -47,15 +50,30 @@ def test_a_fresh_run_sets_the_old_checkpoints_aside_and_a_resume_picks_its_own(
 def test_rljob_report_rebuilds_the_plots_from_metrics_jsonl(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     doc = job_doc(tiny_policy(tmp_path / "model"), tmp_path / "ckpt", steps=2, every=1)
+    doc["spec"]["autotune"] = {"truncationBand": {"low": 0.0, "high": 0.99}}  # the job's own band
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
     assert main(["run", str(job), "--no-live", "--output", str(out)]) == 0
+
+    def summary() -> dict[str, Any]:
+        return dict(json.loads((out / "report" / "summary.json").read_text()))
+
+    def verdict() -> str:
+        return str(summary()["truncation_rate_vs_band"])
+
+    assert verdict() == "inside the 0%-99% band"  # the run judged itself against its spec's band
     for path in (out / "report").iterdir():
         path.unlink()
     assert main(["report", str(out)]) == 0
     assert {"reward.png", "summary.json"} <= {p.name for p in (out / "report").iterdir()}
+    # Told no band, `rljob report` judges against the default one.
+    assert verdict() == truncation_verdict(summary()["mean_truncation_rate"], (0.15, 0.25)) != "inside the 0%-99% band"
+    assert main(["report", str(out), "--band", "0.0", "0.99"]) == 0
+    assert verdict() == "inside the 0%-99% band"
     assert main(["report", str(tmp_path / "nowhere")]) == 2
     assert "metrics.jsonl does not exist" in capsys.readouterr().out
+    assert main(["report", str(out), "--band", "0.3", "0.2"]) == 2
+    assert "--band 0.3 0.2: give LOW HIGH with 0 <= LOW < HIGH <= 1" in capsys.readouterr().out
 
 
 def test_the_default_checkpoint_folder_is_per_job() -> None:

@@ -92,4 +92,17 @@ def test_records_from_before_the_signals_still_make_a_report(tmp_path: Path) -> 
 
 
 def test_verdict_names_the_side_of_the_band() -> None:
-    assert truncation_verdict(0.05).startswith("below") and truncation_verdict(0.4).startswith("above")
+    assert truncation_verdict(0.05).startswith("below the 15%-25% band: the length threshold cuts few")
+    assert truncation_verdict(0.4) == "above the 15%-25% band: the length threshold cuts too many samples; raise k"
+    assert truncation_verdict(0.2) == "inside the 15%-25% band"
+
+
+def test_the_verdict_is_against_the_jobs_own_band(tmp_path: Path) -> None:
+    """A job that sets spec.autotune.truncationBand is judged against it, not against the default."""
+    records = [_signal_record(1, 0.3, 0.0), _signal_record(2, 0.3, 0.0)]
+    assert truncation_verdict(0.3, (0.25, 0.35)) == "inside the 25%-35% band"
+    write_report(tmp_path, history_of(records, len(records)), band=(0.25, 0.35))
+    assert json.loads((tmp_path / "summary.json").read_text())["truncation_rate_vs_band"] == "inside the 25%-35% band"
+    write_report(tmp_path, history_of(records, len(records)))
+    assert json.loads((tmp_path / "summary.json").read_text())["truncation_rate_vs_band"].startswith(
+        "above the 15%-25% band")

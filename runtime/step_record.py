@@ -34,6 +34,9 @@ class RoundPart:
     """The rollout round: throughput, truncation, resumes and the round's ledger."""
 
     rollout_seconds: float = 0.0  # wall time of the round as the step loop saw it
+    # Under async, the engines' generation while the trainer trained, until the sync interrupted it.
+    overlap_seconds: float = 0.0
+    overlap_tokens: int = 0
     tokens_generated: int = 0
     rollout_tokens_per_s: float = 0.0
     ceiling_tokens_per_s: float = 0.0
@@ -194,9 +197,11 @@ class StepRecord:
 
     @property
     def engine_idle_seconds(self) -> float:
-        """Seconds of the step the engines waited for the trainer: all but the round and the sync
-        (slots idle inside a round, the tail bubble, show in the ceiling share instead)."""
-        return max(0.0, self.end_to_end_seconds - self.round.rollout_seconds - self.sync.sync_seconds)
+        """Seconds of the step the engines waited for the trainer: all but the round, the async
+        strategy's overlap with the train step (the engines generate then) and the sync (slots idle
+        inside a round or the overlap, the tail bubble, show in the ceiling share instead)."""
+        busy = self.round.rollout_seconds + self.round.overlap_seconds + self.sync.sync_seconds
+        return max(0.0, self.end_to_end_seconds - busy)
 
     def flat(self) -> dict[str, Any]:
         """The exported form: one flat mapping of every field of every part (metrics.jsonl's keys)."""

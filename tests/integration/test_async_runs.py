@@ -140,6 +140,11 @@ async def test_async_run_on_the_embedded_engine(tmp_path: Path) -> None:
     assert mixed_responses(runner, trained) >= 1, "no response carries tokens of two versions"
     records = read_jsonl(tmp_path / "out" / "metrics.jsonl")
     assert [r["policy_version"] for r in records] == list(range(1, STEPS + 1))
+    # Every train step was held until the engines generated (run_in_process): the step records say so,
+    # and those seconds are not engine idle.
+    for rec in records:
+        assert rec["overlap_tokens"] > 0 and rec["overlap_seconds"] > 0, rec
+        assert rec["engine_idle_seconds"] <= rec["end_to_end_seconds"] - rec["overlap_seconds"] + 1e-9, rec
     assert max(r["staleness_max"] for r in records) <= ETA
     check_ledger(records, len(runner.scheduler.buffer))
 

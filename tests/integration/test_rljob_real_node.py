@@ -48,6 +48,10 @@ def test_cpu_rljob_trains_to_complete_on_the_real_node(real_cluster: RealCluster
             assert all(ledger_imbalance(r) == (0, 0) for r in records), records
             # No trained token older than the bound (async's overlap makes older tokens possible).
             assert max(r["staleness_max"] for r in records) <= MAX_STALENESS, records
+            # Async's engine pod was kept generating through each train step (whether it had work left then
+            # depends on the round: a batch may already be done ahead); APRIL's never is.
+            overlapped = [r["overlap_seconds"] > 0 for r in records]
+            assert overlapped == [strategy == "async"] * STEPS, records
 
             # Deletion: the API server's garbage collector removes every child (owner references).
             job.delete()

@@ -9,6 +9,7 @@ import pytest
 from kubernetes import client as k8s
 
 from rljob.api import parse_rljob
+from rljob.runtime.metrics import read_jsonl
 from rljob.runtime.runner import JobRunner, RunOptions
 from tests.integration.test_operator import api, crd  # noqa: F401 - fixtures
 from tests.integration.test_runner_resume import job_doc, tiny_policy
@@ -42,3 +43,12 @@ async def test_runner_writes_step_checkpoint_and_metrics_into_status(
     assert status["trainer"]["lastCheckpoint"]["uri"].endswith("step-00000002")
     assert 0.0 <= status["metrics"]["truncationRate"] <= 1.0
     assert "rewardMean" in status["metrics"]
+    # The signals of docs/metrics.md, side by side in status, are the last step's (metrics.jsonl).
+    last = read_jsonl(tmp_path / "out" / "metrics.jsonl")[-1]
+    assert last["step"] == 2
+    for field, key in (("truncationRate", "truncation_rate"), ("partialRate", "partial_rate"),
+                       ("goodputTokensPerSecond", "goodput_tokens_per_s"),
+                       ("abortedTokenShare", "aborted_token_share"),
+                       ("trainerIdleSeconds", "trainer_idle_seconds"), ("engineIdleSeconds", "engine_idle_seconds")):
+        assert status["metrics"][field] == pytest.approx(last[key]), field
+    assert status["metrics"]["goodputTokensPerSecond"] > 0

@@ -53,8 +53,20 @@ def test_required_views_and_layout() -> None:
     dash = load()
     titles = " | ".join(p["title"].lower() for p in dash["panels"])
     for topic in ("throughput vs ceiling", "truncation rate and band", "off-policy", "staleness", "lengths",
-                  "reward", "entropy", "knobs in force", "autotuner"):
+                  "reward", "entropy", "knobs in force", "autotuner", "goodput", "aborted-token waste",
+                  "trainer and engine idle"):
         assert topic in titles, topic
+    # The signals of docs/metrics.md each have their series (the truncation and partial rates side by side).
+    queried: dict[str, str] = {}
+    for title, expr in exprs(dash):
+        queried[title] = f"{queried.get(title, '')} {expr}"
+    for title, metrics in (("Truncation rate and band", ("rljob_truncation_rate", "rljob_partial_rate")),
+                           ("Goodput vs rollout throughput", ("rljob_goodput_tokens_per_second",
+                                                              "rljob_trained_tokens_total")),
+                           ("Aborted-token waste", ("rljob_aborted_token_share", "rljob_aborted_tokens_total")),
+                           ("Trainer and engine idle", ("rljob_trainer_idle_seconds", "rljob_engine_idle_seconds"))):
+        for metric in metrics:
+            assert metric in queried[title], f"{title}: {metric}"
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
     cells = set()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import fields
 
+import pytest
+
 from rljob.runtime.batch_stats import summarize_batch
 from rljob.runtime.rollout.sample import Group, Sample
 from rljob.runtime.rollout.scheduler import RoundResult, RoundStats
@@ -30,6 +32,7 @@ EXPORTED_KEYS = {
     "partial_rate", "aborted_tokens", "aborted_token_share", "goodput_tokens_per_s", "trainer_idle_seconds",
     "engine_idle_seconds", "wall_seconds", "end_to_end_seconds",
     "sync_bytes",  # the weight sync's bytes (with sync_seconds: its bandwidth)
+    "overlap_seconds", "overlap_tokens",  # async: generation while the trainer trained
 }
 
 
@@ -111,3 +114,16 @@ def test_goodput_waste_and_idle_signals_of_a_step():
     assert flat["trainer_idle_seconds"] == 4.0 and flat["engine_idle_seconds"] == 2.5
     unmeasured = step_record(1, 0, RoundResult([], stats), None, {"rollout": 3.0, "train": 1.0}, {}, 0.0, None)
     assert unmeasured.goodput_tokens_per_s == 150.0 and unmeasured.engine_idle_seconds == 1.0
+
+
+def test_under_async_the_engines_generating_through_the_train_step_are_not_idle():
+    """The async strategy's engines generate while the trainer trains (until the sync interrupts
+    them): that overlap is exported and is not engine idle; the trainer still waits for the round."""
+    stats = RoundStats(round_index=1, policy_version=0, strategy="async", tokens_generated=1000,
+                       overlap_seconds=1.4, overlap_tokens=300)
+    timings = {"rollout": 3.0, "train": 1.5, "sync": 0.5, "wall": 6.0}  # 1 s of evaluation/checkpoint
+    rec = step_record(1, 0, RoundResult([], stats), None, timings, {}, 0.0, None)
+    flat = rec.flat()
+    assert flat["overlap_seconds"] == 1.4 and flat["overlap_tokens"] == 300
+    assert flat["engine_idle_seconds"] == pytest.approx(1.1)  # 6 - 3 - 1.4 - 0.5: the evaluation, a bubble
+    assert flat["trainer_idle_seconds"] == 4.0

@@ -283,11 +283,23 @@ def verdicts(per: dict[str, Any]) -> dict[str, Any]:
     """The issue's goodput goals as tests on the paired ratios, and the headroom the defaults leave: the best
     fixed setting over the defaults bounds how far any tuner that ends near it can beat them."""
     best_over_defaults = [a / b for a, b in zip(per["best_fixed_goodput"], per["default_goodput"], strict=True)]
-    return {
+    result = {
         "autotune_at_least_95pct_of_best_fixed": paired(per["autotune_over_best_fixed"], 0.95),
         "autotune_beats_defaults": paired(per["autotune_over_defaults"], 1.0),
         "best_fixed_beats_defaults": paired(best_over_defaults, 1.0),
     }
+    rewards = list(zip(per.get("autotune_eval_reward", []), per.get("best_fixed_eval_reward", []), strict=True))
+    if rewards and all(a is not None and b is not None for a, b in rewards):
+        result["autotune_eval_reward_minus_best_fixed"] = reward_within_noise([a - b for a, b in rewards])
+    return result
+
+
+def reward_within_noise(differences: list[float]) -> dict[str, Any]:
+    """The held-out reward goal, on the paired per-repeat differences (autotune minus the best fixed
+    setting): met (`within_noise`) when 0 lies inside their mean ± two standard errors; otherwise the
+    autotuner's reward is beyond the noise above (`shown`) or below (`missed`) the best setting's."""
+    verdict = paired(differences, 0.0)
+    return {**verdict, "within_noise": not verdict["shown"] and not verdict["missed"]}
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -401,7 +413,11 @@ def report(result: dict[str, Any]) -> None:
                   + ", ".join(f"{x:.2f}" for x in ratios["autotune_over_best_fixed"]) + "; autotune / defaults "
                   + ", ".join(f"{x:.2f}" for x in ratios["autotune_over_defaults"]))
     for goal, v in result["verdicts"].items():
-        verdict = "shown" if v["shown"] else "missed" if v["missed"] else "inside the noise"
+        if "within_noise" in v:  # a difference of rewards, whose goal is to be inside the noise
+            verdict = ("within the noise (the goal)" if v["within_noise"] else
+                       "above the best setting's, beyond the noise" if v["shown"] else "below it, beyond the noise")
+        else:
+            verdict = "shown" if v["shown"] else "missed" if v["missed"] else "inside the noise"
         console.print(f"{goal}: {v['mean']:.3f} ± {2 * v['standard_error']:.3f} (2 SE, {v['repeats']} repeats) "
                       f"against {v['goal']:g}: {verdict}")
     console.print(f"same-setting noise {result['noise_goodput_same_setting']:.1f} tok/s, held-out reward noise "

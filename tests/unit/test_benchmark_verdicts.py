@@ -48,6 +48,22 @@ def test_verdicts_pair_each_repeat_and_bound_the_headroom(script) -> None:  # ty
     # Paired per repeat: 110/100 and 90/100, not the ratio of the means.
     assert v["best_fixed_beats_defaults"]["mean"] == pytest.approx(1.0)
     assert v["best_fixed_beats_defaults"]["standard_error"] == pytest.approx(0.1)
+    assert "autotune_eval_reward_minus_best_fixed" not in v  # no held-out rewards: no reward verdict
+
+
+def test_the_reward_goal_is_met_inside_the_noise_of_the_paired_differences(script) -> None:  # type: ignore[no-untyped-def]
+    verdicts = script("autotune").verdicts
+    per = {"autotune_over_best_fixed": [1.0, 1.0, 1.0], "autotune_over_defaults": [1.0, 1.0, 1.0],
+           "best_fixed_goodput": [1.0, 1.0, 1.0], "default_goodput": [1.0, 1.0, 1.0],
+           # Run 8: differences -0.0625, +0.03125, +0.015625: mean -0.0052, SE 0.029: inside the noise.
+           "autotune_eval_reward": [0.515625, 0.578125, 0.59375], "best_fixed_eval_reward": [0.578125, 0.546875, 0.578125]}
+    v = verdicts(per)["autotune_eval_reward_minus_best_fixed"]
+    assert v["mean"] == pytest.approx(-0.015625 / 3) and v["within_noise"]
+    per["autotune_eval_reward"] = [0.40, 0.42, 0.41]  # about 0.15 below in every repeat
+    v = verdicts(per)["autotune_eval_reward_minus_best_fixed"]
+    assert v["missed"] and not v["within_noise"]
+    per["autotune_eval_reward"] = [None, 0.5, 0.5]  # a run without a held-out evaluation: no verdict
+    assert "autotune_eval_reward_minus_best_fixed" not in verdicts(per)
 
 
 def test_overlap_bound_is_the_busier_sides_share_of_syncs_wall(script) -> None:  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ import yaml
 from rljob.api import parse_rljob
 from rljob.runtime.checkpoint import step_of
 from rljob.runtime.cli import main
-from rljob.runtime.metrics import read_jsonl
+from rljob.runtime.metrics import ledger_imbalance, read_jsonl
 from rljob.runtime.report import truncation_verdict
 from tests.integration.test_runner_resume import job_doc, tiny_policy
 
@@ -84,3 +84,28 @@ def test_the_default_checkpoint_folder_is_per_job() -> None:
     assert parse_rljob(doc).spec.checkpoint.dir == "runs/beta/checkpoints"
     doc["spec"]["checkpoint"] = {"dir": "/mnt/ckpt"}
     assert parse_rljob(doc).spec.checkpoint.dir == "/mnt/ckpt"
+
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "docs" / "examples" / "quickstart.yaml"
+
+
+@pytest.mark.slow
+def test_the_quickstart_runs_with_the_async_strategy_unchanged_otherwise(tmp_path: Path) -> None:
+    """`rljob run docs/examples/quickstart.yaml --strategy async`: the quickstart file as it is (only the
+    step count and the folders differ) trains with async rollouts; the engine generates through every
+    train step, no trained token is older than its maxStaleness, and the sample ledger closes."""
+    from rljob.runtime.tasks.warmup import builtin_policy
+
+    builtin_policy(progress=False)  # the cached warm-up of the builtin policy (minutes on a fresh machine)
+    out = tmp_path / "out"
+    assert main(["run", str(QUICKSTART), "--strategy", "async", "--steps", "2", "--no-live", "--output", str(out),
+                 "--checkpoint-dir", str(tmp_path / "ckpt")]) == 0
+    records = read_jsonl(out / "metrics.jsonl")
+    assert [(r["step"], r["policy_version"], r["strategy"]) for r in records] == [(1, 1, "async"), (2, 2, "async")]
+    eta = yaml.safe_load(QUICKSTART.read_text())["spec"]["rollout"]["partial"]["maxStaleness"]
+    for rec in records:
+        assert rec["overlap_seconds"] > 0, rec
+        assert rec["staleness_max"] <= eta, rec
+        assert ledger_imbalance(rec) == (0, 0), rec
+    assert records[-1]["eval_reward"] is not None  # the quickstart's held-out evaluation, at the last step
+    assert (out / "report" / "summary.json").is_file()

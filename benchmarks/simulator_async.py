@@ -8,7 +8,9 @@ published trainer/rollout split, with each arm's trainer time taken from the pub
 (the simulator predicts the rollout side and the overlap, not the trainer). The response-length law is
 not published: its median is fitted on ONE published number, the 128-GPU colocated sync's `gen` time
 (`fit` redoes it); the 32- and 16-GPU gen times are then predictions, printed beside the published ones.
-AReaL's 2.77x is listed with its source; the setup behind it was not found, so it is not simulated.
+AReaL's 2.77x is listed with its setup (AReaL's v0.3 blog, table 2: R1-Distill-Qwen-1.5B on 16 nodes, 1000
+PPO steps, synchronous 41.0 h vs asynchronous 14.8 h), not simulated: that table gives no batch size,
+response lengths or rollout:train split, and none is made up for it.
 
 CPU validation: runtime/sim/scenarios/cpu-time-to-reward.yaml is benchmarks/time_to_reward.py's setup
 (engine on one core, trainer on the other), calibrated by benchmarks/simulator_cpu_calibration.py. Its
@@ -51,7 +53,8 @@ VERL_FULLY_ASYNC = ("https://verl.readthedocs.io/en/latest/advance/fully_async.h
                     "(verl-project/verl docs/advance/fully_async.md)")
 VERL_ONE_STEP_OFF = ("https://verl.readthedocs.io/en/latest/advance/one_step_off.html "
                      "(verl-project/verl docs/advance/one_step_off.md)")
-AREAL = "https://arxiv.org/abs/2505.24298 (abstract, v4)"
+AREAL = ("inclusionAI/AReaL blog/AReaL_v0_3.md, table 2 'End-to-end comparison between asynchronous AReaL and "
+         "synchronous AReaL' (the 2.77x of arXiv 2505.24298's abstract); 8 H800 per node: blog/AReaL_v0_1.md")
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class Published:
 
     setup: str
     system: str
-    scenario: str | None  # runtime/sim/scenarios/<name>.yaml; None: the setup was not found, not simulated
+    scenario: str | None  # runtime/sim/scenarios/<name>.yaml; None: not simulated (the source lacks its inputs)
     speedup: float  # end to end, as the source states it
     speedup_note: str
     source: str
@@ -87,10 +90,11 @@ PUBLISHED = (
               "verl-one-step-off-h20-16", 1.24,
               "total time, FSDP2: 19h18m vs 15h34m (the doc says +23 %); Megatron 18h21m vs 13h06m = 1.40x",
               f"{VERL_ONE_STEP_OFF}, table 'Experimental Results'", 749.0, 321.0, 520.0),
-    Published("not found: the model, GPU count and lengths behind the headline figure", "AReaL",
-              None, 2.77, "'up to 2.77x training speedup compared to synchronous systems with the same number "
-              "of GPUs'; which model and GPU count gives 2.77x was not found in the sources searched, so no "
-              "setup is simulated for it", AREAL),
+    # 41.0 h and 14.8 h over 1000 steps: 147.6 and 53.28 s per step (the published time per step).
+    Published("R1-Distill-Qwen-1.5B, 16 nodes x 8 H800: synchronous vs asynchronous AReaL", "AReaL",
+              None, 2.77, "1000 PPO steps, 41.0 h vs 14.8 h (AIME24 42.0 vs 42.2); 7B on 24 nodes 57.7 h vs 25.4 h = "
+              "2.27x. Not simulated: the table gives no batch size, response lengths or rollout:train split",
+              AREAL, sync_step_s=147.6, async_step_s=53.28),
 )
 FIT_SCENARIO, FIT_TARGET_GEN_S = "verl-fully-async-h20-128", 177.85
 
@@ -230,7 +234,8 @@ def print_tables(result: dict[str, Any]) -> None:
         table.add_column(col, justify="left" if col in ("system", "setup") else "right")
     for row in result["published_setups"]:
         if row.get("predicted_speedup") is None:
-            table.add_row(row["system"], row["setup"], f"{row['speedup']:.2f}x", "—", "not simulated", "", "", "", "", "")
+            per_step = f"{row['published_step_ratio']:.2f}x" if row.get("published_step_ratio") else "—"
+            table.add_row(row["system"], row["setup"], f"{row['speedup']:.2f}x", per_step, "not simulated", "", "", "", "", "")
             continue
         table.add_row(
             row["system"], row["setup"], f"{row['speedup']:.2f}x", f"{row['published_step_ratio']:.2f}x",
@@ -270,7 +275,7 @@ def plot(path: Path, result: dict[str, Any]) -> None:
     fig, (ax_pub, ax_cpu) = plt.subplots(1, 2, figsize=(13, 4.6))
     rows = result["published_setups"]
     labels = [f"{r['system'].replace('_policy', '')}\n{r['parameters']['gpus']} {r['parameters']['gpu'].upper()}"
-              if r["scenario"] else f"{r['system']}\nsetup not found" for r in rows]
+              if r["scenario"] else f"{r['system']}\nnot simulated" for r in rows]
     x = range(len(rows))
     ax_pub.bar([i - 0.2 for i in x], [r["speedup"] for r in rows], 0.4, label="published (end to end)", color="#999999")
     ax_pub.bar([i + 0.2 for i in x], [r.get("predicted_speedup") or 0 for r in rows], 0.4,
@@ -331,7 +336,7 @@ def main() -> None:
     rows = []
     for pub in PUBLISHED:
         if pub.scenario is None:
-            rows.append({**asdict(pub), "published_step_ratio": None, "predicted_speedup": None})
+            rows.append({**asdict(pub), "published_step_ratio": pub.step_ratio, "predicted_speedup": None})
             continue
         console.log(f"simulating {pub.scenario}")
         rows.append(published_setup(pub, seeds, args.steps))

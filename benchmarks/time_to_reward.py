@@ -28,8 +28,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -245,6 +247,28 @@ def time_to(curve: list[dict[str, float]], target: float) -> float | None:
     return curve[0]["wall_s"] if curve and curve[0]["reward"] >= target else None
 
 
+def reward_at_equal_steps(by: dict[str, list[dict]]) -> dict[str, Any]:
+    """Each strategy's held-out reward against sync's at the same steps, per evaluation step every run has:
+    the gap of the seed means and two standard errors of that gap (Welch, from the per-seed rewards: the
+    seed-to-seed spread). `within_spread` counts the steps whose gap lies inside it."""
+    sync = by.get("sync", [])
+    out: dict[str, Any] = {}
+    for name, runs in by.items():
+        if name == "sync" or len(runs) < 2 or len(sync) < 2:
+            continue
+        steps = sorted(set.intersection(*({p["step"] for p in r["eval"]} for r in runs + sync)))
+        rows = []
+        for step in steps:
+            mine = [next(p["reward"] for p in r["eval"] if p["step"] == step) for r in runs]
+            theirs = [next(p["reward"] for p in r["eval"] if p["step"] == step) for r in sync]
+            gap = statistics.fmean(mine) - statistics.fmean(theirs)
+            two_se = 2 * math.sqrt(statistics.variance(mine) / len(mine) + statistics.variance(theirs) / len(theirs))
+            rows.append({"step": step, "gap": gap, "two_standard_errors": two_se, "within": abs(gap) <= two_se})
+        out[name] = {"within_spread": sum(r["within"] for r in rows), "steps": len(rows),
+                     "largest_gap": max((r["gap"] for r in rows), key=abs, default=None), "per_step": rows}
+    return out
+
+
 def overlap_bound(sync_runs: list[dict]) -> float | None:
     """The busier side's share of sync's wall time (seed mean): a perfect overlap of sync's engine and trainer
     work still takes that long, so it bounds what async-APRIL can gain by overlap alone."""
@@ -295,6 +319,8 @@ def summarize(args: argparse.Namespace, runs: list[dict], cores: tuple[int, int]
         "wall_over_sync_same_steps": {s: sum(r["wall_s"] for r in rs) / sum(r["wall_s"] for r in by["sync"])
                                       for s, rs in by.items() if rs and by["sync"]},
         "final_heldout_reward_per_seed": final,
+        # The issue's second goal: reward at equal steps within the seed-to-seed spread (reward_at_equal_steps).
+        "reward_at_equal_steps": reward_at_equal_steps(by),
         "mean_wall_s": {s: sum(r["wall_s"] for r in rs) / len(rs) for s, rs in by.items() if rs},
         # The trainer's own seconds per step (its busy time): the rollout benchmark's async overlap window.
         "train_step_seconds": {s: sum((1 - r["trainer_idle_share"]) * r["wall_s"] / r["steps"] for r in rs) / len(rs)

@@ -96,3 +96,22 @@ def test_async_ahead_sets_the_bound_on_the_runners_strategy_and_sums_a_runs_wast
     # 40 of 400 generated tokens thrown away; 400 generated for 400 trained.
     assert row["thrown_away_share"] == pytest.approx(0.1) and row["generated_over_trained"] == pytest.approx(1.0)
     assert (row["heldout_start"], row["heldout_end"], row["seed"]) == (0.5, 0.6, 2)
+
+
+def test_reward_at_equal_steps_is_judged_against_the_seed_to_seed_spread(script) -> None:  # type: ignore[no-untyped-def]
+    compare = script("time_to_reward").reward_at_equal_steps
+
+    def run(rewards: dict[int, float]) -> dict:
+        return {"eval": [{"step": step, "reward": r} for step, r in rewards.items()]}
+
+    # Step 10: sync 0.50, 0.52, 0.54 (variance 0.0004), async 0.49, 0.51, 0.53 (0.0004): gap -0.01, two
+    # standard errors 2 * sqrt(0.0004/3 + 0.0004/3) = 0.0327: within. Step 20: async 0.1 lower everywhere.
+    by = {"sync": [run({10: 0.50, 20: 0.60}), run({10: 0.52, 20: 0.62}), run({10: 0.54, 20: 0.64})],
+          "async": [run({10: 0.49, 20: 0.50}), run({10: 0.51, 20: 0.52}), run({10: 0.53, 20: 0.54})]}
+    out = compare(by)["async"]
+    first, second = out["per_step"]
+    assert first["gap"] == pytest.approx(-0.01) and first["two_standard_errors"] == pytest.approx(
+        2 * math.sqrt(0.0008 / 3)) and first["within"]
+    assert second["gap"] == pytest.approx(-0.10) and not second["within"]
+    assert (out["within_spread"], out["steps"]) == (1, 2) and out["largest_gap"] == pytest.approx(-0.10)
+    assert compare({"sync": by["sync"][:1], "async": by["async"][:1]}) == {}  # one seed has no spread

@@ -160,7 +160,8 @@ def _length_plot(path: Path, history: RunHistory) -> None:
         ax.hist(late, bins=bins, alpha=0.5, label=f"last {third} steps")
     ax.set_xlabel("response length (tokens)")
     ax.set_ylabel("samples")
-    ax.legend(fontsize=8)
+    if early or late:  # a run recorded without lengths draws empty axes, with no legend to show
+        ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

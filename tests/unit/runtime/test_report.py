@@ -12,6 +12,9 @@ import pytest
 from rljob.runtime.report import history_of, read_history, reward_gain, truncation_verdict, write_report
 from rljob.runtime.step_record import RoundPart, StepRecord, TrainPart
 
+# A plot that draws a legend with nothing in it (a run recorded without a signal) is a defect, not noise.
+pytestmark = pytest.mark.filterwarnings("error::UserWarning")
+
 STEPS = 30
 SAMPLES = 8
 

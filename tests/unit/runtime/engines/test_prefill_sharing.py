@@ -211,7 +211,7 @@ async def test_a_weight_update_drops_interrupted_rows_unless_told_to_keep_them()
     ids = torch.tensor([resumed_ids])
     with torch.no_grad():
         old = build_tiny_model(0).double()(ids[:, :-1], use_cache=True)
-        logits = new_model(ids[:, -1:], past_key_values=old.past_key_values, use_cache=True).logits[0, -1]
+        logits = new_model(ids[:, -1:], cache=old.cache, use_cache=True).logits[0, -1]  # as the engine calls it
     logprobs = torch.log_softmax(logits, dim=-1)
     token = int(logits.argmax())
     assert resumed.output_ids == [token]

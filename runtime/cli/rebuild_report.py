@@ -54,7 +54,7 @@ def report_command(args: argparse.Namespace) -> int:
 def add_parser(sub: Subparsers) -> None:
     """The `report` command: rebuild a run's plots."""
     report = sub.add_parser("report", help="rebuild a run's plots and summary from its metrics.jsonl",
-                            description="Rebuild RUN_DIR/report (plots, summary.json, summary.md) from "
+                            description="Rebuild RUN_DIR/report (plots, summary.json, README.md) from "
                             "RUN_DIR/metrics.jsonl and eval.jsonl, e.g. after a crash or while a run goes on.")
     report.add_argument("run_dir", help="the folder `rljob run` wrote (its --output, default runs/<job name>)")
     default = TruncationBand()

@@ -1,5 +1,6 @@
 """Local runs: --fresh never resumes (or prunes for) another run's checkpoints, the default checkpoint
-folder is per job, and `rljob report` rebuilds a run's plots from its metrics.jsonl."""
+folder is per job, `rljob report` rebuilds a run's plots from its metrics.jsonl (its truncation verdict
+against the job's band), and the quickstart file trains with the async strategy."""
 
 from __future__ import annotations
 

@@ -360,7 +360,10 @@ def apply_example(kube_cluster: KubeCluster, namespace: str, example: Path, prov
     doc["spec"]["trainer"]["nodeSelector"] = {**doc["spec"]["trainer"].get("nodeSelector", {}), **TRAINER_NODE_SELECTOR}
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"{namespace}-{example.name}"
     path.write_text(yaml.safe_dump(doc))
-    kube_cluster.kubectl("apply", "-n", namespace, "-f", str(path))
+    try:
+        kube_cluster.kubectl("apply", "-n", namespace, "-f", str(path))
+    finally:
+        path.unlink()  # every run used to leave one file per example behind in /tmp
     return str(doc["metadata"]["name"])
 
 

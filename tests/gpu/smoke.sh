@@ -63,4 +63,7 @@ if ((${#missing[@]})); then
 fi
 
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
-exec timeout --kill-after=10 "${RLJOB_SMOKE_TIMEOUT:-480}" "$PYTHON" tests/gpu/smoke.py "$@"
+# Not `exec`: the shell must live on for its EXIT trap to remove $NS (an exec left one folder per run in /tmp).
+status=0
+timeout --kill-after=10 "${RLJOB_SMOKE_TIMEOUT:-480}" "$PYTHON" tests/gpu/smoke.py "$@" || status=$?
+exit "$status"

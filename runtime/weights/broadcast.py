@@ -230,7 +230,7 @@ class DistributedTransport(WeightTransport):
         """Whether bucket k+1's call may go before bucket k's replies have come: over gloo, when rank 0
         sends to each member itself (group_layout.py). Rank 0's broadcast completing then shows that every
         member is inside bucket k's update, so bucket k+1's call queues behind it at the member (SGLang
-        runs one update at a time, in arrival order) and is built and sent while the members copy bucket
+        runs one update at a time, in arrival order) and is built and sent while the members load bucket
         k into their models. Otherwise (a member reached through another, or NCCL, whose root may finish
         a small broadcast before a member has started receiving) each bucket's replies come first."""
         return self.options.backend == "gloo" and self._layout is not None and self._layout.rank0_reaches_every_worker()

@@ -222,6 +222,10 @@ class EmbeddedEngine(Engine):
         self._max_context_len = max_context_len
         self._detokenize = detokenize  # needed for stop strings only
         self._model: PreTrainedModel | None = None
+        # Every parameter and persistent buffer by state-dict name, built at the first load: loads replace
+        # a parameter's data or copy into it, never the object, so the map stays right; building it per
+        # bucket (state_dict walks every module) cost as much as installing a bucket.
+        self._targets: dict[str, torch.Tensor] | None = None
         self._generator: torch.Generator | None = None
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
@@ -475,7 +479,9 @@ class EmbeddedEngine(Engine):
         4B ties them). A ``whole`` state must name every target, and may lack or add the tied pair (a
         checkpoint of a tied model may hold one of the two names); a bucket is a part of the model.
         """
-        targets = self.model.state_dict(keep_vars=True)
+        if self._targets is None:
+            self._targets = self.model.state_dict(keep_vars=True)  # raises before start()
+        targets = self._targets
         # Cached prefills were computed under the old weights: a first token sampled from them would be
         # stamped with the new version (SGLang flushes its radix cache on every weight update too).
         if flush_cache:

@@ -26,7 +26,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +105,20 @@ def flatten(bucket: Bucket, dtype: torch.dtype | None, device: torch.device,
     for (_, tensor), wire_dtype, start, end in zip(bucket, wire, offsets, offsets[1:], strict=False):
         buffer[start:end].view(wire_dtype).view(tensor.shape).copy_(tensor.detach())
     return buffer, scratch
+
+
+@dataclass
+class _Prepared:
+    """One bucket as rank 0 sends it: the call's lists, the payload, and the scratch buffer it used."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    nbytes: int
+    payload: list[torch.Tensor]
+    load_format: str | None
+    scratch: torch.Tensor | None
+    last: bool
 
 
 def departed_members(members: Sequence[str], known: set[str]) -> list[str]:
@@ -291,53 +305,62 @@ class DistributedTransport(WeightTransport):
         report.seconds = time.perf_counter() - started
         return report
 
+    def _prepare(self, buckets: Iterator[tuple[Bucket, bool]], scratch: torch.Tensor | None) -> _Prepared | None:
+        """Pull the next bucket (with a sharded trainer, pulling it runs the gathers) and build what rank
+        0 broadcasts for it, flattened into ``scratch`` where it does not lie flat; None after the last."""
+        item = next(buckets, None)
+        if item is None:
+            return None
+        bucket, last = item
+        nbytes = wire_bytes(bucket, self._wire)
+        if scratch is not None and scratch.numel() < nbytes:
+            scratch = None  # too small for this bucket: let it go before a larger one is allocated
+        payload, load_format, scratch = self._payload(bucket, scratch)
+        return _Prepared(names=[n for n, _ in bucket], dtypes=[dtype_name(wire_dtype_of(t, self._wire)) for _, t in bucket],
+                         shapes=[list(t.shape) for _, t in bucket], nbytes=nbytes, payload=payload,
+                         load_format=load_format, scratch=scratch, last=last)
+
     async def _push(self, version: int, weights: WeightSource, members: list[str],
                     report: SyncReport) -> dict[str, str | None]:
         replies: dict[str, str | None] = dict.fromkeys(members)
         await self._all(members, *_post(pause_generation_call()))
-        wire = self._wire
         # Gathered in the wire dtype where the source gathers (half the bytes of fp32 masters for bf16
         # engines); made in a thread, since making a sharded trainer's source is a collective.
-        buckets = with_last(await asyncio.to_thread(weights, wire))
-        # Each bucket is pulled in a thread (with a sharded trainer, pulling it runs the gathers), the
-        # next one while this one is broadcast (see below), so the gathers overlap the broadcasts and
-        # the workers' copies instead of adding to them.
-        ahead = asyncio.create_task(asyncio.to_thread(next, buckets, None))
-        scratch: torch.Tensor | None = None  # the buffer buckets are flattened into, reused through the sync
+        buckets = with_last(await asyncio.to_thread(weights, self._wire))
+        # Each bucket is pulled and its payload built in a thread (with a sharded trainer, pulling it
+        # runs the gathers; a trainer that holds the model flattens it), the next one while this one is
+        # broadcast (see below), so the gathers and copies overlap the broadcasts and the workers' loads
+        # instead of adding to them. Buckets are flattened into two scratch buffers in turn: the one
+        # being broadcast and the one being filled (each grows to the largest bucket it takes).
+        scratches: list[torch.Tensor | None] = [None, None]
+        ahead = asyncio.create_task(asyncio.to_thread(self._prepare, buckets, scratches[0]))
         ahead_of_replies = self._ahead_of_replies()
         unanswered: asyncio.Task[dict[str, str | None]] | None = None  # the previous bucket's replies
         posts: asyncio.Task[dict[str, str | None]] | None = None
         sent: asyncio.Task[None] | None = None
         try:
-            while (item := await ahead) is not None:
-                bucket, last = item
-                names, shapes = [n for n, _ in bucket], [list(t.shape) for _, t in bucket]
-                dtypes = [dtype_name(wire_dtype_of(t, wire)) for _, t in bucket]
-                nbytes = wire_bytes(bucket, wire)
-                if scratch is not None and scratch.numel() < nbytes:
-                    scratch = None  # too small for this bucket: let it go before a larger one is allocated
-                # The bucket goes once its payload is built (its own buffer when it lies flat, else a flat
-                # copy or casts); the previous bucket's broadcast has completed, so its buffer is free.
-                payload, load_format, scratch = await asyncio.to_thread(self._payload, bucket, scratch)
-                del bucket, item
-                if last and unanswered is not None:
+            for turn in itertools.count():
+                if (prepared := await ahead) is None:
+                    break
+                scratches[turn % 2] = prepared.scratch
+                if prepared.last and unanswered is not None:
                     # The version comes with the last bucket: only to members that took every one before.
                     self._answered(await unanswered, replies)
                     unanswered = None
                 call = update_weights_from_distributed_call(
-                    names, dtypes, shapes, self._group.group_name if self._group else "",
-                    version if last else None, self.options.flush_cache, load_format)
+                    prepared.names, prepared.dtypes, prepared.shapes, self._group.group_name if self._group else "",
+                    version if prepared.last else None, self.options.flush_cache, prepared.load_format)
                 posts = asyncio.create_task(self._all(members, *_post(call)))
-                sent = asyncio.create_task(asyncio.to_thread(self._broadcast, payload))
+                sent = asyncio.create_task(asyncio.to_thread(self._broadcast, prepared.payload))
                 try:
                     if unanswered is not None:
                         self._answered(await unanswered, replies)
                         unanswered = None
                 finally:
-                    # The next bucket is pulled (with a sharded trainer: gathered) while this one is
-                    # broadcast, and only once the previous one is answered, by when gloo has let go of
-                    # its buffer: rank 0 holds two buckets at most.
-                    ahead = asyncio.create_task(asyncio.to_thread(next, buckets, None))
+                    # The next bucket is pulled (with a sharded trainer: gathered) and built into the other
+                    # scratch buffer while this one is broadcast, and only once the previous one is
+                    # answered, by when gloo has let go of its buffer: rank 0 holds two buckets at most.
+                    ahead = asyncio.create_task(asyncio.to_thread(self._prepare, buckets, scratches[(turn + 1) % 2]))
                 try:
                     await sent
                 except Exception as exc:
@@ -346,9 +369,9 @@ class DistributedTransport(WeightTransport):
                 if not ahead_of_replies:
                     self._answered(await unanswered, replies)
                     unanswered = None
-                report.bytes_sent += nbytes
-                report.broadcasts += len(payload)
-                del payload
+                report.bytes_sent += prepared.nbytes
+                report.broadcasts += len(prepared.payload)
+                del prepared
             if unanswered is not None:
                 self._answered(await unanswered, replies)
         except RuntimeError as exc:

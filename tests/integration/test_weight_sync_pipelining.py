@@ -3,14 +3,16 @@ at the worker: SGLang runs one update at a time, in arrival order), but the last
 version, goes only after every earlier bucket was answered.
 
 One in-process SGLang-protocol server (the CPU stand-in, real HTTP on loopback, real gloo group) whose
-engine is instrumented at the point where it copies a bucket into its model.
+engine is instrumented at the point where it copies a bucket into its model; rank 0's side, where it
+builds and sends each bucket's payload.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from rljob.runtime.engines.base import EngineError
 from rljob.runtime.engines.embedded import EmbeddedEngine
 from rljob.runtime.engines.server import ServerOptions, SGLangProtocolServer
 from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
-from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport
+from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport, _Prepared
 from rljob.runtime.weights.buckets import Bucket, module_buckets
 from rljob.runtime.weights.transport import SyncReport
 from tests.helpers.tiny_model import save_tiny_model
@@ -162,3 +164,60 @@ async def test_a_worker_that_rank_0_does_not_send_to_gets_each_call_after_the_pr
             assert not any(engine.queued), engine.queued
             state = engine.model.state_dict()
             assert all(torch.equal(state[n], p) for n, p in trainer.named_parameters())
+
+
+class WatchedTransport(DistributedTransport):
+    """Notes each payload rank 0 builds and sends; the first broadcast waits until the next bucket's
+    payload is built (were it built only after the broadcast, that would never happen)."""
+
+    def __init__(self, client: SGLangEngine) -> None:
+        super().__init__([client], DistributedOptions(master_address="127.0.0.1", backend="gloo", timeout_s=30))
+        self.built: list[int] = []  # data_ptr of each bucket's flat payload, in build order
+        self.sent: list[int] = []
+        self.second_built = threading.Event()
+
+    def _prepare(self, buckets: Iterator[tuple[Bucket, bool]], scratch: torch.Tensor | None) -> _Prepared | None:
+        prepared = super()._prepare(buckets, scratch)
+        if prepared is not None:
+            self.built.append(prepared.payload[0].data_ptr())
+            if len(self.built) == 2:
+                self.second_built.set()
+        return prepared
+
+    def _broadcast(self, payload: list[torch.Tensor]) -> None:
+        self.sent.append(payload[0].data_ptr())
+        if len(self.sent) == 1:
+            assert self.second_built.wait(30), "bucket 2 was not built while bucket 1 was broadcast"
+        super()._broadcast(payload)
+
+
+async def test_the_next_bucket_is_flattened_into_the_other_buffer_while_this_one_is_broadcast(
+        served: tuple[Path, WatchedEngine, SGLangEngine]) -> None:
+    model_dir, engine, client = served
+    trainer = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.add_(0.25)
+    # Four buckets of 64 KB, each of several tensors (a lone tensor is sent from its own storage, with no
+    # copy), then the rest: the scratch buffers fit every bucket they take.
+    named = dict(trainer.named_parameters())
+    layer = "model.layers.{}.{}.weight".format
+    groups = [[layer(0, "mlp.gate_proj"), layer(0, "mlp.up_proj")], [layer(1, "mlp.gate_proj"), layer(1, "mlp.up_proj")],
+              [layer(0, "mlp.down_proj"), layer(1, "mlp.down_proj")],
+              [layer(i, f"self_attn.{p}") for i in (0, 1) for p in ("q_proj", "o_proj")]]
+    taken = {n for g in groups for n in g}
+    buckets: list[Bucket] = [[(n, named[n]) for n in g] for g in groups]
+    buckets.append([(n, p) for n, p in named.items() if n not in taken])
+    assert {sum(t.numel() * t.element_size() for _, t in b) for b in buckets[:4]} == {64 * 1024}
+    transport = WatchedTransport(client)
+    try:
+        report = await transport.sync(1, lambda _dtype: iter(buckets))
+    finally:
+        await transport.close()
+    assert report.ok and not report.failed, report
+    assert transport.sent == transport.built and len(transport.built) == len(buckets)
+    # Two buffers in turn: each bucket's differs from the one broadcast beside it and is the one before that.
+    assert all(a != b for a, b in zip(transport.built, transport.built[1:], strict=False)), transport.built
+    assert transport.built[2:4] == transport.built[0:2], transport.built
+    state = engine.model.state_dict()
+    assert all(torch.equal(state[n], p) for n, p in trainer.named_parameters())

@@ -40,8 +40,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -57,6 +59,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.helpers: the worker launcher, the rank spawner, the RSS sampler
 
+from cpu_time import cpu_seconds  # noqa: E402  # benchmarks/cpu_time.py
 from machine_info import describe, load_average  # noqa: E402  # benchmarks/machine_info.py
 from tests.helpers.processes import start_workers, stop  # noqa: E402
 from tests.helpers.ranks import run_ranks  # noqa: E402
@@ -113,10 +116,11 @@ def tensor_sizes(config: dict[str, int], bucket: int, case: Case) -> list[list[i
     return [[wire_bytes([named], case.wire) for named in b] for b in module_buckets(model, bucket, case.plan_dtype)]
 
 
-def floor_seconds(sizes: list[list[int]], rank: int, per_tensor: bool) -> float:
+def floor_seconds(sizes: list[list[int]], per_tensor: bool, pids: list[int]) -> tuple[float, float]:
     """One pass of raw gloo broadcasts from rank 0 on the default group (both ranks call it) of the bytes
     of `sizes`: one broadcast per bucket (the floor), or one per tensor, a bucket's posted together and
-    then waited on, as SGLang 0.5.5.post3's /update_weights_from_distributed receives them."""
+    then waited on, as SGLang 0.5.5.post3's /update_weights_from_distributed receives them. Returns the
+    wall seconds and the CPU seconds of the processes `pids` (the two ranks) over the pass."""
     import torch.distributed as dist
 
     # Every buffer made and written before the clock starts, on both sides: the floor is the broadcasts
@@ -124,11 +128,12 @@ def floor_seconds(sizes: list[list[int]], rank: int, per_tensor: bool) -> float:
     pieces = [[torch.ones(n, dtype=torch.uint8) for n in bucket] if per_tensor else [torch.ones(sum(bucket),
               dtype=torch.uint8)] for bucket in sizes]
     dist.barrier()
+    cpu = cpu_seconds(pids)
     started = time.perf_counter()
     for tensors in pieces:
         for work in [dist.broadcast(t, 0, async_op=True) for t in tensors]:
             work.wait()
-    return time.perf_counter() - started
+    return time.perf_counter() - started, cpu_seconds(pids) - cpu
 
 
 def gather_seconds(backend: Any, bucket: int, dtype: torch.dtype | None) -> float:
@@ -143,7 +148,7 @@ def gather_seconds(backend: Any, bucket: int, dtype: torch.dtype | None) -> floa
 
 
 async def rank0_syncs(backend: Any, distributed: Any, url: str, bucket: int, syncs: int,
-                      case: Case) -> list[dict[str, Any]]:
+                      case: Case, processes: dict[str, int]) -> list[dict[str, Any]]:
     from rljob.runtime.engines.sglang_client import SGLangClientConfig, SGLangEngine
     from rljob.runtime.ranks import GatheredWeights, OrderSender
     from rljob.runtime.weights.broadcast import DistributedOptions, DistributedTransport
@@ -171,22 +176,30 @@ async def rank0_syncs(backend: Any, distributed: Any, url: str, bucket: int, syn
                 heap_malloc()
             gathered.calls = 0  # rank 1 joins every pass without an order (it knows the count)
             gc.collect()
-            with PeakRss() as peak:
+            # RSS is sampled in the first phase only: the sampling thread would take CPU and the GIL
+            # from the timed syncs.
+            peak = PeakRss() if version <= syncs + 1 else None
+            cpu = {name: cpu_seconds([pid]) for name, pid in processes.items()}
+            with peak or contextlib.nullcontext():
                 report = await transport.sync(version, lambda dtype: source(dtype if case.gather_in_wire else None))
+            cpu = {name: cpu_seconds([pid]) - cpu[name] for name, pid in processes.items()}
             if report.failed or not report.updated:
                 raise SystemExit(f"sync {version} failed: {report.failed}")
             if version not in (1, syncs + 2):
-                rows.append({"phase": "rss" if version <= syncs + 1 else "seconds", "seconds": report.seconds,
-                             "bytes": report.bytes_sent, "peak_extra_rss": peak.extra,
-                             "broadcasts": report.broadcasts})
+                rows.append({"phase": "rss" if peak else "seconds", "seconds": report.seconds,
+                             "bytes": report.bytes_sent, "peak_extra_rss": peak.extra if peak else None,
+                             "broadcasts": report.broadcasts, "cpu_seconds": cpu})
     finally:
         await transport.close()
         await engine.close()
     return rows
 
 
-def bench_rank(rank: int, config: dict[str, int], url: str, bucket: int, syncs: int, out: Path, case: Case) -> None:
+def bench_rank(rank: int, config: dict[str, int], url: str, bucket: int, syncs: int, out: Path, case: Case,
+               worker_pid: int) -> None:
     """One trainer rank of one model size (spawned by run_ranks); rank 0 writes out/result.json."""
+    import torch.distributed as dist
+
     from rljob.runtime.training.distributed import DistEnv, Distributed
     from rljob.runtime.training.fsdp import FSDP2Backend
     from tests.helpers.rss import exact_malloc
@@ -198,19 +211,24 @@ def bench_rank(rank: int, config: dict[str, int], url: str, bucket: int, syncs: 
     distributed = Distributed(env, "cpu")
     backend = FSDP2Backend(build_tiny_model(seed=0, **config), 1e-3, 0.0, distributed)
     sizes = tensor_sizes(config, bucket, case)
+    ranks: list[int | None] = [None, None]
+    dist.all_gather_object(ranks, os.getpid())
+    pids = [int(pid) for pid in ranks if pid is not None]
     if rank == 0:
-        rows = asyncio.run(rank0_syncs(backend, distributed, url, bucket, syncs, case))
+        processes = {"trainer rank 0": pids[0], "trainer rank 1": pids[1], "worker": worker_pid}
+        rows = asyncio.run(rank0_syncs(backend, distributed, url, bucket, syncs, case, processes))
     elif case.source == "fsdp":
         for _ in range(2 * syncs + 2):
             for _ in backend.iter_full_weights(bucket):
                 pass
-    floor_seconds(sizes, rank, per_tensor=True)  # warm-up
-    floors = [floor_seconds(sizes, rank, per_tensor=False) for _ in range(syncs)]
-    tensor_floors = [floor_seconds(sizes, rank, per_tensor=True) for _ in range(syncs)]
+    floor_seconds(sizes, True, pids)  # warm-up
+    floors = [floor_seconds(sizes, False, pids) for _ in range(syncs)]
+    tensor_floors = [floor_seconds(sizes, True, pids)[0] for _ in range(syncs)]
     gathers = [gather_seconds(backend, bucket, case.plan_dtype if rank == 0 else None)
                for _ in range(syncs if case.source == "fsdp" else 0)]
     if rank == 0:
-        (out / "result.json").write_text(json.dumps({"syncs": rows, "floor_seconds": floors,
+        (out / "result.json").write_text(json.dumps({"syncs": rows, "floor_seconds": [f for f, _ in floors],
+                                                     "floor_cpu_seconds": [c for _, c in floors],
                                                      "tensor_floor_seconds": tensor_floors,
                                                      "gather_seconds": gathers, "floor_bytes": sum(map(sum, sizes)),
                                                      "buckets": len(sizes)}))
@@ -230,7 +248,7 @@ def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]
     try:
         (url,) = start_workers(path, work, 1, procs, prefix=f"{out.name}-w", max_batch_size=2, timeout=300,
                                extra_args=("--dtype", case.served, "--sglang-version", case.release))
-        run_ranks(bench_rank, 2, config, url, bucket, args.syncs, out, case)
+        run_ranks(bench_rank, 2, config, url, bucket, args.syncs, out, case, procs[0].pid)
     finally:
         stop(procs)
     raw = json.loads((out / "result.json").read_text())
@@ -243,6 +261,10 @@ def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]
     tensor_floor = statistics.median(raw["tensor_floor_seconds"])
     gather = statistics.median(raw["gather_seconds"]) if raw["gather_seconds"] else None
     median = statistics.median(s["seconds"] for s in syncs)
+    cores = os.cpu_count() or 1
+    sync_cpu = {name: statistics.median(s["cpu_seconds"][name] for s in syncs) for name in syncs[0]["cpu_seconds"]}
+    sync_cpu_total = statistics.median(sum(s["cpu_seconds"].values()) for s in syncs)
+    floor_cpu = statistics.median(raw["floor_cpu_seconds"])
     peak = max(s["peak_extra_rss"] for s in rss_syncs)
     return {
         "model": case.name, "size": case.size, "parameters": sum(p.numel() for p in model.parameters()),
@@ -258,6 +280,10 @@ def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]
         "gather_median_seconds": round(gather, 4) if gather else None,
         "gather_seconds_per_gb": round(gather / gb, 2) if gather else None,
         "over_floor": round(median / floor, 2), "gather_over_floor": round(gather / floor, 2) if gather else None,
+        "sync_cpu_seconds": {name: round(v, 4) for name, v in sync_cpu.items()},
+        "sync_cpu_seconds_total": round(sync_cpu_total, 4), "floor_cpu_seconds": round(floor_cpu, 4),
+        "floor_cores_busy": round(floor_cpu / floor, 2), "sync_cores_busy": round(sync_cpu_total / median, 2),
+        "cpu_bound_over_floor": round(sync_cpu_total / cores / floor, 2),
         "tensor_floor_median_seconds": round(tensor_floor, 4), "tensor_floor_over_floor": round(tensor_floor / floor, 2),
         "over_tensor_floor": round(median / tensor_floor, 2),
         "peak_extra_rss": peak, "peak_extra_rss_megabytes": round(peak / 2**20, 2),
@@ -269,6 +295,8 @@ def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]
         "all_floor_seconds": [round(s, 4) for s in raw["floor_seconds"]],
         "all_tensor_floor_seconds": [round(s, 4) for s in raw["tensor_floor_seconds"]],
         "all_gather_seconds": [round(s, 4) for s in raw["gather_seconds"]],
+        "all_sync_cpu_seconds_total": [round(sum(s["cpu_seconds"].values()), 4) for s in syncs],
+        "all_floor_cpu_seconds": [round(c, 4) for c in raw["floor_cpu_seconds"]],
     }
 
 
@@ -286,6 +314,8 @@ def main() -> None:
         "peak_rss_within_buckets": max(r["peak_rss_buckets"] for r in current),
         "worst_over_floor": max(r["over_floor"] for r in current),
         "worst_over_tensor_floor": max(r["over_tensor_floor"] for r in current),
+        "worst_cpu_bound_over_floor": max(r["cpu_bound_over_floor"] for r in current),
+        "cores": os.cpu_count(),
         "worst_over_floor_by": {f"{case.served}, {case.release}": max(
             r["over_floor"] for r, c in zip(runs, CASES, strict=True)
             if c.gather_in_wire and (c.served, c.release) == (case.served, case.release))
@@ -297,7 +327,7 @@ def main() -> None:
     }
     table = Table(title="streamed weight sync, 2 FSDP2 ranks -> 1 SGLang-protocol worker (medians)")
     for col in ("model", "MB on the wire", "buckets", "sync s", "s/GB", "floor s/GB", "gather s/GB", "x floor",
-                "per-tensor floor, x floor", "x per-tensor floor",
+                "per-tensor floor, x floor", "x per-tensor floor", "CPU s per sync", "CPU-bound, x floor",
                 "peak extra RSS MB", "in buckets"):
         table.add_column(col)
     for r in runs:
@@ -305,10 +335,12 @@ def main() -> None:
                       f"{r['seconds_per_gb']:.1f}", f"{r['floor_seconds_per_gb']:.1f}",
                       f"{r['gather_seconds_per_gb']:.1f}" if r["gather_seconds_per_gb"] else "-", f"{r['over_floor']:.2f}",
                       f"{r['tensor_floor_over_floor']:.2f}", f"{r['over_tensor_floor']:.2f}",
+                      f"{r['sync_cpu_seconds_total']:.3f}", f"{r['cpu_bound_over_floor']:.2f}",
                       f"{r['peak_extra_rss_megabytes']:.1f}", f"{r['peak_rss_buckets']:.2f}")
     console.print(table)
     console.print(f"peak_rss_within_buckets {result['peak_rss_within_buckets']}, "
                   f"worst_over_tensor_floor {result['worst_over_tensor_floor']}, "
+                  f"worst_cpu_bound_over_floor {result['worst_cpu_bound_over_floor']}, "
                   f"worst_over_floor {result['worst_over_floor']} (by wire dtype and release: "
                   f"{result['worst_over_floor_by']})")
     console.print(f"machine: {result['machine']}, load {result['load_average_1min_at_end']}")

@@ -109,7 +109,7 @@ def flatten(bucket: Bucket, dtype: torch.dtype | None, device: torch.device,
 
 @dataclass
 class _Prepared:
-    """One bucket as rank 0 sends it: the call's lists, the payload, and the scratch buffer it used."""
+    """One bucket as rank 0 sends it: the call's lists and the payload."""
 
     names: list[str]
     dtypes: list[str]
@@ -117,7 +117,6 @@ class _Prepared:
     nbytes: int
     payload: list[torch.Tensor]
     load_format: str | None
-    scratch: torch.Tensor | None
     last: bool
 
 
@@ -305,20 +304,24 @@ class DistributedTransport(WeightTransport):
         report.seconds = time.perf_counter() - started
         return report
 
-    def _prepare(self, buckets: Iterator[tuple[Bucket, bool]], scratch: torch.Tensor | None) -> _Prepared | None:
+    def _prepare(self, buckets: Iterator[tuple[Bucket, bool]], scratches: list[torch.Tensor | None],
+                 index: int) -> _Prepared | None:
         """Pull the next bucket (with a sharded trainer, pulling it runs the gathers) and build what rank
-        0 broadcasts for it, flattened into ``scratch`` where it does not lie flat; None after the last."""
+        0 broadcasts for it, flattened into ``scratches[index]`` where it does not lie flat (which then
+        holds the buffer the bucket went into); None after the last."""
         item = next(buckets, None)
         if item is None:
             return None
         bucket, last = item
         nbytes = wire_bytes(bucket, self._wire)
+        # Taken out of the list, so that one too small for this bucket is freed before a larger one is made.
+        scratch, scratches[index] = scratches[index], None
         if scratch is not None and scratch.numel() < nbytes:
-            scratch = None  # too small for this bucket: let it go before a larger one is allocated
-        payload, load_format, scratch = self._payload(bucket, scratch)
+            scratch = None
+        payload, load_format, scratches[index] = self._payload(bucket, scratch)
         return _Prepared(names=[n for n, _ in bucket], dtypes=[dtype_name(wire_dtype_of(t, self._wire)) for _, t in bucket],
                          shapes=[list(t.shape) for _, t in bucket], nbytes=nbytes, payload=payload,
-                         load_format=load_format, scratch=scratch, last=last)
+                         load_format=load_format, last=last)
 
     async def _push(self, version: int, weights: WeightSource, members: list[str],
                     report: SyncReport) -> dict[str, str | None]:
@@ -333,7 +336,7 @@ class DistributedTransport(WeightTransport):
         # instead of adding to them. Buckets are flattened into two scratch buffers in turn: the one
         # being broadcast and the one being filled (each grows to the largest bucket it takes).
         scratches: list[torch.Tensor | None] = [None, None]
-        ahead = asyncio.create_task(asyncio.to_thread(self._prepare, buckets, scratches[0]))
+        ahead = asyncio.create_task(asyncio.to_thread(self._prepare, buckets, scratches, 0))
         ahead_of_replies = self._ahead_of_replies()
         unanswered: asyncio.Task[dict[str, str | None]] | None = None  # the previous bucket's replies
         posts: asyncio.Task[dict[str, str | None]] | None = None
@@ -342,7 +345,6 @@ class DistributedTransport(WeightTransport):
             for turn in itertools.count():
                 if (prepared := await ahead) is None:
                     break
-                scratches[turn % 2] = prepared.scratch
                 if prepared.last and unanswered is not None:
                     # The version comes with the last bucket: only to members that took every one before.
                     self._answered(await unanswered, replies)
@@ -360,7 +362,7 @@ class DistributedTransport(WeightTransport):
                     # The next bucket is pulled (with a sharded trainer: gathered) and built into the other
                     # scratch buffer while this one is broadcast, and only once the previous one is
                     # answered, by when gloo has let go of its buffer: rank 0 holds two buckets at most.
-                    ahead = asyncio.create_task(asyncio.to_thread(self._prepare, buckets, scratches[(turn + 1) % 2]))
+                    ahead = asyncio.create_task(asyncio.to_thread(self._prepare, buckets, scratches, (turn + 1) % 2))
                 try:
                     await sent
                 except Exception as exc:

@@ -176,8 +176,9 @@ class WatchedTransport(DistributedTransport):
         self.sent: list[int] = []
         self.second_built = threading.Event()
 
-    def _prepare(self, buckets: Iterator[tuple[Bucket, bool]], scratch: torch.Tensor | None) -> _Prepared | None:
-        prepared = super()._prepare(buckets, scratch)
+    def _prepare(self, buckets: Iterator[tuple[Bucket, bool]], scratches: list[torch.Tensor | None],
+                 index: int) -> _Prepared | None:
+        prepared = super()._prepare(buckets, scratches, index)
         if prepared is not None:
             self.built.append(prepared.payload[0].data_ptr())
             if len(self.built) == 2:

@@ -8,7 +8,9 @@ bucket at a time from the shards while the transport broadcasts it over the weig
 thread samples rank 0's RSS during each sync (glibc told to unmap freed memory: tests/helpers/rss.py) for
 its peak above the RSS before it; then, with glibc reusing its heap as a trainer's allocator does (those
 per-bucket mappings would add page faults to every gathered bucket), each sync is timed end to end
-(pause, every bucket's HTTP call and broadcast, continue, version checks).
+(pause, every bucket's HTTP call and broadcast, continue, version checks), with the CPU seconds each
+process (both ranks, the worker) spent on it: all share the machine's cores, so that work over the
+cores is the least wall time the sync could take here (`cpu_bound_over_floor`).
 
 The floor, on the same run: rank 0 broadcasts the same bytes, bucket by bucket, to rank 1 over the
 trainers' own gloo group (the same world size as the weight-update group: 1 sender, 1 receiver), with no

@@ -11,6 +11,7 @@ Per sync (sglang_protocol.md §8, distributed_training.md):
    while rank 0 broadcasts the tensors (one flattened buffer when every member takes that:
    weight_group.py); the cache is flushed and ``weight_version`` set with the last
    bucket only, so a worker that misses any bucket keeps its old version and leaves the rotation.
+   Rank 0 pulls (gathers) and builds bucket k+1 while bucket k is broadcast.
    Over gloo, where rank 0's broadcast proves every worker has started the bucket, the next bucket's
    call goes without waiting for this one's replies (``_ahead_of_replies``); the last one still waits;
 4. ``/continue_generation``; every worker's served version decides the rotation (SGLangEngine).
@@ -90,9 +91,9 @@ def flatten(bucket: Bucket, dtype: torch.dtype | None, device: torch.device,
 
     A bucket that already lies flat (a sharded trainer gathers each bucket so: training/fsdp.py) is
     its own buffer, with no copy, and leaves ``scratch`` as it is. Otherwise each tensor is cast and
-    moved in one copy into the front of ``scratch`` when that is large enough (a sync flattens every
-    bucket into one buffer, which grows to the largest bucket: no allocation, and no page faults, per
-    bucket), else into a new buffer, which becomes the scratch."""
+    moved in one copy into the front of ``scratch`` when that is large enough (a sync flattens its
+    buckets into two such buffers in turn, each growing to the largest bucket it takes: no allocation,
+    and no page faults, per bucket), else into a new buffer, which becomes the scratch."""
     wire = [wire_dtype_of(t, dtype) for _, t in bucket]
     if (laid := lying_flat([t for _, t in bucket], wire, device)) is not None:
         return laid, scratch

@@ -63,7 +63,7 @@ def _create_bucket(weed: Path, master: str, bucket: str, log: Path, deadline: fl
     Retried until `deadline` (monotonic): the filer the shell needs may register after the gateway answers."""
     while True:
         proc = subprocess.run(
-            [str(weed), "shell", f"-master={master}"],
+            [str(weed), f"-logdir={log.parent}", "shell", f"-master={master}"],
             input=f"s3.bucket.create -name {bucket}\n",
             capture_output=True,
             text=True,
@@ -101,7 +101,8 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     log = root / "weed.log"
     proc = spawn(
         [
-            str(weed), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            # -logdir: glog's files (three per start) go beside the data instead of piling up in /tmp.
+            str(weed), f"-logdir={root}", "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}", "-s3", f"-s3.port={s3}",
             f"-master.port.grpc={grpc[0]}", f"-volume.port.grpc={grpc[1]}", f"-filer.port.grpc={grpc[2]}",
             f"-s3.port.grpc={grpc[3]}", f"-s3.config={config}",

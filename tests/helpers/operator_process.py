@@ -28,7 +28,13 @@ class OperatorProcess:
         self.log_path = log_path
         self.liveness_port, self.metrics_port = free_port(), free_port()
         self.args = args(self.liveness_port, self.metrics_port)
-        self.env = env if env is not None else dict(os.environ)
+        self.env = dict(env if env is not None else os.environ)
+        # The kubernetes client writes the kubeconfig's certificates to temporary files that it removes
+        # only when the process exits cleanly: each killed operator left three in /tmp. Here they go
+        # beside the log, in the test's own folder.
+        tmp = log_path.parent / f"{log_path.stem}-tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.env["TMPDIR"] = str(tmp)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, wait: bool = True) -> None:

@@ -414,7 +414,9 @@ def test_rljob_run_on_two_ranks_survives_a_kill_of_rank_1(tmp_path: Path) -> Non
         # No empty PYTHONPATH entry: it would put the working directory (the repo, whose operator/
         # shadows the stdlib's) on the path.
         path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
-        env = {**os.environ, "COLUMNS": "300", "PYTHONPATH": path}
+        scratch = tmp_path / "tmp"  # the launcher's temporary folders, to see that none is left
+        scratch.mkdir()
+        env = {**os.environ, "COLUMNS": "300", "PYTHONPATH": path, "TMPDIR": str(scratch)}
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             deadline = time.monotonic() + 600
@@ -431,6 +433,8 @@ def test_rljob_run_on_two_ranks_survives_a_kill_of_rank_1(tmp_path: Path) -> Non
                 proc.kill()
     text = log.read_text()
     assert "resumed from" in text, text  # the restarted group resumed instead of starting over
+    # The agent's rank log folders went with the launch (torch's default left a torchelastic_* folder).
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith(("torchelastic_", "rljob-ranks-"))]
     resumed_at = int(text.split("resumed from", 1)[1].split("at step", 1)[1].split()[0])
     assert resumed_at >= 2
     assert (tmp_path / "ckpt" / "step-00000005" / "state.pt").is_file()

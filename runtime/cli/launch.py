@@ -31,8 +31,9 @@ def launch_ranks(args: argparse.Namespace) -> int:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     # The agent's per-rank log folders (error records) in a folder removed when the launch ends: by
-    # default torch makes them in a new torchelastic_* folder under /tmp that nothing removes, one per run.
-    with tempfile.TemporaryDirectory(prefix="rljob-ranks-") as logs:
+    # default torch makes them in a new torchelastic_* folder under /tmp that nothing removes, one per run
+    # (a failure to remove it must not fail a run that succeeded).
+    with tempfile.TemporaryDirectory(prefix="rljob-ranks-", ignore_cleanup_errors=True) as logs:
         config = LaunchConfig(
             min_nodes=1, max_nodes=1, nproc_per_node=args.nproc, run_id=str(uuid.uuid4()), rdzv_backend="static",
             rdzv_endpoint=f"127.0.0.1:{port}", rdzv_configs={"rank": 0}, max_restarts=args.max_restarts,

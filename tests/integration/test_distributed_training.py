@@ -444,7 +444,12 @@ def test_rljob_run_on_two_ranks_survives_a_kill_of_rank_1(tmp_path: Path) -> Non
     assert [r["step"] for r in records if r["step"] > resumed_at][-(5 - resumed_at):] == list(range(resumed_at + 1, 6))
     losses = [r["loss"] for r in records]
     assert all(loss == loss for loss in losses) and len(set(losses)) > 1, losses
-    assert all(r["grad_norm"] > 0 for r in records), "a step without a gradient: nothing was trained"
+    # A step has no gradient only when every sample scored alike: the reward is the length, so every
+    # sample of it had the same length (found under load: a step of only buffered samples, all finished
+    # at the length cap). Every other step trained.
+    assert all(r["grad_norm"] > 0 or r["length_std"] == 0 for r in records), [
+        (r["step"], r["grad_norm"], r["length_std"]) for r in records]
+    assert sum(r["grad_norm"] > 0 for r in records) >= 3, "nothing was trained"
     evals = read_jsonl(tmp_path / "out" / "eval.jsonl")
     assert evals[0]["step"] == 0 and evals[-1]["step"] == 5
     print("held-out reward", [(e["step"], e["reward_mean"]) for e in evals], "losses", losses)
